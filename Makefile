@@ -1,0 +1,42 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+# Everything is cached: a second run skips what is already there.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+FORGE  := $(BIN)/forge
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup venv llama-server model run test test-fast lint bench clean
+
+setup: venv llama-server model ## venv + package, llama-server built (cached), default model assembled
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[demo,dev]'
+	@touch $(STAMP)
+
+llama-server: venv
+	$(FORGE) build
+
+model: venv
+	$(BIN)/python -c "from rocmforge_supervisor.models import ensure_embedded, DEFAULT_MODEL; \
+	from rocmforge_supervisor.settings import get_settings; print(ensure_embedded(DEFAULT_MODEL, get_settings()))"
+
+run: setup ## the main job: the supervisor serving the embedded default model
+	$(FORGE) load gemma-3-270m
+
+lint: venv
+	$(BIN)/ruff check rocmforge_supervisor tests scripts
+	$(BIN)/ruff format --check rocmforge_supervisor tests scripts
+	$(BIN)/mypy
+
+test: setup lint ## the whole suite, against the real llama-server
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/python scripts/bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,239 @@
+"""The one exception hierarchy of rocmforge-supervisor.
+
+Every error the package raises on purpose derives from :class:`ForgeError`. Errors from outside
+(OSError, httpx, subprocess, gguf) are translated where they cross into this package, with
+``raise X(...) from exc``, so callers catch one family and the CLI can print one line for each.
+
+Each error carries a ``hint`` (what to do about it) and an ``exit_code`` for the CLI: 2 for a usage
+error (the input was wrong), 1 for a runtime failure (the input was fine, the world was not).
+
+::
+
+    ForgeError
+    ├── UsageError                 bad input from the caller (exit 2)
+    │   ├── ConfigError            a config key or setting is invalid
+    │   └── ModelNotFound          no such file / short name / hub reference
+    ├── InvalidModelFile           not a GGUF, truncated, unsupported version (exit 2)
+    ├── BuildError                 llama-server could not be built
+    │   ├── SourceError            llama.cpp sources missing, unverifiable, or the wrong hash
+    │   └── ToolchainMissing       cmake / compiler / ROCm / CUDA not there
+    ├── BinaryNotFound             no llama-server to run
+    ├── PlacementError             the model fits on no device (names need and free memory)
+    ├── HubError                   Hugging Face resolution or download failed
+    ├── InstanceError              a llama-server child failed
+    │   ├── StartFailed            it never became ready (``reason`` says why)
+    │   └── ModelCrashed           it died (or was killed) while serving
+    ├── RequestError               a request to a running server failed
+    │   ├── ServerUnavailable      cannot connect, or 503
+    │   ├── RequestRejected        4xx: the request itself was refused
+    │   │   └── ContextExceeded    the prompt does not fit the context
+    │   ├── ServerError            5xx or an error event inside a stream
+    │   └── StreamError            the stream ended early or was malformed
+    └── ServiceError               talking to or running ``forge serve``
+        └── QueueFull              too many requests waiting for one model
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BinaryNotFound",
+    "BuildError",
+    "ConfigError",
+    "ContextExceeded",
+    "ForgeError",
+    "HubError",
+    "InstanceError",
+    "InvalidModelFile",
+    "ModelCrashed",
+    "ModelNotFound",
+    "PlacementError",
+    "QueueFull",
+    "RequestError",
+    "RequestRejected",
+    "ServerError",
+    "ServerUnavailable",
+    "ServiceError",
+    "SourceError",
+    "StartFailed",
+    "StreamError",
+    "ToolchainMissing",
+    "UsageError",
+]
+
+
+class ForgeError(Exception):
+    """Base of every error rocmforge-supervisor raises on purpose.
+
+    ``message`` names the problem; ``hint`` names the fix. ``str()`` gives both on one line, which
+    is what the CLI prints.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message} — {self.hint}"
+        return self.message
+
+
+class UsageError(ForgeError):
+    """The caller's input was wrong; nothing was started."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A configuration key or setting is invalid. ``key`` names it when known."""
+
+    def __init__(self, message: str, *, key: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.key = key
+
+
+class ModelNotFound(UsageError):
+    """No model at that path, short name or hub reference."""
+
+
+class InvalidModelFile(ForgeError):
+    """The file is not a loadable GGUF (bad magic, unsupported version, truncated)."""
+
+    exit_code = 2
+
+
+class BuildError(ForgeError):
+    """llama-server could not be built. ``log_path`` and ``log_tail`` say why, when a build ran."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        log_path: str | None = None,
+        log_tail: list[str] | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.log_path = log_path
+        self.log_tail = log_tail or []
+
+
+class SourceError(BuildError):
+    """The llama.cpp sources are missing, unverifiable, or do not match the pinned hash."""
+
+
+class ToolchainMissing(BuildError):
+    """A tool the build needs (cmake, a C++ compiler, ROCm's hipconfig/hipBLAS, nvcc) is missing."""
+
+    exit_code = 1
+
+
+class BinaryNotFound(ForgeError):
+    """No usable llama-server binary was found."""
+
+
+class PlacementError(ForgeError):
+    """The model does not fit on any allowed device, even after evicting idle models."""
+
+
+class HubError(ForgeError):
+    """A Hugging Face reference could not be resolved or downloaded."""
+
+
+class InstanceError(ForgeError):
+    """A llama-server child failed. Carries what we know of its end."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        exit_code: int | None = None,
+        reason: str = "crashed",
+        stderr_tail: list[str] | None = None,
+        log_path: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        #: The child's return code (negative: killed by that signal), None if still unknown.
+        self.returncode = exit_code
+        #: One of: file_not_found, invalid_model, unsupported, oom, bind, timeout, crashed, cancelled.
+        self.reason = reason
+        self.stderr_tail = stderr_tail or []
+        self.log_path = log_path
+
+
+class StartFailed(InstanceError):
+    """The child never became ready."""
+
+
+class ModelCrashed(InstanceError):
+    """The child died while it was serving (a stream in flight gets this)."""
+
+
+class RequestError(ForgeError):
+    """A request to a running llama-server (or a forge service) failed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        status_code: int | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.status_code = status_code
+        self.error_type = error_type
+
+
+class ServerUnavailable(RequestError):
+    """The server cannot be reached, or answered 503."""
+
+
+class RequestRejected(RequestError):
+    """The server refused the request (4xx): fix the request, not the server."""
+
+
+class ContextExceeded(RequestRejected):
+    """The prompt (plus what is asked for) does not fit the context window."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        status_code: int | None = 400,
+        n_prompt_tokens: int | None = None,
+        n_ctx: int | None = None,
+    ) -> None:
+        super().__init__(
+            message,
+            hint=hint or "shorten the prompt or raise --ctx-size",
+            status_code=status_code,
+            error_type="exceed_context_size_error",
+        )
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
+class ServerError(RequestError):
+    """The server failed while handling the request (5xx, or an error event inside a stream)."""
+
+
+class StreamError(RequestError):
+    """The stream ended before its end marker, or carried something that is not SSE/JSON."""
+
+
+class ServiceError(ForgeError):
+    """Running, or talking to, the ``forge serve`` service failed."""
+
+
+class QueueFull(ServiceError):
+    """Too many requests are waiting for one model; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.retry_after = retry_after

@@ -1,0 +1,24 @@
+"""Finding or building llama-server from the pinned llama.cpp (HIP, CUDA, Vulkan or CPU)."""
+
+from ._builder import BuildResult, build_llama_server, detected_gpu_targets
+from ._locate import BinaryInfo, ListedDevice, cached_builds, locate_llama_server, probe_binary
+from ._plan import BACKENDS, BuildPlan, cache_key, choose_backend, make_plan
+from ._source import SourceTree, resolve_source
+
+__all__ = [
+    "BACKENDS",
+    "BinaryInfo",
+    "BuildPlan",
+    "BuildResult",
+    "ListedDevice",
+    "SourceTree",
+    "build_llama_server",
+    "cache_key",
+    "cached_builds",
+    "choose_backend",
+    "detected_gpu_targets",
+    "locate_llama_server",
+    "make_plan",
+    "probe_binary",
+    "resolve_source",
+]

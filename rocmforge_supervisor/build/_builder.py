@@ -1,0 +1,221 @@
+"""``forge build``: configure and build llama-server once per (commit, backend, targets).
+
+Layout of the cache (``$XDG_CACHE_HOME/rocmforge/builds``)::
+
+    <key>/bin/llama-server       a finished build (self-contained: static ggml/llama)
+    <key>/build-info.json        written last, inside the staging dir: its presence means "finished"
+    .work/<key>/                 the cmake tree (kept so an interrupted build resumes incrementally)
+    .work/<key>/build.log        the full configure + build log
+    <key>.lock                   serialises concurrent builds of the same key
+
+The finished directory appears by one ``rename`` of a complete staging directory, so an interrupted
+or failed build leaves nothing that ``locate`` would pick up.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from .._errors import BuildError, ForgeError
+from ..settings import ForgeSettings
+from ._locate import BinaryInfo, probe_binary
+from ._plan import Backend, BuildPlan, cache_key, choose_backend, make_plan
+from ._source import SourceTree, resolve_source
+
+__all__ = ["BuildResult", "ProgressFn", "build_llama_server", "detected_gpu_targets"]
+
+#: Called with (done, total, line): ``done``/``total`` from ninja's ``[n/m]`` (None when unknown).
+ProgressFn = Callable[[int | None, int | None, str], None]
+
+_PROGRESS_RE = re.compile(r"^\[(\d+)/(\d+)\]")
+_MAKE_PROGRESS_RE = re.compile(r"^\[\s*(\d+)%\]")
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    info: BinaryInfo
+    key: str
+    cached: bool  # True: it was already built, nothing ran
+    seconds: float
+    source: SourceTree | None
+
+
+def detected_gpu_targets(settings: ForgeSettings) -> tuple[str, ...]:
+    """gfx targets for a HIP build: ``FORGE_GPU_TARGETS``, else the AMD GPUs discovery sees."""
+    if settings.gpu_targets:
+        return tuple(t for t in re.split(r"[;,\s]+", settings.gpu_targets) if t)
+    try:
+        from ..hardware import detect
+
+        inventory = detect(settings)
+    except Exception:  # discovery never blocks a build; cmake then targets what it finds itself
+        return ()
+    return tuple(sorted({d.gfx_target for d in inventory.devices if d.vendor == "amd" and d.gfx_target}))
+
+
+def build_llama_server(
+    settings: ForgeSettings,
+    *,
+    backend: str = "auto",
+    source: Path | None = None,
+    gpu_targets: Sequence[str] | None = None,
+    jobs: int | None = None,
+    progress: ProgressFn | None = None,
+    force: bool = False,
+) -> BuildResult:
+    started = time.monotonic()
+    chosen: Backend = choose_backend(backend)
+    targets: tuple[str, ...] = ()
+    if chosen == "hip":
+        targets = tuple(gpu_targets) if gpu_targets is not None else detected_gpu_targets(settings)
+    elif gpu_targets:
+        targets = tuple(gpu_targets)
+    # The cache is checked before sources are resolved: a cache hit must not download anything.
+    from .._version import LLAMA_CPP_COMMIT
+
+    pinned = source is None and settings.llama_cpp_source is None
+    if pinned and not force:
+        hit = _finished(settings.builds_dir / cache_key(LLAMA_CPP_COMMIT, chosen, targets))
+        if hit is not None:
+            return BuildResult(hit, hit.path.parents[1].name, True, time.monotonic() - started, None)
+    tree = resolve_source(settings, source)
+    key = cache_key(tree.commit, chosen, targets)
+    builds = settings.builds_dir
+    final = builds / key
+    work = builds / ".work" / key
+    plan = make_plan(backend=chosen, source=tree.path, build_dir=work, commit=tree.commit, gpu_targets=targets, jobs=jobs)
+    builds.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(builds / f"{key}.lock")):
+        if not force:
+            hit = _finished(final)
+            if hit is not None:
+                return BuildResult(hit, key, True, time.monotonic() - started, tree)
+        work.mkdir(parents=True, exist_ok=True)
+        log_path = work / "build.log"
+        _run_plan(plan, log_path, progress)
+        info = _install(work, final, builds, plan, tree, key)
+    return BuildResult(info, key, False, time.monotonic() - started, tree)
+
+
+def _finished(final: Path) -> BinaryInfo | None:
+    binary = final / "bin" / "llama-server"
+    if not (final / "build-info.json").is_file() or not binary.is_file():
+        return None
+    try:
+        return probe_binary(binary, list_devices=False, source="cache")
+    except ForgeError:  # a corrupt cached binary is rebuilt rather than trusted
+        return None
+
+
+def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> None:
+    env = {**os.environ, **plan.env}
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    with log_path.open("w", encoding="utf-8", errors="replace") as log:
+        for step in (plan.configure, plan.build):
+            log.write("$ " + " ".join(step) + "\n")
+            log.flush()
+            try:
+                proc = subprocess.Popen(
+                    step,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    errors="replace",
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise BuildError(
+                    f"could not run {step[0]}: {exc.strerror or exc}",
+                    hint="install cmake and a C++ compiler",
+                    log_path=str(log_path),
+                ) from exc
+            assert proc.stdout is not None
+            try:
+                for line in proc.stdout:
+                    log.write(line)
+                    line = line.rstrip("\n")
+                    tail.append(line)
+                    if progress is not None:
+                        m = _PROGRESS_RE.match(line)
+                        if m:
+                            progress(int(m[1]), int(m[2]), line)
+                        elif (mm := _MAKE_PROGRESS_RE.match(line)) is not None:
+                            progress(int(mm[1]), 100, line)
+                        else:
+                            progress(None, None, line)
+                rc = proc.wait()
+            except BaseException:
+                # Interrupted (Ctrl-C): stop the whole compiler group; the cmake tree stays for a resume.
+                _kill_group(proc)
+                raise
+            if rc != 0:
+                what = "configure" if step is plan.configure else "build"
+                raise BuildError(
+                    f"llama-server {what} failed (cmake exited {rc})",
+                    hint=f"see the log for the first error; retry with `forge build -v`: {log_path}",
+                    log_path=str(log_path),
+                    log_tail=list(tail)[-15:],
+                )
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _install(work: Path, final: Path, builds: Path, plan: BuildPlan, tree: SourceTree, key: str) -> BinaryInfo:
+    built = work / "bin" / "llama-server"
+    if not built.is_file():
+        raise BuildError(
+            f"the build finished but {built} is missing",
+            hint="remove the work directory and rebuild: forge build --force",
+            log_path=str(work / "build.log"),
+        )
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{key}-", dir=builds))
+    try:
+        (staging / "bin").mkdir()
+        shutil.copy2(built, staging / "bin" / "llama-server")
+        meta = {
+            "commit": tree.commit,
+            "source": tree.origin,
+            "source_path": str(tree.path),
+            "backend": plan.backend,
+            "gpu_targets": list(plan.gpu_targets),
+            "configure": plan.configure,
+            "env": plan.env,
+            "built_at": time.time(),
+        }
+        (staging / "build-info.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if final.exists():  # an older or forced build: replace it whole
+            old = Path(tempfile.mkdtemp(prefix=f".old-{key}-", dir=builds))
+            final.rename(old / "tree")
+            staging.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(final)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise BuildError(
+            f"could not install the build into {final}: {exc.strerror or exc}",
+            hint="free disk space in the cache directory (FORGE_CACHE_DIR) and retry",
+        ) from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return probe_binary(final / "bin" / "llama-server", list_devices=False, source="cache")

@@ -1,0 +1,166 @@
+"""Finding a llama-server to run, and asking it what it is.
+
+Locate order, for every command that needs the binary: ``FORGE_LLAMA_SERVER`` (or a config path)
+→ the cached build for the pinned commit (preferring GPU backends) → ``llama-server`` on PATH.
+Each candidate is checked by running it with ``--version``, so a broken or foreign file is skipped
+with a reason rather than failing a load later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .._errors import BinaryNotFound
+from .._version import LLAMA_CPP_COMMIT
+from ..settings import ForgeSettings
+
+__all__ = ["BinaryInfo", "ListedDevice", "cached_builds", "locate_llama_server", "probe_binary"]
+
+_VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*([0-9a-fA-F]+|unknown)\)")
+_DEVICE_RE = re.compile(r"^\s+(\w+?):\s+(.*?)\s+\((\d+) MiB,\s*(\d+) MiB free\)\s*$")
+_BACKEND_OF = {"ROCm": "hip", "CUDA": "cuda", "Vulkan": "vulkan", "Metal": "metal", "SYCL": "sycl"}
+
+
+@dataclass(frozen=True)
+class ListedDevice:
+    """One line of ``llama-server --list-devices``: ``ROCm0: <name> (<total> MiB, <free> MiB free)``."""
+
+    name: str
+    description: str
+    total_mib: int
+    free_mib: int
+
+
+@dataclass(frozen=True)
+class BinaryInfo:
+    path: Path
+    version: str
+    build: int
+    commit: str
+    backends: tuple[str, ...]
+    devices: tuple[ListedDevice, ...] = ()
+    source: str = "path"  # "setting", "cache", "path"
+    build_backend: str | None = None  # what our cache recorded, when it came from there
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "path": str(self.path),
+            "version": self.version,
+            "build": self.build,
+            "commit": self.commit,
+            "backends": list(self.backends),
+            "devices": [d.__dict__ for d in self.devices],
+            "source": self.source,
+        }
+
+
+def probe_binary(
+    path: Path,
+    env: Mapping[str, str] | None = None,
+    *,
+    list_devices: bool = True,
+    source: str = "path",
+) -> BinaryInfo:
+    """Run ``--version`` (and ``--list-devices``) and parse them. Raises BinaryNotFound if unusable."""
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise BinaryNotFound(f"{path} is not an executable file", hint="run `forge build`, or fix the path")
+    run_env = dict(os.environ if env is None else env)
+    try:
+        ver = subprocess.run(
+            [str(path), "--version"], capture_output=True, text=True, timeout=30, env=run_env
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BinaryNotFound(f"{path} could not be run: {exc}", hint="run `forge build`") from exc
+    m = _VERSION_RE.search(ver.stderr + ver.stdout)
+    if ver.returncode != 0 or m is None:
+        raise BinaryNotFound(
+            f"{path} did not answer --version like llama-server",
+            hint="point FORGE_LLAMA_SERVER at a llama-server binary, or run `forge build`",
+        )
+    devices: list[ListedDevice] = []
+    if list_devices:
+        try:
+            out = subprocess.run(
+                [str(path), "--list-devices"], capture_output=True, text=True, timeout=60, env=run_env
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        for line in out.splitlines():
+            dm = _DEVICE_RE.match(line)
+            if dm:
+                devices.append(ListedDevice(dm[1], dm[2], int(dm[3]), int(dm[4])))
+    backends = ["cpu"]
+    for d in devices:
+        b = _BACKEND_OF.get(re.sub(r"\d+$", "", d.name), d.name.lower())
+        if b not in backends:
+            backends.append(b)
+    return BinaryInfo(
+        path=path,
+        version=m[1],
+        build=int(m[2]),
+        commit=m[3],
+        backends=tuple(backends),
+        devices=tuple(devices),
+        source=source,
+    )
+
+
+def cached_builds(settings: ForgeSettings) -> list[tuple[Path, dict[str, object]]]:
+    """Finished builds in the cache (a build is finished iff its ``build-info.json`` exists)."""
+    found: list[tuple[Path, dict[str, object]]] = []
+    root = settings.builds_dir
+    if not root.is_dir():
+        return found
+    for info_file in sorted(root.glob("*/build-info.json")):
+        try:
+            meta = json.loads(info_file.read_text())
+        except (OSError, ValueError):
+            continue
+        binary = info_file.parent / "bin" / "llama-server"
+        if binary.is_file() and isinstance(meta, dict):
+            found.append((binary, meta))
+    return found
+
+
+_BACKEND_PREFERENCE = {"hip": 0, "cuda": 1, "vulkan": 2, "cpu": 3}
+
+
+def locate_llama_server(
+    settings: ForgeSettings, *, configured: Path | None = None, list_devices: bool = False
+) -> BinaryInfo:
+    """The llama-server every command uses. ``list_devices`` also asks it for its devices (slower)."""
+    tried: list[str] = []
+    explicit = configured or settings.llama_server
+    if explicit is not None:
+        # An explicit choice is never silently replaced by another binary.
+        return probe_binary(explicit.expanduser(), list_devices=list_devices, source="setting")
+    builds = [
+        (b, meta) for b, meta in cached_builds(settings) if str(meta.get("commit", ""))[:7] == LLAMA_CPP_COMMIT[:7]
+    ]
+    builds.sort(key=lambda bm: _BACKEND_PREFERENCE.get(str(bm[1].get("backend")), 9))
+    for binary, meta in builds:
+        try:
+            info = probe_binary(binary, list_devices=list_devices, source="cache")
+        except BinaryNotFound as exc:
+            tried.append(f"{binary}: {exc.message}")
+            continue
+        return BinaryInfo(**{**info.__dict__, "build_backend": str(meta.get("backend"))})
+    on_path = shutil.which("llama-server")
+    if on_path:
+        try:
+            return probe_binary(Path(on_path), list_devices=list_devices, source="path")
+        except BinaryNotFound as exc:
+            tried.append(f"{on_path}: {exc.message}")
+    detail = f" (skipped: {'; '.join(tried)})" if tried else ""
+    raise BinaryNotFound(
+        f"no llama-server found{detail}",
+        hint="run `forge build` (or `make setup`), or set FORGE_LLAMA_SERVER to a llama-server binary",
+    )

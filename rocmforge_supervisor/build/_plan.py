@@ -1,0 +1,170 @@
+"""Which backend to build, and the exact cmake commands for it.
+
+Kept free of side effects (apart from asking ``hipconfig``/``nvcc`` where they are) so the command
+lines are unit-tested for a given set of gfx targets without ROCm being installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .._errors import ToolchainMissing, UsageError
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BuildPlan",
+    "RocmToolchain",
+    "cache_key",
+    "choose_backend",
+    "find_rocm",
+    "make_plan",
+]
+
+Backend = Literal["hip", "cuda", "vulkan", "cpu"]
+BACKENDS: tuple[str, ...] = ("auto", "hip", "cuda", "vulkan", "cpu")
+
+Which = Callable[[str], str | None]
+
+
+@dataclass(frozen=True)
+class RocmToolchain:
+    clang_dir: str  # `hipconfig -l`: the directory holding ROCm's clang
+    rocm_path: str  # `hipconfig -R`
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    backend: Backend
+    gpu_targets: tuple[str, ...]
+    configure: list[str]
+    build: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def cache_key(commit: str, backend: Backend, gpu_targets: Sequence[str]) -> str:
+    """Builds are cached per (commit, backend, targets): the same inputs never build twice."""
+    key = f"{commit[:12]}-{backend}"
+    if gpu_targets:
+        key += "-" + "_".join(sorted(gpu_targets))
+    return key
+
+
+def find_rocm(which: Which = shutil.which) -> RocmToolchain | None:
+    hipconfig = which("hipconfig")
+    if hipconfig is None:
+        return None
+    try:
+        clang_dir = subprocess.run([hipconfig, "-l"], capture_output=True, text=True, timeout=30).stdout
+        rocm_path = subprocess.run([hipconfig, "-R"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not clang_dir.strip() or not rocm_path.strip():
+        return None
+    return RocmToolchain(clang_dir.strip(), rocm_path.strip())
+
+
+def _has_hipblas(rocm: RocmToolchain) -> bool:
+    root = Path(rocm.rocm_path)
+    return any((root / d / "cmake" / "hipblas").is_dir() for d in ("lib", "lib64", "lib/x86_64-linux-gnu"))
+
+
+def choose_backend(requested: str, which: Which = shutil.which) -> Backend:
+    """``auto``: HIP when ROCm is there, CUDA when nvcc is, else CPU. Forced backends are checked."""
+    if requested not in BACKENDS:
+        raise UsageError(
+            f"unknown backend {requested!r}", hint=f"use one of: {', '.join(BACKENDS)}"
+        )
+    if requested == "auto":
+        if which("hipconfig"):
+            return "hip"
+        if which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists():
+            return "cuda"
+        return "cpu"
+    return requested  # type: ignore[return-value]  # checked against BACKENDS above
+
+
+def _require_common(which: Which) -> None:
+    if which("cmake") is None:
+        raise ToolchainMissing(
+            "cmake is not installed", hint="install it (Debian/Ubuntu: sudo apt-get install cmake)"
+        )
+    if which("c++") is None and which("g++") is None and which("clang++") is None:
+        raise ToolchainMissing(
+            "no C++ compiler found", hint="install one (Debian/Ubuntu: sudo apt-get install build-essential)"
+        )
+
+
+def make_plan(
+    *,
+    backend: Backend,
+    source: Path,
+    build_dir: Path,
+    commit: str,
+    gpu_targets: Sequence[str] = (),
+    jobs: int | None = None,
+    which: Which = shutil.which,
+    rocm: RocmToolchain | None = None,
+) -> BuildPlan:
+    """The cmake configure and build commands for ``backend``, following llama.cpp's docs/build.md."""
+    _require_common(which)
+    generator = ["-G", "Ninja"] if which("ninja") else []
+    configure = [
+        "cmake", "-S", str(source), "-B", str(build_dir), *generator,
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DBUILD_SHARED_LIBS=OFF",  # one self-contained binary: it can be moved into the cache atomically
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_BUILD_NUMBER=0",
+        f"-DLLAMA_BUILD_COMMIT={commit[:7]}",
+    ]  # fmt: skip
+    env: dict[str, str] = {}
+    targets = tuple(gpu_targets)
+    if backend == "hip":
+        rocm = rocm or find_rocm(which)
+        if rocm is None:
+            raise ToolchainMissing(
+                "the HIP backend needs ROCm, but hipconfig was not found",
+                hint="install ROCm >= 6.1 with hipBLAS (https://rocm.docs.amd.com), "
+                "or build another backend with --backend cpu|cuda|vulkan",
+            )
+        if not _has_hipblas(rocm):
+            raise ToolchainMissing(
+                f"ROCm at {rocm.rocm_path} has no hipBLAS",
+                hint="install hipblas-dev and rocblas-dev (or your distribution's hipBLAS package)",
+            )
+        env = {"HIPCXX": f"{rocm.clang_dir}/clang", "HIP_PATH": rocm.rocm_path}
+        configure.append("-DGGML_HIP=ON")
+        if targets:
+            configure.append(f"-DGPU_TARGETS={';'.join(targets)}")
+    elif backend == "cuda":
+        if which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists():
+            raise ToolchainMissing(
+                "the CUDA backend needs nvcc, which was not found",
+                hint="install the CUDA toolkit (or put /usr/local/cuda/bin on PATH)",
+            )
+        configure.append("-DGGML_CUDA=ON")
+        if which("nvcc") is None:
+            configure.append("-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc")
+        if targets:
+            configure.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(targets)}")
+    elif backend == "vulkan":
+        if which("glslc") is None:
+            raise ToolchainMissing(
+                "the Vulkan backend needs glslc and the Vulkan headers",
+                hint="install them (Debian/Ubuntu: sudo apt-get install libvulkan-dev glslc)",
+            )
+        configure.append("-DGGML_VULKAN=ON")
+    build = [
+        "cmake", "--build", str(build_dir), "--config", "Release", "--target", "llama-server",
+        "-j", str(jobs or os.cpu_count() or 1),
+    ]  # fmt: skip
+    return BuildPlan(backend=backend, gpu_targets=targets, configure=configure, build=build, env=env)

@@ -1,0 +1,87 @@
+"""``forge build``: build (or find) llama-server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..build import BACKENDS, build_llama_server, locate_llama_server
+from ..settings import get_settings
+from ._common import console, err_console
+
+__all__ = ["register"]
+
+
+def build(
+    backend: str = typer.Option("auto", "--backend", help=f"One of: {', '.join(BACKENDS)}."),
+    source: Path | None = typer.Option(None, "--source", help="A llama.cpp source tree to build instead."),
+    gpu_targets: str | None = typer.Option(
+        None, "--gpu-targets", help="HIP GPU_TARGETS, e.g. 'gfx1100;gfx1030' (default: the detected GPUs)."
+    ),
+    jobs: int | None = typer.Option(None, "-j", "--jobs", min=1, help="Parallel compile jobs (default: CPUs)."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Stream the compiler output."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even when a cached build exists."),
+    print_path: bool = typer.Option(
+        False, "--print-path", help="Only locate the binary to use and print what it reports."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="With --print-path: machine-readable output."),
+) -> None:
+    """Build llama-server from the pinned llama.cpp (cached), or print the one in use."""
+    settings = get_settings()
+    if print_path:
+        info = locate_llama_server(settings, list_devices=True)
+        if as_json:
+            console.print_json(json.dumps(info.to_json()))
+            return
+        console.print(str(info.path))
+        err_console.print(
+            f"version {info.version}, commit {info.commit}, backends: {', '.join(info.backends)} "
+            f"({info.source})"
+        )
+        return
+    targets = [t for t in gpu_targets.replace(",", ";").split(";") if t] if gpu_targets else None
+    if verbose:
+        result = build_llama_server(
+            settings,
+            backend=backend,
+            source=source,
+            gpu_targets=targets,
+            jobs=jobs,
+            force=force,
+            progress=lambda done, total, line: err_console.print(line, markup=False, highlight=False),
+        )
+    else:
+        with Progress(
+            TextColumn("[bold]building llama-server[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}", style="dim"),
+            console=err_console,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("configuring", total=None)
+
+            def on_progress(done: int | None, total: int | None, line: str) -> None:
+                if done is not None and total is not None:
+                    bar.update(task, completed=done, total=total, description=line.split("] ", 1)[-1][:60])
+
+            result = build_llama_server(
+                settings,
+                backend=backend,
+                source=source,
+                gpu_targets=targets,
+                jobs=jobs,
+                force=force,
+                progress=on_progress,
+            )
+    console.print(str(result.info.path))
+    what = "cached" if result.cached else f"built in {result.seconds:.0f} s"
+    err_console.print(f"llama-server {result.info.version} (commit {result.info.commit}), {result.key}, {what}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build")(build)

@@ -1,0 +1,185 @@
+"""``forge load`` and ``forge chat``: one model in the foreground."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from types import FrameType
+from typing import Any
+
+import typer
+from rich.panel import Panel
+from rich.table import Table
+
+from .._errors import ForgeError
+from ..client import Message
+from ..settings import get_settings
+from ._common import console, err_console
+
+__all__ = ["register"]
+
+
+def _gpu_option(value: str) -> str | int | list[int]:
+    v = value.strip().lower()
+    if v in ("auto", "cpu"):
+        return v
+    try:
+        parts = [int(p) for p in v.replace(";", ",").split(",") if p.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: use auto, cpu, an index (0) or a list (0,1)") from None
+    if not parts or any(p < 0 for p in parts):
+        raise typer.BadParameter(f"{value!r}: use auto, cpu, an index (0) or a list (0,1)")
+    return parts[0] if len(parts) == 1 else parts
+
+
+def _ngl_option(value: str | None) -> int | str | None:
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v in ("auto", "all"):
+        return v
+    try:
+        n = int(v)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: use a number of layers, auto or all") from None
+    if n < -2:
+        raise typer.BadParameter(f"{value!r}: use a number >= 0, auto or all")
+    return n
+
+
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM stops the foreground model the same clean way Ctrl-C does."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _load(model: str, **kw: Any) -> Any:
+    from ..supervisor import load_model
+
+    settings = get_settings()
+    t0 = time.monotonic()
+    with err_console.status(f"loading {model} …", spinner="dots"):
+        tm = load_model(model, settings=settings, **kw)
+    return tm, time.monotonic() - t0
+
+
+def _summary(tm: Any, seconds: float) -> Panel:
+    server = tm.server
+    plan = tm.plan
+    t = Table.grid(padding=(0, 2))
+    t.add_row("model", f"{plan.spec.alias}  ({plan.model_path})")
+    t.add_row("pid / port", f"{server.pid} / {server.port}")
+    t.add_row("device(s)", ", ".join(plan.devices))
+    t.add_row("loaded in", f"{seconds:.2f} s (llama-server ready after {server.load_seconds:.2f} s)")
+    t.add_row("OpenAI base URL", f"{tm.openai_base_url}")
+    t.add_row("API key", "in the child's key file only; requests go through forge")
+    t.add_row("log", str(plan.spec.log_path))
+    return Panel(t, title="forge load", expand=False)
+
+
+def load(
+    model: str = typer.Argument(..., help="A .gguf path, the embedded default's name (gemma-3-270m), or hf:org/repo:QUANT."),
+    prompt: str | None = typer.Option(None, "--prompt", "-p", help="Stream one completion and exit."),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=0, help="With --prompt."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="With --prompt."),
+    ctx_size: int | None = typer.Option(None, "--ctx-size", "-c", min=0, help="Context size (0 = the model's)."),
+    n_gpu_layers: str | None = typer.Option(None, "--n-gpu-layers", "-ngl", help="Layers on the GPU: N, auto, all."),
+    parallel: int | None = typer.Option(None, "--parallel", "-np", min=1, help="Parallel slots."),
+    gpu: str = typer.Option("auto", "--gpu", help="auto, cpu, an index (0) or a list (0,1)."),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535, help="Port for llama-server (default: a free one)."),
+    alias: str | None = typer.Option(None, "--alias", help="Model name in the API (default: the file's stem)."),
+) -> None:
+    """Load MODEL in llama-server and serve it in the foreground until Ctrl-C (or answer --prompt)."""
+    _sigterm_as_interrupt()
+    kw = {
+        "ctx_size": ctx_size,
+        "n_gpu_layers": _ngl_option(n_gpu_layers),
+        "parallel": parallel,
+        "gpu": _gpu_option(gpu),
+        "port": port,
+        "alias": alias,
+    }
+    tm, seconds = _load(model, **kw)
+    with tm:
+        if prompt is not None:
+            for tok in tm.generate(prompt, max_tokens=max_tokens, temperature=temperature):
+                sys.stdout.write(tok.text)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            u = tm.last_usage
+            tps = (tm.last_timings or {}).get("predicted_per_second")
+            if u is not None:
+                err_console.print(
+                    f"[dim]{u.prompt_tokens} prompt + {u.completion_tokens} completion tokens"
+                    + (f", {tps:.1f} tokens/s" if tps else "")
+                    + f", finish: {tm.last_finish_reason}[/]"
+                )
+            return
+        err_console.print(_summary(tm, seconds))
+        console.print(tm.openai_base_url)
+        sample = "The capital of France is"
+        err_console.print(f"[dim]sample:[/] {sample}", end="")
+        try:
+            for tok in tm.generate(sample, max_tokens=24, temperature=0.0):
+                err_console.print(tok.text, end="", markup=False, highlight=False)
+        finally:
+            err_console.print()
+        err_console.print("serving until Ctrl-C …")
+        try:
+            tm.wait_exit()
+        except KeyboardInterrupt:
+            err_console.print("stopping …")
+            return
+        crash = tm.err() or ForgeError(f"llama-server exited: {tm.server.status()['exit']}")
+        raise crash
+
+
+def chat(
+    model: str = typer.Argument(..., help="A .gguf path or the embedded default's name."),
+    system: str | None = typer.Option(None, "--system", help="A system prompt."),
+    max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1),
+    temperature: float = typer.Option(0.7, "--temperature", min=0.0),
+    ctx_size: int | None = typer.Option(4096, "--ctx-size", "-c", min=0),
+    gpu: str = typer.Option("auto", "--gpu"),
+) -> None:
+    """An interactive streaming chat with MODEL (history kept; /reset clears it, /exit or Ctrl-D quits)."""
+    _sigterm_as_interrupt()
+    tm, seconds = _load(model, ctx_size=ctx_size, gpu=_gpu_option(gpu))
+    history: list[Message] = [Message("system", system)] if system else []
+    with tm:
+        err_console.print(f"[dim]{tm.plan.spec.alias} ready in {seconds:.1f} s — /reset, /exit[/]")
+        while True:
+            try:
+                line = console.input("[bold green]you>[/] ")
+            except (EOFError, KeyboardInterrupt):
+                console.print()
+                return
+            if line.strip() in ("/exit", "/quit"):
+                return
+            if line.strip() == "/reset":
+                history = history[:1] if system else []
+                continue
+            if not line.strip():
+                continue
+            history.append(Message("user", line))
+            reply: list[str] = []
+            console.print("[bold blue]model>[/] ", end="")
+            try:
+                for tok in tm.chat(history, max_tokens=max_tokens, temperature=temperature):
+                    if not tok.reasoning:
+                        reply.append(tok.text)
+                        console.print(tok.text, end="", markup=False, highlight=False)
+            except KeyboardInterrupt:
+                console.print(" [dim](interrupted)[/]")
+            console.print()
+            history.append(Message("assistant", "".join(reply)))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("load")(load)
+    app.command("chat")(chat)
+

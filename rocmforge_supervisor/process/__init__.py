@@ -1,0 +1,18 @@
+"""One llama-server child process: spawn, health, logs, stop."""
+
+from ._env import clean_child_env
+from ._instance import InstanceSpec, InstanceState, LlamaServer, describe_returncode
+from ._logs import LogRing, classify_failure
+from ._ports import free_port, port_is_free
+
+__all__ = [
+    "InstanceSpec",
+    "InstanceState",
+    "LlamaServer",
+    "LogRing",
+    "classify_failure",
+    "clean_child_env",
+    "describe_returncode",
+    "free_port",
+    "port_is_free",
+]

@@ -1,0 +1,88 @@
+"""A child's log: drained at once, kept in a bounded ring, written to a file, and read for signs.
+
+llama-server writes everything to stderr. If nobody reads the pipe, a chatty child blocks on a
+full pipe buffer; so a task drains it from the moment the child starts, for its whole life.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+__all__ = ["OOM_PATTERNS", "LogRing", "classify_failure"]
+
+#: What GPU backends print when an allocation fails (the strings peers match too).
+OOM_PATTERNS = re.compile(
+    r"out of memory|hipMalloc failed|cudaMalloc failed|failed to allocate|ErrorOutOfDeviceMemory",
+    re.IGNORECASE,
+)
+LISTENING_RE = re.compile(r"listening on (https?://\S+)")
+BIND_FAILED_RE = re.compile(r"couldn't bind HTTP server socket")
+
+LineListener = Callable[[str], None]
+
+
+class LogRing:
+    """The last ``maxlen`` lines in memory, every line appended to ``path``."""
+
+    def __init__(self, path: Path | None, maxlen: int = 400) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=maxlen)
+        self.path = path
+        self._file: IO[str] | None = None
+        self._listeners: list[LineListener] = []
+        self.total_lines = 0
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", encoding="utf-8", errors="replace", buffering=1)
+
+    def subscribe(self, listener: LineListener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        self.total_lines += 1
+        if self._file is not None:
+            try:
+                self._file.write(line + "\n")
+            except (OSError, ValueError):  # disk full / closed: the ring still has it
+                pass
+        for listener in list(self._listeners):
+            listener(line)
+
+    def note(self, text: str) -> None:
+        """A line of our own (start, stop, exit status) in the same log."""
+        self.add(f"[forge] {text}")
+
+    def tail(self, n: int = 20) -> list[str]:
+        return list(self.lines)[-n:]
+
+    def close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+
+
+_CLASSIFY: list[tuple[str, re.Pattern[str]]] = [
+    ("bind", BIND_FAILED_RE),
+    ("file_not_found", re.compile(r"failed to open GGUF file .*No such file|No such file or directory")),
+    ("unsupported", re.compile(r"unknown model architecture|unsupported model architecture")),
+    ("invalid_model", re.compile(r"invalid magic|gguf_init_from|failed to load model|not a GGUF|unsupported.*version")),
+    ("oom", OOM_PATTERNS),
+    ("bad_args", re.compile(r"error: invalid argument|error while handling argument|invalid device")),
+]
+
+
+def classify_failure(lines: list[str]) -> str:
+    """Why a child ended, from its last log lines: the first matching class wins."""
+    text = "\n".join(lines)
+    for name, pattern in _CLASSIFY:
+        if pattern.search(text):
+            return name
+    return "crashed"

@@ -1,0 +1,278 @@
+"""``load_model`` / ``aload_model``: one model in a child of this Python process.
+
+This is the glue of the in-process use: resolve the model, check it is a GGUF before spawning,
+find llama-server, place it on devices, spawn it with the right mask, and hand back a TextModel
+that owns the child (closing the model stops the child).
+
+The synchronous API runs the async core on a private event-loop thread per model. That thread is a
+daemon: a program that forgets ``close()`` still exits (an ``atexit`` hook stops the child
+gracefully, and the child's parent-death signal covers everything else).
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.from_thread import BlockingPortal
+
+from .._errors import InstanceError, ModelCrashed, UsageError
+from ..client import TextModel
+from ..process import InstanceSpec, LlamaServer, describe_returncode
+from ..process._instance import _unwrap
+from ..settings import ForgeSettings, get_settings
+
+__all__ = ["LoadOptions", "LocalPlan", "aload_model", "load_model", "plan_local_load"]
+
+GpuChoice = str | int | Sequence[int]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    ctx_size: int | None = None
+    n_gpu_layers: int | str | None = None
+    parallel: int | None = None
+    gpu: GpuChoice = "auto"
+    port: int | None = None
+    alias: str | None = None
+    args: Sequence[str] = ()
+    stall_timeout: float = 300.0
+    ready_timeout: float | None = None
+    stop_timeout: float = 10.0
+    log_path: Path | None = None
+    verbosity: int | None = None
+
+
+@dataclass
+class LocalPlan:
+    """Everything decided before the spawn, so that ``forge load`` can print it."""
+
+    spec: InstanceSpec
+    devices: list[str]
+    model_path: Path
+    estimate: Any = None
+    info: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _validate(options: LoadOptions) -> None:
+    if options.ctx_size is not None and options.ctx_size < 0:
+        raise UsageError(f"ctx_size must be >= 0, got {options.ctx_size}", hint="use 0 for the model's own")
+    if options.parallel is not None and options.parallel < 1:
+        raise UsageError(f"parallel must be >= 1, got {options.parallel}", hint="use 1 or more slots")
+    if options.port is not None and not 0 < options.port < 65536:
+        raise UsageError(f"port {options.port} is out of range", hint="use 1-65535, or leave it unset")
+    ngl = options.n_gpu_layers
+    if isinstance(ngl, str) and ngl not in ("auto", "all") and not ngl.lstrip("-").isdigit():
+        raise UsageError(f"n_gpu_layers {ngl!r} is not a number, 'auto' or 'all'", hint="e.g. 99, auto, all")
+
+
+def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSettings) -> LocalPlan:
+    """Resolve, validate and place; touches no process. Raises a ForgeError on bad input."""
+    from ..build import locate_llama_server
+    from ..hardware import child_env, detect
+    from ..models import inspect_gguf, resolve_model_path
+    from ._placement_glue import decide_devices
+
+    _validate(options)
+    path = resolve_model_path(str(model), settings)
+    info = inspect_gguf(path)  # bad magic / truncated / wrong version: refused before any spawn
+    binary = locate_llama_server(settings).path
+    inventory = detect(settings)
+    decision = decide_devices(info, options, inventory, settings)
+    devices = [inventory.by_key(k) for k in decision.devices]
+    mask = child_env(devices, inventory, settings)
+    cpu_only = all(d.vendor == "cpu" for d in devices)
+    alias = options.alias or path.stem
+    log_path = options.log_path or settings.logs_dir / f"{alias.replace('/', '_')}.log"
+    extra = list(options.args)
+    if decision.tensor_split and len(decision.devices) > 1:
+        extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
+    spec = InstanceSpec(
+        binary=binary,
+        model_path=path,
+        alias=alias,
+        ctx_size=options.ctx_size,
+        n_gpu_layers=decision.n_gpu_layers if options.n_gpu_layers is None else options.n_gpu_layers,
+        parallel=options.parallel,
+        extra_args=extra,
+        port=options.port,
+        mask=mask,
+        cpu_only=cpu_only,
+        log_path=log_path,
+        state_dir=settings.state_dir,
+        stall_timeout=options.stall_timeout,
+        ready_timeout=options.ready_timeout,
+        stop_timeout=options.stop_timeout,
+        verbosity=options.verbosity,
+    )
+    return LocalPlan(spec=spec, devices=list(decision.devices), model_path=path, estimate=decision.estimate, info=info)
+
+
+class _ServerLiveness:
+    """Lets the client ask "did the child die?" without knowing what a process is."""
+
+    def __init__(self, server: LlamaServer) -> None:
+        self._server = server
+
+    @property
+    def pid(self) -> int | None:
+        return self._server.pid
+
+    def _crash(self) -> InstanceError | None:
+        s = self._server
+        if not s.exited.is_set():
+            return None
+        return ModelCrashed(
+            f"llama-server for {s.spec.alias!r} (pid {s.pid}) {describe_returncode(s.returncode)}",
+            hint="see its log" + (f": {s.spec.log_path}" if s.spec.log_path else ""),
+            exit_code=s.returncode,
+            reason="crashed",
+            stderr_tail=s.log.tail(10),
+            log_path=str(s.spec.log_path) if s.spec.log_path else None,
+        )
+
+    def crashed(self, wait: float) -> InstanceError | None:
+        # Called from the caller's thread in sync mode: reading the flag is safe; poll briefly.
+        deadline = time.monotonic() + wait
+        while not self._server.exited.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self._crash()
+
+    async def acrashed(self, wait: float) -> InstanceError | None:
+        if wait > 0:
+            with anyio.move_on_after(wait):
+                await self._server.exited.wait()
+        return self._crash()
+
+
+class LocalModel(TextModel):
+    """A TextModel backed by a child we own; ``server`` exposes the child (pid, port, log)."""
+
+    server: LlamaServer
+    plan: LocalPlan
+    _loop: _LoopThread | None = None
+
+    def wait_exit(self) -> int | None:
+        """Block until the child exits (sync models only); returns its exit status."""
+        if self._loop is None:
+            raise RuntimeError("wait_exit() is for models from load_model(); await model.server.exited.wait()")
+        self._loop.portal.call(self.server.exited.wait)
+        return self.server.returncode
+
+
+async def aload_model(model: str | Path, *, settings: ForgeSettings | None = None, **kw: Any) -> LocalModel:
+    """Spawn llama-server for ``model`` and wait until it is ready (async).
+
+    Close the result in the task that created it (``async with await aload_model(...) as m``):
+    the child's watcher tasks belong to that task.
+    """
+    settings = settings or get_settings()
+    plan = plan_local_load(model, LoadOptions(**kw), settings)
+    server = LlamaServer(plan.spec)
+    await server.__aenter__()
+    tm = LocalModel(
+        server.base_url,
+        model=plan.spec.alias,
+        api_key=server.api_key,
+        liveness=_ServerLiveness(server),
+        on_aclose=server.aclose,
+    )
+    tm.server = server
+    tm.plan = plan
+    return tm
+
+
+class _LoopThread:
+    """A daemon thread running an event loop, reachable through a BlockingPortal."""
+
+    def __init__(self, name: str) -> None:
+        handoff: queue.Queue[BlockingPortal | BaseException] = queue.Queue()
+
+        async def main() -> None:
+            try:
+                async with BlockingPortal() as portal:
+                    handoff.put(portal)
+                    await portal.sleep_until_stopped()
+            except BaseException as exc:
+                handoff.put(exc)
+                raise
+
+        self.thread = threading.Thread(target=anyio.run, args=(main,), daemon=True, name=name)
+        self.thread.start()
+        got = handoff.get()
+        if isinstance(got, BaseException):
+            raise got
+        self.portal = got
+
+    def stop(self) -> None:
+        try:
+            self.portal.call(self.portal.stop, True)
+        except RuntimeError:  # already stopped
+            pass
+        self.thread.join(timeout=30)
+
+
+_LIVE: weakref.WeakSet[LocalModel] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_forgotten_models() -> None:
+    for tm in list(_LIVE):
+        try:
+            tm.close()
+        except Exception:  # noqa: S110 — at exit, best effort; PDEATHSIG still covers the child
+            pass
+
+
+def load_model(model: str | Path, *, settings: ForgeSettings | None = None, **kw: Any) -> LocalModel:
+    """Spawn llama-server for ``model`` and wait until it is ready; the result stops it on close.
+
+    Keyword options: see :class:`LoadOptions` (ctx_size, n_gpu_layers, parallel, gpu, port, alias,
+    args, stall_timeout, ready_timeout, stop_timeout, log_path).
+    """
+    settings = settings or get_settings()
+    plan = plan_local_load(model, LoadOptions(**kw), settings)
+    loop = _LoopThread(name=f"forge-{plan.spec.alias}")
+    server = LlamaServer(plan.spec)
+    try:
+        # run() is the child's whole life in one task on the loop thread; start_task returns once
+        # it is ready, or raises its start failure.
+        run_future, _ = loop.portal.start_task(server.run, name=f"llama-server {plan.spec.alias}")
+    except BaseException as exc:
+        # Ctrl-C or a failed start: stopping the loop cancels run(), whose cleanup is shielded.
+        loop.stop()
+        raise _unwrap(exc) from None
+
+    closed = threading.Event()
+
+    def on_close() -> None:
+        if closed.is_set():
+            return
+        closed.set()
+        try:
+            loop.portal.call(server.stop)
+            run_future.result(timeout=60)
+        finally:
+            loop.stop()
+
+    tm = LocalModel(
+        server.base_url,
+        model=plan.spec.alias,
+        api_key=server.api_key,
+        liveness=_ServerLiveness(server),
+        on_close=on_close,
+    )
+    tm.server = server
+    tm.plan = plan
+    tm._loop = loop
+    _LIVE.add(tm)
+    return tm

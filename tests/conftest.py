@@ -1,0 +1,71 @@
+"""Shared fixtures: the real llama-server binary and real GGUF files.
+
+Tests run the llama-server that ``make test`` built (or ``FORGE_LLAMA_SERVER``): nothing here is a
+mock. The binary is located once per session.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rocmforge_supervisor.settings import ForgeSettings
+
+
+@pytest.fixture(scope="session")
+def forge_settings() -> ForgeSettings:
+    return ForgeSettings()
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin(forge_settings: ForgeSettings) -> Path:
+    """The project's llama-server, found the way every command finds it."""
+    from rocmforge_supervisor.build import locate_llama_server
+
+    return locate_llama_server(forge_settings).path
+
+
+@pytest.fixture(scope="session")
+def gemma_path(forge_settings: ForgeSettings) -> Path:
+    """The real gemma-3-270m Q4_K_M GGUF (the embedded default model)."""
+    from rocmforge_supervisor.models._catalog import DEFAULT_MODEL, ensure_embedded
+
+    return ensure_embedded(DEFAULT_MODEL, forge_settings)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A few-MB random-weight llama-architecture GGUF with a small real vocabulary."""
+    from tests.support.tiny_gguf import write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
+
+
+def _llama_children() -> set[int]:
+    me = psutil.Process(os.getpid())
+    return {p.pid for p in me.children(recursive=True) if _is_llama(p)}
+
+
+@pytest.fixture(autouse=True)
+def no_orphans() -> Iterator[None]:
+    """Every test must leave no llama-server child of ours running."""
+    before = _llama_children()
+    yield
+    leftover = set()
+    deadline_procs = [psutil.Process(pid) for pid in _llama_children() - before]
+    gone, alive = psutil.wait_procs(deadline_procs, timeout=5)
+    leftover = {p.pid for p in alive}
+    for p in alive:
+        p.kill()
+    assert not leftover, f"llama-server children left running: {sorted(leftover)}"
+
+
+def _is_llama(p: psutil.Process) -> bool:
+    try:
+        return "llama-server" in p.name()
+    except psutil.Error:
+        return False
