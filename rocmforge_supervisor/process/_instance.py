@@ -113,7 +113,7 @@ class InstanceSpec:
         if self.ctx_size is not None:
             a += ["--ctx-size", str(self.ctx_size)]
         if self.cpu_only:
-            a += ["--n-gpu-layers", "0", "--device", "none"]
+            a += ["--device", "none"]  # no offload at all (an -ngl would only add warnings)
         elif self.n_gpu_layers is not None:
             a += ["--n-gpu-layers", str(self.n_gpu_layers)]
         if self.parallel is not None:
@@ -188,9 +188,10 @@ class LlamaServer:
         """Stop the child and wait for :meth:`run` to finish. Shielded against cancellation."""
         with anyio.CancelScope(shield=True):
             await self.stop()
-            if self._own_tg is not None:
-                tg, self._own_tg = self._own_tg, None
-                await tg.__aexit__(None, None, None)
+        if self._own_tg is not None:
+            # Outside the shield (cancel scopes must nest); run() has its own shielded cleanup.
+            tg, self._own_tg = self._own_tg, None
+            await tg.__aexit__(None, None, None)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[LlamaServer] = anyio.TASK_STATUS_IGNORED) -> int | None:
         """The child's whole life, in one task: spawn, wait ready (``task_status.started``), wait
