@@ -64,6 +64,7 @@ __all__ = [
     "TextModel",
     "Token",
     "ToolchainMissing",
+    "Usage",
     "UsageError",
     "__version__",
     "aload_model",

@@ -1,7 +1,7 @@
 """Shared fixtures: the real llama-server binary and real GGUF files.
 
 Tests run the llama-server that ``make test`` built (or ``FORGE_LLAMA_SERVER``): nothing here is a
-mock. The binary is located once per session.
+mock. Every test is checked for leftover llama-server children of ours.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def llama_server_bin(forge_settings: ForgeSettings) -> Path:
 @pytest.fixture(scope="session")
 def gemma_path(forge_settings: ForgeSettings) -> Path:
     """The real gemma-3-270m Q4_K_M GGUF (the embedded default model)."""
-    from rocmforge_supervisor.models._catalog import DEFAULT_MODEL, ensure_embedded
+    from rocmforge_supervisor.models import DEFAULT_MODEL, ensure_embedded
 
     return ensure_embedded(DEFAULT_MODEL, forge_settings)
 
@@ -45,6 +45,19 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
 
 
+@pytest.fixture
+def state_settings(tmp_path: Path, llama_server_bin: Path) -> ForgeSettings:
+    """Settings with a private state dir (logs, key files) and the located binary."""
+    return ForgeSettings(state_dir=tmp_path / "state", llama_server=llama_server_bin)
+
+
+def _is_llama(p: psutil.Process) -> bool:
+    try:
+        return "llama-server" in p.name() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _llama_children() -> set[int]:
     me = psutil.Process(os.getpid())
     return {p.pid for p in me.children(recursive=True) if _is_llama(p)}
@@ -55,17 +68,8 @@ def no_orphans() -> Iterator[None]:
     """Every test must leave no llama-server child of ours running."""
     before = _llama_children()
     yield
-    leftover = set()
-    deadline_procs = [psutil.Process(pid) for pid in _llama_children() - before]
-    gone, alive = psutil.wait_procs(deadline_procs, timeout=5)
-    leftover = {p.pid for p in alive}
+    leftover = [psutil.Process(pid) for pid in _llama_children() - before]
+    _, alive = psutil.wait_procs(leftover, timeout=5)
     for p in alive:
         p.kill()
-    assert not leftover, f"llama-server children left running: {sorted(leftover)}"
-
-
-def _is_llama(p: psutil.Process) -> bool:
-    try:
-        return "llama-server" in p.name()
-    except psutil.Error:
-        return False
+    assert not alive, f"llama-server children left running: {sorted(p.pid for p in alive)}"

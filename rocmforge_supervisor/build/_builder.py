@@ -15,6 +15,7 @@ or failed build leaves nothing that ``locate`` would pick up.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import re
@@ -95,7 +96,9 @@ def build_llama_server(
     builds = settings.builds_dir
     final = builds / key
     work = builds / ".work" / key
-    plan = make_plan(backend=chosen, source=tree.path, build_dir=work, commit=tree.commit, gpu_targets=targets, jobs=jobs)
+    plan = make_plan(
+        backend=chosen, source=tree.path, build_dir=work, commit=tree.commit, gpu_targets=targets, jobs=jobs
+    )
     builds.mkdir(parents=True, exist_ok=True)
     with FileLock(str(builds / f"{key}.lock")):
         if not force:
@@ -172,14 +175,14 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, 9)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 
-def _install(work: Path, final: Path, builds: Path, plan: BuildPlan, tree: SourceTree, key: str) -> BinaryInfo:
+def _install(
+    work: Path, final: Path, builds: Path, plan: BuildPlan, tree: SourceTree, key: str
+) -> BinaryInfo:
     built = work / "bin" / "llama-server"
     if not built.is_file():
         raise BuildError(

@@ -143,7 +143,9 @@ def locate_llama_server(
         # An explicit choice is never silently replaced by another binary.
         return probe_binary(explicit.expanduser(), list_devices=list_devices, source="setting")
     builds = [
-        (b, meta) for b, meta in cached_builds(settings) if str(meta.get("commit", ""))[:7] == LLAMA_CPP_COMMIT[:7]
+        (b, meta)
+        for b, meta in cached_builds(settings)
+        if str(meta.get("commit", ""))[:7] == LLAMA_CPP_COMMIT[:7]
     ]
     builds.sort(key=lambda bm: _BACKEND_PREFERENCE.get(str(bm[1].get("backend")), 9))
     for binary, meta in builds:

@@ -23,6 +23,7 @@ __all__ = [
     "RocmToolchain",
     "cache_key",
     "choose_backend",
+    "find_cuda",
     "find_rocm",
     "make_plan",
 ]
@@ -75,16 +76,42 @@ def _has_hipblas(rocm: RocmToolchain) -> bool:
     return any((root / d / "cmake" / "hipblas").is_dir() for d in ("lib", "lib64", "lib/x86_64-linux-gnu"))
 
 
+def _cuda_roots(which: Which) -> list[Path]:
+    roots = [Path("/usr/local/cuda")]
+    nvcc = which("nvcc")
+    if nvcc:
+        roots.insert(0, Path(nvcc).resolve().parent.parent)
+    return roots
+
+
+def find_cuda(which: Which = shutil.which) -> Path | None:
+    """The CUDA toolkit root with nvcc *and* cuBLAS (llama.cpp's CUDA backend needs both)."""
+    has_nvcc = which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
+    if not has_nvcc:
+        return None
+    for root in _cuda_roots(which):
+        for lib in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
+            if any((root / lib).glob("libcublas.so*")):
+                return root
+    if any(Path("/usr/lib/x86_64-linux-gnu").glob("libcublas.so*")):
+        return Path("/usr")
+    return None
+
+
 def choose_backend(requested: str, which: Which = shutil.which) -> Backend:
-    """``auto``: HIP when ROCm is there, CUDA when nvcc is, else CPU. Forced backends are checked."""
+    """``auto``: HIP when ROCm (with hipBLAS) is there, CUDA when nvcc and cuBLAS are, else CPU.
+
+    A half-installed toolkit (nvcc without cuBLAS is common in containers) would fail the build
+    minutes in, so ``auto`` checks completeness; a forced backend is checked in :func:`make_plan`
+    and fails with the missing piece named.
+    """
     if requested not in BACKENDS:
-        raise UsageError(
-            f"unknown backend {requested!r}", hint=f"use one of: {', '.join(BACKENDS)}"
-        )
+        raise UsageError(f"unknown backend {requested!r}", hint=f"use one of: {', '.join(BACKENDS)}")
     if requested == "auto":
-        if which("hipconfig"):
+        rocm = find_rocm(which)
+        if rocm is not None and _has_hipblas(rocm):
             return "hip"
-        if which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists():
+        if find_cuda(which) is not None:
             return "cuda"
         return "cpu"
     return requested  # type: ignore[return-value]  # checked against BACKENDS above
@@ -150,6 +177,11 @@ def make_plan(
             raise ToolchainMissing(
                 "the CUDA backend needs nvcc, which was not found",
                 hint="install the CUDA toolkit (or put /usr/local/cuda/bin on PATH)",
+            )
+        if find_cuda(which) is None:
+            raise ToolchainMissing(
+                "the CUDA toolkit has nvcc but no cuBLAS",
+                hint="install cuBLAS (e.g. the libcublas-dev / cuda-libraries-dev package of your CUDA version)",
             )
         configure.append("-DGGML_CUDA=ON")
         if which("nvcc") is None:

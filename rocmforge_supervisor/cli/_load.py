@@ -82,19 +82,37 @@ def _summary(tm: Any, seconds: float) -> Panel:
 
 
 def load(
-    model: str = typer.Argument(..., help="A .gguf path, the embedded default's name (gemma-3-270m), or hf:org/repo:QUANT."),
+    model: str = typer.Argument(
+        ..., help="A .gguf path, the embedded default's name (gemma-3-270m), or hf:org/repo:QUANT."
+    ),
     prompt: str | None = typer.Option(None, "--prompt", "-p", help="Stream one completion and exit."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=0, help="With --prompt."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="With --prompt."),
-    ctx_size: int | None = typer.Option(None, "--ctx-size", "-c", min=0, help="Context size (0 = the model's)."),
-    n_gpu_layers: str | None = typer.Option(None, "--n-gpu-layers", "-ngl", help="Layers on the GPU: N, auto, all."),
+    ctx_size: int | None = typer.Option(
+        None, "--ctx-size", "-c", min=0, help="Context size (0 = the model's)."
+    ),
+    n_gpu_layers: str | None = typer.Option(
+        None, "--n-gpu-layers", "-ngl", help="Layers on the GPU: N, auto, all."
+    ),
     parallel: int | None = typer.Option(None, "--parallel", "-np", min=1, help="Parallel slots."),
     gpu: str = typer.Option("auto", "--gpu", help="auto, cpu, an index (0) or a list (0,1)."),
-    port: int | None = typer.Option(None, "--port", min=1, max=65535, help="Port for llama-server (default: a free one)."),
-    alias: str | None = typer.Option(None, "--alias", help="Model name in the API (default: the file's stem)."),
+    port: int | None = typer.Option(
+        None, "--port", min=1, max=65535, help="Port for llama-server (default: a free one)."
+    ),
+    alias: str | None = typer.Option(
+        None, "--alias", help="Model name in the API (default: the file's stem)."
+    ),
 ) -> None:
-    """Load MODEL in llama-server and serve it in the foreground until Ctrl-C (or answer --prompt)."""
+    """Load MODEL in llama-server and serve it in the foreground until Ctrl-C (or answer --prompt).
+
+    With a `forge serve` running that knows MODEL by name, the service loads it instead.
+    """
     _sigterm_as_interrupt()
+    if prompt is None:
+        from ._serve import load_via_service
+
+        if load_via_service(model, None):
+            return
     kw = {
         "ctx_size": ctx_size,
         "n_gpu_layers": _ngl_option(n_gpu_layers),
@@ -182,4 +200,3 @@ def chat(
 def register(app: typer.Typer) -> None:
     app.command("load")(load)
     app.command("chat")(chat)
-

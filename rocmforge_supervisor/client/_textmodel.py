@@ -38,7 +38,8 @@ _RETRYABLE = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, ht
 class Liveness(Protocol):
     """What the client may ask about the process behind it (nothing else)."""
 
-    pid: int | None
+    @property
+    def pid(self) -> int | None: ...
 
     def crashed(self, wait: float) -> InstanceError | None:
         """The crash, if the server process has died (waiting up to ``wait`` s to notice)."""
@@ -239,7 +240,7 @@ class TextModel:
             try:
                 return client.send(request, stream=True)
             except _RETRYABLE as exc:
-                if attempt == 2 or isinstance(exc, httpx.ConnectError) and self._is_dead():
+                if attempt == 2 or (isinstance(exc, httpx.ConnectError) and self._is_dead()):
                     raise self._unavailable(exc) from exc
         raise AssertionError("unreachable")
 
@@ -299,7 +300,9 @@ class TextModel:
             )
         return self._aclient
 
-    async def _astream(self, path: str, chat: bool, payload: Any, opts: GenerateOptions) -> AsyncIterator[Token]:
+    async def _astream(
+        self, path: str, chat: bool, payload: Any, opts: GenerateOptions
+    ) -> AsyncIterator[Token]:
         state = self._begin()
         state.chat = chat
         body = self._body(chat, payload, opts)
@@ -330,9 +333,11 @@ class TextModel:
                 return await client.send(request, stream=True)
             except _RETRYABLE as exc:
                 dead = self._liveness is not None and await self._liveness.acrashed(0.0) is not None
-                if attempt == 2 or isinstance(exc, httpx.ConnectError) and dead:
+                if attempt == 2 or (isinstance(exc, httpx.ConnectError) and dead):
                     raise await self._acrash_or(
-                        ServerUnavailable(f"cannot reach {self.base_url}: {exc}", hint="is the server running?")
+                        ServerUnavailable(
+                            f"cannot reach {self.base_url}: {exc}", hint="is the server running?"
+                        )
                     ) from exc
         raise AssertionError("unreachable")
 
@@ -362,4 +367,3 @@ class TextModel:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-

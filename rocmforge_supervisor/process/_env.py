@@ -32,9 +32,7 @@ def clean_child_env(
     parent: Mapping[str, str], *, mask: Mapping[str, str | None], config_home: Path
 ) -> dict[str, str]:
     """``parent`` minus what could reconfigure llama-server, plus ``mask`` (None = remove)."""
-    env = {
-        k: v for k, v in parent.items() if k not in _DROP_EXACT and not k.startswith(_DROP_PREFIXES)
-    }
+    env = {k: v for k, v in parent.items() if k not in _DROP_EXACT and not k.startswith(_DROP_PREFIXES)}
     env["XDG_CONFIG_HOME"] = str(config_home)  # an empty dir: no user config.ini reaches the child
     env.setdefault("NO_COLOR", "1")
     for key, value in mask.items():

@@ -193,7 +193,9 @@ class LlamaServer:
             tg, self._own_tg = self._own_tg, None
             await tg.__aexit__(None, None, None)
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[LlamaServer] = anyio.TASK_STATUS_IGNORED) -> int | None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[LlamaServer] = anyio.TASK_STATUS_IGNORED
+    ) -> int | None:
         """The child's whole life, in one task: spawn, wait ready (``task_status.started``), wait
         for the exit. However it ends (stop(), crash, cancellation, start failure) the child is
         stopped and reaped before this returns; the return value is its exit status."""
@@ -229,6 +231,11 @@ class LlamaServer:
                     with anyio.CancelScope(shield=True):
                         await self.stop()
                     tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            inner = _unwrap(group)
+            if inner is group:
+                raise
+            raise inner from None  # callers see the StartFailed itself, not a group of one
         finally:
             self._tg = None
             self.log.close()
@@ -250,6 +257,7 @@ class LlamaServer:
                 self.state = "stopping"
                 grace = self.spec.stop_timeout if timeout is None else timeout
                 self._signal_group(signal.SIGTERM)
+                self._signal_group(signal.SIGCONT)  # a stopped (SIGSTOP) child must run to see it
                 with anyio.move_on_after(grace):
                     await proc.wait()
                 if proc.returncode is None:
@@ -402,10 +410,8 @@ class LlamaServer:
     def _signal_group(self, sig: int) -> None:
         if self._process is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def _fail(self, reason: str, message: str) -> StartFailed:
         tail = self.log.tail(15)
@@ -469,7 +475,6 @@ class LlamaServer:
                 await anyio.sleep(0.02)
                 if self.log.total_lines == before:
                     break
-
 
 
 def _unwrap(exc: BaseException) -> BaseException:

@@ -7,6 +7,7 @@ full pipe buffer; so a task drains it from the moment the child starts, for its 
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -46,10 +47,8 @@ class LogRing:
         self.lines.append(line)
         self.total_lines += 1
         if self._file is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # disk full / closed: the ring still has it
                 self._file.write(line + "\n")
-            except (OSError, ValueError):  # disk full / closed: the ring still has it
-                pass
         for listener in list(self._listeners):
             listener(line)
 
@@ -62,10 +61,8 @@ class LogRing:
 
     def close(self) -> None:
         if self._file is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._file.close()
-            except OSError:
-                pass
             self._file = None
 
 
@@ -73,7 +70,10 @@ _CLASSIFY: list[tuple[str, re.Pattern[str]]] = [
     ("bind", BIND_FAILED_RE),
     ("file_not_found", re.compile(r"failed to open GGUF file .*No such file|No such file or directory")),
     ("unsupported", re.compile(r"unknown model architecture|unsupported model architecture")),
-    ("invalid_model", re.compile(r"invalid magic|gguf_init_from|failed to load model|not a GGUF|unsupported.*version")),
+    (
+        "invalid_model",
+        re.compile(r"invalid magic|gguf_init_from|failed to load model|not a GGUF|unsupported.*version"),
+    ),
     ("oom", OOM_PATTERNS),
     ("bad_args", re.compile(r"error: invalid argument|error while handling argument|invalid device")),
 ]

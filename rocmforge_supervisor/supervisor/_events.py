@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 __all__ = ["Event", "EventBus"]
 
@@ -59,7 +59,7 @@ class EventBus:
         return [e for e in self._history if model is None or e.model == model]
 
     @asynccontextmanager
-    async def subscribe(self, replay: bool = False) -> AsyncIterator[AsyncIterator[Event]]:
+    async def subscribe(self, replay: bool = False) -> AsyncIterator[MemoryObjectReceiveStream[Event]]:
         send, receive = anyio.create_memory_object_stream[Event](self._buffer)
         if replay:
             for ev in self._history:

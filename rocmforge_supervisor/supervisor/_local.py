@@ -12,6 +12,7 @@ gracefully, and the child's parent-death signal covers everything else).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import queue
 import threading
 import time
@@ -114,7 +115,9 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
         stop_timeout=options.stop_timeout,
         verbosity=options.verbosity,
     )
-    return LocalPlan(spec=spec, devices=list(decision.devices), model_path=path, estimate=decision.estimate, info=info)
+    return LocalPlan(
+        spec=spec, devices=list(decision.devices), model_path=path, estimate=decision.estimate, info=info
+    )
 
 
 class _ServerLiveness:
@@ -164,7 +167,9 @@ class LocalModel(TextModel):
     def wait_exit(self) -> int | None:
         """Block until the child exits (sync models only); returns its exit status."""
         if self._loop is None:
-            raise RuntimeError("wait_exit() is for models from load_model(); await model.server.exited.wait()")
+            raise RuntimeError(
+                "wait_exit() is for models from load_model(); await model.server.exited.wait()"
+            )
         self._loop.portal.call(self.server.exited.wait)
         return self.server.returncode
 
@@ -214,10 +219,8 @@ class _LoopThread:
         self.portal = got
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # already stopped
             self.portal.call(self.portal.stop, True)
-        except RuntimeError:  # already stopped
-            pass
         self.thread.join(timeout=30)
 
 
@@ -227,10 +230,8 @@ _LIVE: weakref.WeakSet[LocalModel] = weakref.WeakSet()
 @atexit.register
 def _close_forgotten_models() -> None:
     for tm in list(_LIVE):
-        try:
+        with contextlib.suppress(Exception):  # at exit, best effort; PDEATHSIG still covers the child
             tm.close()
-        except Exception:  # noqa: S110 — at exit, best effort; PDEATHSIG still covers the child
-            pass
 
 
 def load_model(model: str | Path, *, settings: ForgeSettings | None = None, **kw: Any) -> LocalModel:

@@ -117,7 +117,9 @@ class ManagedModel:
     def max_concurrency(self) -> int:
         value = getattr(self.config, "effective_max_concurrency", None)
         if value is None:
-            value = getattr(self.config, "max_concurrency", None) or getattr(self.config, "parallel", None) or 4
+            value = (
+                getattr(self.config, "max_concurrency", None) or getattr(self.config, "parallel", None) or 4
+            )
         return int(value)
 
     @property
@@ -145,7 +147,9 @@ class ManagedModel:
 
     def _set_state(self, state: ModelState, **data: Any) -> None:
         if state != self.state:
-            log.info("model %s: %s → %s", self.name, self.state.value, state.value, extra={"model": self.name})
+            log.info(
+                "model %s: %s → %s", self.name, self.state.value, state.value, extra={"model": self.name}
+            )
         self.state = state
         self.state_since = time.time()
         self._events.publish(self.name, "state", state.value, **data)
@@ -167,7 +171,9 @@ class ManagedModel:
             "devices": prepared.devices if prepared else [],
             "restarts": self.restarts,
             "last_error": self.last_error,
-            "uptime": (time.monotonic() - self.ready_since) if self.ready_since and self.state == "ready" else None,
+            "uptime": (time.monotonic() - self.ready_since)
+            if self.ready_since and self.state == "ready"
+            else None,
             "in_flight": self.in_flight,
             "waiting": self.waiting,
             "load_seconds": self.load_seconds,
@@ -220,7 +226,10 @@ class ManagedModel:
                         self.ready_since = time.monotonic()
                         self.last_used = time.monotonic()
                         self._set_state(
-                            ModelState.READY, pid=server.pid, port=server.port, load_seconds=server.load_seconds
+                            ModelState.READY,
+                            pid=server.pid,
+                            port=server.port,
+                            load_seconds=server.load_seconds,
                         )
                         for cb in self.on_ready:
                             cb(self)
@@ -247,9 +256,14 @@ class ManagedModel:
                     how = describe_returncode(server.returncode)
                     self.last_error = f"llama-server {how}"
                     self.last_stderr = server.log.tail(15)
-                    self._events.publish(self.name, "crash", returncode=server.returncode, message=self.last_error)
+                    self._events.publish(
+                        self.name, "crash", returncode=server.returncode, message=self.last_error
+                    )
                     log.warning("model %s: child %s", self.name, how, extra={"model": self.name})
-                    if self.ready_since and time.monotonic() - self.ready_since > self.policy.restart_backoff_max:
+                    if (
+                        self.ready_since
+                        and time.monotonic() - self.ready_since > self.policy.restart_backoff_max
+                    ):
                         backoff = self.policy.restart_backoff_initial  # it had been stable: start over
                 self.server = None
                 now = time.monotonic()

@@ -16,7 +16,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ class Supervisor:
         self.settings = settings
         self.binary = binary
         self.events = EventBus()
+        self.log_bus = EventBus(history=0, buffer=1024)  # child log lines, for `forge logs -f`
         self.policy = _policy(getattr(config, "supervisor", None))
         self.models: dict[str, ManagedModel] = {}
         self.ready = anyio.Event()
@@ -73,7 +74,9 @@ class Supervisor:
     def _new_model(self, name: str, mc: Any, config: Any = None) -> ManagedModel:
         cfg = config or self.config
         fp = cfg.model_fingerprint(name) if hasattr(cfg, "model_fingerprint") else ""
-        m = ManagedModel(name, mc, policy=self.policy, events=self.events, prepare=self._prepare, fingerprint=fp)
+        m = ManagedModel(
+            name, mc, policy=self.policy, events=self.events, prepare=self._prepare, fingerprint=fp
+        )
         m.on_ready.append(lambda _m: self._record_children())
         return m
 
@@ -154,6 +157,18 @@ class Supervisor:
     def status(self) -> list[dict[str, Any]]:
         return [m.status() for m in self.models.values()]
 
+    async def add_model(self, name: str, path: Path) -> dict[str, Any]:
+        """Register a model by path (the HTTP layer checked it is under model_dirs) and load it."""
+        if name in self.models:
+            raise UsageError(
+                f"a model named {name!r} already exists", hint="choose another name, or unload it"
+            )
+        from ..service._config import ModelConfig
+
+        m = self._new_model(name, ModelConfig(path=str(path)))
+        self.models[name] = m
+        return await self.load(name)
+
     # -- reload ----------------------------------------------------------------------------------
 
     async def reload(self, new_config: Any) -> dict[str, list[str]]:
@@ -186,7 +201,7 @@ class Supervisor:
                     continue
                 summary["changed"].append(name)
                 await self._replace(old, self._new_model(name, new_config.models[name], new_config))
-            self.events.publish("*", "config", **summary)
+            self.events.publish("*", "config", changes=summary)
             _ = old_config
             return summary
 
@@ -205,7 +220,9 @@ class Supervisor:
             self._spawn(old.unload, "replaced")
             return
         # It did not come up next to the old one (memory, bad config): swap the other way round.
-        log.warning("model %s: replacement failed next to the old one (%s); swapping", new.name, new.last_error)
+        log.warning(
+            "model %s: replacement failed next to the old one (%s); swapping", new.name, new.last_error
+        )
         await old.unload("replaced")
         self.models[new.name] = new
         new.reset()
@@ -254,9 +271,20 @@ class Supervisor:
             state_dir=self.state_dir,
             stall_timeout=self.policy.load_stall_timeout,
             stop_timeout=self.policy.stop_timeout,
-            line_listeners=[tracker.feed] if tracker is not None else [],
+            line_listeners=[*([tracker.feed] if tracker is not None else []), self._log_forwarder(m.name)],
         )
-        return Prepared(spec=spec, devices=list(decision.devices), estimated_bytes=decision.estimated_bytes, actual=tracker)
+        return Prepared(
+            spec=spec,
+            devices=list(decision.devices),
+            estimated_bytes=decision.estimated_bytes,
+            actual=tracker,
+        )
+
+    def _log_forwarder(self, name: str) -> Callable[[str], None]:
+        def forward(line: str) -> None:
+            self.log_bus.publish(name, "log", line=line)
+
+        return forward
 
     # -- children bookkeeping (for the stale-child sweep of the next run) ----------------------------
 
@@ -302,7 +330,9 @@ class Supervisor:
                     continue
             except (psutil.Error, KeyError, ValueError, TypeError):
                 continue
-            log.warning("stopping stale llama-server pid %d (model %s) left by a previous run", p.pid, r.get("model"))
+            log.warning(
+                "stopping stale llama-server pid %d (model %s) left by a previous run", p.pid, r.get("model")
+            )
             p.terminate()
             procs.append(p)
         _, alive = psutil.wait_procs(procs, timeout=5)

@@ -1,0 +1,5 @@
+"""python -m rocmforge_supervisor: the forge CLI."""
+
+from .cli.main import main
+
+main()

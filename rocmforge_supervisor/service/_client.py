@@ -1,0 +1,93 @@
+"""Talking to a running ``forge serve`` from the CLI (ps, load, unload, logs)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .._errors import ServiceError
+from ._server import read_service_info
+
+__all__ = ["ServiceClient", "find_service"]
+
+
+class ServiceClient:
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(None, connect=2.0), trust_env=False
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def alive(self) -> bool:
+        try:
+            return self._http.get("/health", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise ServiceError(
+                f"the forge service at {self.base_url} did not answer: {exc}",
+                hint="is `forge serve` running?",
+            ) from exc
+        if r.status_code >= 400:
+            try:
+                msg = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                msg = r.text.strip()[:300]
+            err = ServiceError(msg)
+            err.exit_code = 2 if r.status_code in (400, 404) else 1
+            raise err
+        return r.json()
+
+    def models(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self._call("GET", "/api/models")["models"]
+        return rows
+
+    def load(self, name: str) -> dict[str, Any]:
+        status: dict[str, Any] = self._call("POST", f"/api/models/{name}/load")
+        return status
+
+    def unload(self, name: str) -> dict[str, Any]:
+        status: dict[str, Any] = self._call("POST", f"/api/models/{name}/unload")
+        return status
+
+    def reload(self) -> dict[str, Any]:
+        summary: dict[str, Any] = self._call("POST", "/api/reload")
+        return summary
+
+    def logs(self, name: str, tail: int = 200, follow: bool = False) -> Iterator[str]:
+        params = {"tail": str(tail), "follow": "1" if follow else "0"}
+        try:
+            with self._http.stream("GET", f"/api/models/{name}/logs", params=params) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise ServiceError(r.text.strip()[:300])
+                yield from r.iter_lines()
+        except httpx.HTTPError as exc:
+            raise ServiceError(f"log stream from {self.base_url} broke: {exc}") from exc
+
+
+def find_service(
+    state_dir: Path, *, url: str | None = None, api_key: str | None = None
+) -> ServiceClient | None:
+    """The running service (from its ``service.json`` or an explicit URL), if it answers."""
+    if url is None:
+        info = read_service_info(state_dir)
+        if info is None:
+            return None
+        url = str(info.get("url"))
+    client = ServiceClient(url, api_key)
+    if client.alive():
+        return client
+    client.close()
+    return None

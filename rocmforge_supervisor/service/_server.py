@@ -1,0 +1,215 @@
+"""``forge serve``: the supervisor, the gateway and systemd's protocol in one event loop.
+
+Signals only queue (anyio's signal receiver); one loop dispatches them: SIGHUP reloads the config
+(RELOADING=1 … READY=1), SIGTERM/SIGINT stop (STOPPING=1): the gateway stops accepting, in-flight
+requests drain (bounded), every child is stopped, and only then does the process exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import uvicorn
+
+from .._errors import ConfigError, ServiceError
+from ..settings import ForgeSettings
+from ..supervisor import Supervisor
+from ._app import GatewayState, create_app
+
+__all__ = ["ServiceInfo", "read_service_info", "run_service", "service_info_path"]
+
+log = logging.getLogger("rocmforge.service")
+
+ServiceInfo = dict[str, Any]
+
+
+def service_info_path(state_dir: Path) -> Path:
+    return state_dir / "service.json"
+
+
+def read_service_info(state_dir: Path) -> ServiceInfo | None:
+    """Where a running ``forge serve`` listens (written at start, removed at exit)."""
+    try:
+        info = json.loads(service_info_path(state_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handlers: the service's loop owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServiceError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="choose another server.port (0 picks a free one), or stop what uses it",
+        ) from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _write_info(path: Path, info: ServiceInfo) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".service-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+    Path(tmp).replace(path)
+
+
+async def run_service(
+    config: Any,
+    settings: ForgeSettings,
+    *,
+    config_path: Path | None,
+    load_config: Callable[[], Any] | None = None,
+    notifier: Any = None,
+    on_listening: Callable[[str], None] | None = None,
+) -> None:
+    server_cfg = config.server
+    api_key = server_cfg.api_key.get_secret_value() if server_cfg.api_key is not None else None
+    supervisor = Supervisor(config, settings)
+    sock = _bind(server_cfg.host, server_cfg.port)
+    host, port = sock.getsockname()[:2]
+    url_host = f"[{host}]" if ":" in host else host
+    base_url = f"http://{url_host}:{port}"
+    info_path = service_info_path(supervisor.state_dir)
+    reload_lock = anyio.Lock()
+
+    async def reload() -> dict[str, Any]:
+        async with reload_lock:
+            if notifier is not None:
+                notifier.reloading("reloading config")
+            try:
+                if load_config is None:
+                    raise ConfigError("no config file to reload", hint="start forge serve with --config")
+                new = await anyio.to_thread.run_sync(load_config)
+                summary = await supervisor.reload(new)
+                log.info("config reloaded: %s", summary)
+                return summary
+            except ConfigError as exc:
+                log.error("reload refused, the running config stays: %s", exc)
+                raise
+            finally:
+                if notifier is not None:
+                    notifier.ready(_status_line(supervisor))
+
+    state = GatewayState(
+        supervisor,
+        api_key=api_key,
+        max_body_bytes=server_cfg.max_body_bytes,
+        model_dirs=[Path(p) for p in server_cfg.model_dirs],
+        reload=reload if load_config is not None else None,
+    )
+    app = create_app(state, cors_origins=list(server_cfg.cors_origins))
+    uv = _Uvicorn(
+        uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=int(supervisor.policy.drain_timeout),
+            backlog=2048,
+            limit_concurrency=None,
+        )
+    )
+
+    try:
+        async with anyio.create_task_group() as tg:
+            with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+                await tg.start(supervisor.run)
+                gateway_done = anyio.Event()
+
+                async def serve_gateway() -> None:
+                    try:
+                        await uv.serve([sock])
+                    finally:
+                        gateway_done.set()
+
+                tg.start_soon(serve_gateway)
+                _write_info(
+                    info_path,
+                    {
+                        "url": base_url,
+                        "pid": os.getpid(),
+                        "config": str(config_path) if config_path else None,
+                    },
+                )
+                if on_listening is not None:
+                    on_listening(base_url)
+                tg.start_soon(_announce_ready, supervisor, notifier)
+                if notifier is not None and notifier.watchdog_interval:
+                    tg.start_soon(_watchdog, notifier)
+                async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        with contextlib.suppress(ConfigError):
+                            await reload()
+                        continue
+                    log.info("received %s: stopping", signal.Signals(signum).name)
+                    if notifier is not None:
+                        notifier.stopping("stopping: draining requests and children")
+                    break
+                # Stop accepting; let in-flight responses finish (bounded by uvicorn's grace),
+                # then cancel the rest: Supervisor.run's shielded cleanup drains and stops every child.
+                uv.should_exit = True
+                with anyio.move_on_after(supervisor.policy.drain_timeout + 5):
+                    await gateway_done.wait()
+                tg.cancel_scope.cancel()
+    finally:
+        sock.close()
+        with anyio.CancelScope(shield=True):
+            await state.upstream.aclose()
+        info = read_service_info(supervisor.state_dir)
+        if info is not None and info.get("pid") == os.getpid():
+            info_path.unlink(missing_ok=True)
+
+
+def _status_line(supervisor: Supervisor) -> str:
+    rows = supervisor.status()
+    ready = sum(1 for r in rows if r["state"] == "ready")
+    failed = [r["name"] for r in rows if r["state"] == "failed"]
+    line = f"{ready}/{len(rows)} models ready"
+    if failed:
+        line += f"; failed: {', '.join(failed)}"
+    return line
+
+
+async def _announce_ready(supervisor: Supervisor, notifier: Any) -> None:
+    await supervisor.ready.wait()
+    log.info("ready: %s", _status_line(supervisor))
+    if notifier is not None:
+        notifier.ready(_status_line(supervisor))
+    async with supervisor.events.subscribe() as events:
+        async for _ev in events:
+            if notifier is not None:
+                notifier.status(_status_line(supervisor))
+
+
+async def _watchdog(notifier: Any) -> None:
+    interval = float(notifier.watchdog_interval)
+    while True:
+        notifier.watchdog()
+        await anyio.sleep(interval)

@@ -1,0 +1,362 @@
+"""`forge serve` end to end: real service process, real llama-server children, the official openai SDK."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.support.service import FORGE, running_service, wait_for, write_config
+
+FAST = """
+[supervisor]
+restart_backoff_initial = 0.2
+restart_backoff_max = 2.0
+health_interval = 0.5
+health_failures = 2
+drain_timeout = 10
+stop_timeout = 5
+"""
+
+
+def _model(name: str, path: Path, **kw: object) -> str:
+    lines = [f"[models.{name}]", f'path = "{path}"', 'gpu = "cpu"']
+    kw.setdefault("ctx_size", 1024)
+    for k, v in kw.items():
+        lines.append(f"{k} = {json.dumps(v)}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def two_models(tmp_path: Path, tiny_gguf: Path) -> Path:
+    other = tmp_path / "tiny-b.gguf"
+    shutil.copy(tiny_gguf, other)
+    return write_config(
+        tmp_path / "forge.toml",
+        FAST + _model("tiny", tiny_gguf, preload=True, parallel=2) + _model("tinyb", other, parallel=2),
+    )
+
+
+def test_openai_sdk_chat_and_completions_two_models(
+    two_models: Path, tmp_path: Path, llama_server_bin: Path
+) -> None:
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+        client = openai.OpenAI(base_url=f"{svc.url}/v1", api_key="unused")
+        ids = {m.id for m in client.models.list().data}
+        assert ids == {"tiny", "tinyb"}
+
+        chat = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=5
+        )
+        assert chat.choices[0].finish_reason == "length"
+        assert chat.usage is not None and chat.usage.completion_tokens == 5
+
+        pieces = [
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, stream=True
+            )
+            if c.choices
+        ]
+        assert "".join(pieces)
+
+        comp = client.completions.create(model="tinyb", prompt="Once", max_tokens=4)  # loads on demand
+        assert comp.choices[0].text
+        streamed = list(client.completions.create(model="tinyb", prompt="Once", max_tokens=4, stream=True))
+        assert streamed[-1].choices[0].finish_reason == "length"
+
+        # Two models at once.
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futs = [
+                pool.submit(
+                    lambda m: client.completions.create(model=m, prompt="x", max_tokens=8).choices[0].text, m
+                )
+                for m in ("tiny", "tinyb", "tiny", "tinyb")
+            ]
+            assert all(f.result(timeout=60) for f in futs)
+
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="nope", prompt="x", max_tokens=1)
+
+        with svc.client() as c:
+            assert c.get("/health").json() == {"status": "ok"}
+            assert c.get("/ready").status_code == 200
+            metrics = c.get("/metrics").text
+            assert 'forge_requests_total{endpoint="/v1/completions",model="tinyb",status="200"}' in metrics
+            assert 'llamacpp:tokens_predicted_total{model="tiny"}' in metrics
+            assert 'forge_model_state{model="tiny",state="ready"} 1.0' in metrics
+            r = c.get("/v1/models", headers={"X-Request-ID": "abc123"})
+            assert r.headers["x-request-id"] == "abc123"
+            assert c.get("/api/openapi.json").json()["paths"]
+
+
+def test_child_sigkill_mid_stream_clean_error_then_restart(
+    two_models: Path, tmp_path: Path, llama_server_bin: Path
+) -> None:
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+        before = svc.model("tiny")
+        pid = before["pid"]
+        body = {"model": "tiny", "prompt": "Go", "max_tokens": 900, "stream": True}
+        events: list[str] = []
+        with svc.client() as c, c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 2:
+                        os.kill(pid, signal.SIGKILL)  # fault injection
+        assert len(events) > 2
+        last = json.loads(events[-1])
+        assert "error" in last and "tiny" in last["error"]["message"]
+        assert events[-1] != "[DONE]"
+
+        m = wait_for(
+            lambda: (s := svc.model("tiny"))["state"] == "ready" and s["pid"] != pid and s, what="restart"
+        )
+        assert m["restarts"] >= 1
+        with svc.client() as c:
+            r = c.post("/v1/completions", json={"model": "tiny", "prompt": "again", "max_tokens": 3})
+            assert r.status_code == 200 and r.json()["choices"][0]["text"]
+
+
+def test_crash_loop_opens_the_breaker(tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path) -> None:
+    cfg = write_config(
+        tmp_path / "forge.toml",
+        FAST.replace("[supervisor]", "[supervisor]\ncrash_loop_max = 3\ncrash_loop_window = 120")
+        + _model("tiny", tiny_gguf, preload=True),
+    )
+    with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
+        for _ in range(3):
+            m = wait_for(lambda: (s := svc.model("tiny"))["state"] in ("ready", "failed") and s, what="ready")
+            if m["state"] == "failed":
+                break
+            os.kill(m["pid"], signal.SIGKILL)
+            wait_for(lambda p=m["pid"]: svc.model("tiny")["pid"] != p, what="crash noticed")
+        m = wait_for(lambda: (s := svc.model("tiny"))["state"] == "failed" and s, what="failed")
+        assert "crashes" in m["last_error"]
+        with svc.client() as c:
+            r = c.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1})
+            assert r.status_code == 503
+            assert "failed" in r.json()["error"]["message"]
+            # `forge load NAME` resets the breaker.
+            r = c.post("/api/models/tiny/load")
+            assert r.status_code == 200 and r.json()["state"] == "ready"
+
+
+def test_sigstopped_child_is_replaced(two_models: Path, tmp_path: Path, llama_server_bin: Path) -> None:
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+        pid = svc.model("tiny")["pid"]
+        os.kill(pid, signal.SIGSTOP)  # fault injection: a hung child
+        m = wait_for(
+            lambda: (s := svc.model("tiny"))["state"] == "ready" and s["pid"] != pid and s,
+            timeout=30,
+            what="replaced",
+        )
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert m["restarts"] >= 1
+
+
+def test_supervisor_sigkill_leaves_no_llama_server(
+    two_models: Path, tmp_path: Path, llama_server_bin: Path
+) -> None:
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+        with svc.client() as c:
+            assert c.post("/api/models/tinyb/load").status_code == 200
+        kids = svc.llama_children()
+        assert len(kids) == 2
+        svc.proc.kill()
+        svc.proc.wait()
+        _gone, alive = psutil.wait_procs(kids, timeout=3)
+        assert not alive, f"orphans: {[p.pid for p in alive]}"
+
+
+def test_queue_full_gives_429(tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path) -> None:
+    cfg = write_config(
+        tmp_path / "forge.toml",
+        FAST + _model("tiny", tiny_gguf, preload=True, parallel=1, max_concurrency=1, queue=1),
+    )
+    with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
+        long = {"model": "tiny", "prompt": "x", "max_tokens": 600, "stream": True}
+        started = threading.Event()
+        results: list[int] = []
+
+        def hold() -> None:
+            with (
+                httpx.Client(base_url=svc.url, timeout=60) as c,
+                c.stream("POST", "/v1/completions", json=long) as r,
+            ):
+                results.append(r.status_code)
+                for _ in r.iter_lines():
+                    started.set()
+
+        threads = [threading.Thread(target=hold)]
+        threads[0].start()
+        assert started.wait(30)
+        waiter = threading.Thread(target=hold)  # takes the one queue place
+        waiter.start()
+        wait_for(lambda: svc.model("tiny")["waiting"] == 1, what="one waiting")
+        with svc.client() as c:
+            r = c.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1})
+        assert r.status_code == 429
+        assert r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "queue_full"
+        for t in (*threads, waiter):
+            t.join(60)
+        assert results == [200, 200]
+
+
+def test_auth_and_traversal(tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(tiny_gguf, models / "extra.gguf")
+    secret = tmp_path / "secret.gguf"
+    shutil.copy(tiny_gguf, secret)
+    cfg = write_config(
+        tmp_path / "forge.toml",
+        f'[server]\napi_key = "s3cret"\nmodel_dirs = ["{models}"]\n' + FAST + _model("tiny", tiny_gguf),
+    )
+    with running_service(cfg, tmp_path / "state", llama_server_bin, api_key="s3cret") as svc:
+        with httpx.Client(base_url=svc.url, timeout=30) as anon:
+            assert anon.get("/health").status_code == 200
+            r = anon.get("/v1/models")
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+            assert anon.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        with svc.client() as c:
+            assert c.get("/v1/models").status_code == 200
+            bad = c.post("/api/models", json={"name": "x", "path": str(models / ".." / "secret.gguf")})
+            assert bad.status_code == 400 and "model directory" in bad.json()["error"]["message"]
+            ok = c.post("/api/models", json={"name": "extra", "path": str(models / "extra.gguf")})
+            assert ok.status_code == 200 and ok.json()["state"] == "ready"
+            big = c.post(
+                "/v1/completions", content=b"x" * (17 * 2**20), headers={"Content-Type": "application/json"}
+            )
+            assert big.status_code == 413
+
+
+def test_sighup_reload_keeps_running_models_and_in_flight_requests(
+    two_models: Path, tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path
+) -> None:
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+        pid_before = svc.model("tiny")["pid"]
+        done: list[str] = []
+
+        def stream() -> None:
+            body = {"model": "tiny", "prompt": "x", "max_tokens": 300, "stream": True}
+            with (
+                httpx.Client(base_url=svc.url, timeout=60) as c,
+                c.stream("POST", "/v1/completions", json=body) as r,
+            ):
+                done.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+        t = threading.Thread(target=stream)
+        t.start()
+        wait_for(lambda: svc.model("tiny")["in_flight"] == 1, what="in flight")
+        third = tmp_path / "tiny-c.gguf"
+        shutil.copy(tiny_gguf, third)
+        text = two_models.read_text().replace("preload = true", "preload = true\nttl = 600")
+        text = text.replace("[models.tinyb]", "[models.gone]") + _model("tinyc", third, preload=True)
+        two_models.write_text(text)
+        svc.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "tinyc" in svc.models() and svc.model("tinyc")["state"] == "ready", what="reloaded")
+        t.join(60)
+        assert done[-1] == "data: [DONE]", done[-3:]
+        models = svc.models()
+        assert models["tiny"]["pid"] == pid_before  # unchanged (ttl only): not restarted
+        assert set(models) == {"tiny", "gone", "tinyc"}
+
+        # A bad reload keeps the old config running.
+        two_models.write_text(text + "\n[models.bad]\nctx_size = -1\n")
+        svc.proc.send_signal(signal.SIGHUP)
+        with svc.client() as c:
+            r = c.post("/api/reload")
+        assert r.status_code == 400 and "models.bad" in r.json()["error"]["message"]
+        assert svc.model("tiny")["pid"] == pid_before
+
+
+def test_sd_notify_protocol(two_models: Path, tmp_path: Path, llama_server_bin: Path) -> None:
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(30)
+    received: list[str] = []
+
+    def until(pred: str) -> None:
+        while not any(pred in m for m in received):
+            received.append(sock.recv(4096).decode())
+
+    try:
+        env = {"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "400000"}
+        with running_service(two_models, tmp_path / "state", llama_server_bin, extra_env=env) as svc:
+            until("READY=1")
+            assert any("STATUS=" in m for m in received)
+            until("WATCHDOG=1")
+            received.clear()
+            svc.proc.send_signal(signal.SIGHUP)
+            until("RELOADING=1")
+            until("READY=1")
+            assert any("MONOTONIC_USEC=" in m for m in received)
+            svc.proc.send_signal(signal.SIGTERM)
+            until("STOPPING=1")
+            assert svc.proc.wait(30) == 0
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        ("[models.a]\npath = 'x.gguf'\nctx_size = -5\n", "models.a.ctx_size"),
+        ("[server]\nhost = '0.0.0.0'\n", "api_key"),
+        ("[serverr]\nport = 1\n", "serverr"),
+    ],
+)
+def test_bad_config_refused_at_start(tmp_path: Path, toml: str, needle: str, llama_server_bin: Path) -> None:
+    cfg = write_config(tmp_path / "bad.toml", toml)
+    env = dict(os.environ, FORGE_STATE_DIR=str(tmp_path / "state"), FORGE_LLAMA_SERVER=str(llama_server_bin))
+    r = subprocess.run(
+        [*FORGE, "serve", "--config", str(cfg)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert r.returncode == 2
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 3
+
+
+def test_forge_ps_and_unload_talk_to_the_service(
+    two_models: Path, tmp_path: Path, llama_server_bin: Path
+) -> None:
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+        env = dict(os.environ, FORGE_STATE_DIR=str(svc.state_dir))
+        out = subprocess.run([*FORGE, "ps", "--json"], capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        rows = {r["name"]: r for r in json.loads(out.stdout)["models"]}
+        assert rows["tiny"]["state"] == "ready" and rows["tiny"]["devices"] == ["cpu"]
+        assert "estimated_bytes" in rows["tiny"]["memory"]
+        r = subprocess.run([*FORGE, "unload", "tiny"], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert svc.model("tiny")["state"] == "stopped"
+        r = subprocess.run([*FORGE, "load", "tiny"], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert svc.model("tiny")["state"] == "ready"
+        r = subprocess.run(
+            [*FORGE, "logs", "tiny", "-n", "5"], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert r.returncode == 0 and r.stdout.strip()
+
+
+def test_sys_executable_runs_forge() -> None:
+    r = subprocess.run([*FORGE, "--version"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "llama.cpp 4df29be" in r.stdout
+    _ = sys

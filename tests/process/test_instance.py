@@ -1,0 +1,203 @@
+"""One llama-server child, for real: readiness, failure classification, stop, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import psutil
+import pytest
+
+from rocmforge_supervisor import StartFailed, UsageError
+from rocmforge_supervisor.process import InstanceSpec, LlamaServer
+from rocmforge_supervisor.process import _instance as instance_module
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _spec(binary: Path, model: Path, tmp_path: Path, **kw: object) -> InstanceSpec:
+    base: dict[str, object] = {
+        "binary": binary,
+        "model_path": model,
+        "alias": "m",
+        "ctx_size": 512,
+        "cpu_only": True,
+        "log_path": tmp_path / "m.log",
+        "state_dir": tmp_path / "state",
+        "stop_timeout": 5.0,
+    }
+    base.update(kw)
+    return InstanceSpec(**base)  # type: ignore[arg-type]
+
+
+def _gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+async def test_ready_means_health_200_and_stop_reaps(
+    llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
+        assert server.state == "ready"
+        assert server.listening_at is not None and server.ready_monotonic is not None
+        async with httpx.AsyncClient() as c:
+            r = await c.get(f"{server.base_url}/health")
+            assert r.status_code == 200
+            # The child only answers requests carrying the supervisor's secret.
+            r = await c.post(f"{server.base_url}/v1/completions", json={"prompt": "a", "max_tokens": 1})
+            assert r.status_code == 401
+        pid = server.pid
+        assert pid is not None
+        # The key file was read at start and removed once ready: no secret left on disk.
+        assert not list((tmp_path / "state" / "run").glob("*.key"))
+        # The key is not on the command line either.
+        assert server.api_key not in " ".join(psutil.Process(pid).cmdline())
+    assert server.returncode == 0  # SIGTERM after load: a clean exit
+    assert _gone(pid)
+    log = (tmp_path / "m.log").read_text()
+    assert "listening on" in log and "exited with code 0" in log
+
+
+async def test_inherited_llama_env_does_not_reach_the_child(
+    llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    env = dict(os.environ, LLAMA_ARG_PORT="1", LLAMA_API_KEY="leak", LLAMA_ARG_CTX_SIZE="7")
+    async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path, parent_env=env)) as server:
+        assert server.pid is not None
+        child_env = psutil.Process(server.pid).environ()
+        assert not any(k.startswith("LLAMA_ARG_") for k in child_env)
+        assert "LLAMA_API_KEY" not in child_env
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {server.api_key}"}) as c:
+            props = (await c.get(f"{server.base_url}/props")).json()
+        assert props["default_generation_settings"]["n_ctx"] != 7
+
+
+async def test_truncated_gguf_is_classified_with_stderr(
+    llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "truncated.gguf"
+    broken.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 2])  # noqa: ASYNC240
+    with pytest.raises(StartFailed) as info:
+        async with LlamaServer(_spec(llama_server_bin, broken, tmp_path)):
+            pass
+    err = info.value
+    assert err.reason == "invalid_model"
+    assert err.returncode == 1
+    assert err.stderr_tail and any("load" in line for line in err.stderr_tail)
+
+
+async def test_missing_file_is_classified(llama_server_bin: Path, tmp_path: Path) -> None:
+    with pytest.raises(StartFailed) as info:
+        async with LlamaServer(_spec(llama_server_bin, tmp_path / "nope.gguf", tmp_path)):
+            pass
+    assert info.value.reason == "file_not_found"
+
+
+async def test_sigstop_during_load_hits_the_stall_timeout(
+    llama_server_bin: Path, gemma_path: Path, tmp_path: Path
+) -> None:
+    server = LlamaServer(_spec(llama_server_bin, gemma_path, tmp_path, stall_timeout=1.5))
+
+    async def freeze_when_spawned() -> None:
+        while server.pid is None:  # noqa: ASYNC110 — nothing to wait on: pid is set by the spawn
+            await anyio.sleep(0.001)
+        os.kill(server.pid, signal.SIGSTOP)  # fault injection: a hung load
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(freeze_when_spawned)
+        with pytest.raises(StartFailed) as info:
+            await server.run()
+    assert info.value.reason == "timeout"
+    assert time.monotonic() - started < 15
+    assert server.pid is not None and _gone(server.pid)
+
+
+async def test_cancel_during_load_leaves_no_child(
+    llama_server_bin: Path, gemma_path: Path, tmp_path: Path
+) -> None:
+    server = LlamaServer(_spec(llama_server_bin, gemma_path, tmp_path))
+    with anyio.move_on_after(0.3) as scope:
+        await server.run()
+    assert scope.cancelled_caught
+    assert server.pid is not None
+    assert _gone(server.pid, timeout=1.0)
+
+
+async def test_explicit_port_in_use_is_refused(
+    llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(UsageError, match=f"port {port}"):
+            async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path, port=port)):
+                pass
+
+
+async def test_bind_race_is_retried_on_another_port(
+    llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fault injection: the first "free" port is taken by someone else before the child binds it.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        taken_port = taken.getsockname()[1]
+        real_free_port = instance_module.free_port
+        ports = iter([taken_port])
+        monkeypatch.setattr(
+            instance_module, "free_port", lambda host: next(ports, None) or real_free_port(host)
+        )
+        async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
+            assert server.port != taken_port
+        assert "couldn't bind" in (tmp_path / "m.log").read_text()
+
+
+def test_parent_sigkill_takes_the_child_down(llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from rocmforge_supervisor.process import InstanceSpec, LlamaServer
+        import anyio
+        async def main():
+            spec = InstanceSpec(binary=Path({str(llama_server_bin)!r}), model_path=Path({str(tiny_gguf)!r}),
+                                alias="m", ctx_size=512, cpu_only=True, state_dir=Path({str(tmp_path)!r}))
+            async with LlamaServer(spec) as s:
+                print(s.pid, flush=True)
+                await anyio.sleep_forever()
+        anyio.run(main)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child_pid = int(parent.stdout.readline())
+        assert psutil.pid_exists(child_pid)
+        parent.kill()  # SIGKILL: no cleanup code of ours runs
+        parent.wait()
+        assert _gone(child_pid, timeout=2.0), "the child outlived its SIGKILLed parent"
+    finally:
+        parent.kill()

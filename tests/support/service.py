@@ -1,0 +1,137 @@
+"""Run a real `forge serve` in a subprocess for tests, and wait on conditions with deadlines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+FORGE = [sys.executable, "-m", "rocmforge_supervisor.cli"]
+
+
+def wait_for(
+    cond: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02, what: str = "condition"
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class Service:
+    proc: subprocess.Popen[str]
+    url: str
+    state_dir: Path
+    config: Path
+    api_key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=60)
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        with self.client() as c:
+            rows = c.get("/api/models").json()["models"]
+        return {r["name"]: r for r in rows}
+
+    def model(self, name: str) -> dict[str, Any]:
+        return self.models()[name]
+
+    def llama_children(self) -> list[psutil.Process]:
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        out = []
+        for p in kids:
+            try:
+                if "llama-server" in p.name() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+    def stderr_text(self) -> str:
+        return (self.state_dir / "serve.stderr").read_text()
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@contextmanager
+def running_service(
+    config: Path,
+    state_dir: Path,
+    llama_server_bin: Path,
+    *,
+    api_key: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    wait_ready: bool = True,
+) -> Iterator[Service]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "FORGE_STATE_DIR": str(state_dir),
+            "FORGE_LLAMA_SERVER": str(llama_server_bin),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.pop("NOTIFY_SOCKET", None)
+    env.update(extra_env or {})
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log_file = (state_dir / "serve.stderr").open("w")
+    proc = subprocess.Popen(
+        [*FORGE, "serve", "--config", str(config), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=log_file,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http"):
+            proc.wait(timeout=10)
+            raise AssertionError(
+                f"forge serve did not start (exit {proc.returncode}): {(state_dir / 'serve.stderr').read_text()}"
+            )
+        svc = Service(proc, url, state_dir, config, api_key)
+        if wait_ready:
+            wait_for(lambda: _ready(svc), timeout=60, what="/ready")
+        yield svc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log_file.close()
+
+
+def _ready(svc: Service) -> bool:
+    try:
+        return httpx.get(f"{svc.url}/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
