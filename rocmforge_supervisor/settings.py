@@ -67,8 +67,22 @@ class ForgeSettings(BaseSettings):
     use_amdsmi: bool = True
     use_nvml: bool = True
 
+    # -- systemd (set by the service manager, not by users) ------------------------------------
+    notify_socket: str | None = Field(default=None, validation_alias=AliasChoices("NOTIFY_SOCKET"))
+    """sd_notify socket (``/run/…`` or ``@abstract``) of a ``Type=notify`` unit."""
+    watchdog_usec: int | None = Field(default=None, validation_alias=AliasChoices("WATCHDOG_USEC"))
+    watchdog_pid: int | None = Field(default=None, validation_alias=AliasChoices("WATCHDOG_PID"))
+    journal_stream: str | None = Field(default=None, validation_alias=AliasChoices("JOURNAL_STREAM"))
+    """``<dev>:<inode>`` of stderr when it is connected to journald."""
+
     # -- models --------------------------------------------------------------------------------
     model_dirs: list[Path] = Field(default_factory=list)
+    hf_cache_dir: Path | None = None
+    """The Hugging Face hub cache to use; unset: huggingface-hub's own (``HF_HUB_CACHE``/``HF_HOME``)."""
+    hf_offline: bool = False
+    """Never reach huggingface.co (also on when huggingface-hub sees ``HF_HUB_OFFLINE=1``)."""
+    hf_token: str | None = Field(default=None, repr=False)
+    """A token for gated/private repos; unset: huggingface-hub's own (``HF_TOKEN``, ``hf auth login``)."""
     """Directories a model may be loaded from by path through the service API."""
 
     @property

@@ -21,7 +21,9 @@ def build(
     gpu_targets: str | None = typer.Option(
         None, "--gpu-targets", help="HIP GPU_TARGETS, e.g. 'gfx1100;gfx1030' (default: the detected GPUs)."
     ),
-    jobs: int | None = typer.Option(None, "-j", "--jobs", min=1, help="Parallel compile jobs (default: CPUs)."),
+    jobs: int | None = typer.Option(
+        None, "-j", "--jobs", min=1, help="Parallel compile jobs (default: CPUs)."
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Stream the compiler output."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when a cached build exists."),
     print_path: bool = typer.Option(
@@ -80,7 +82,9 @@ def build(
             )
     console.print(str(result.info.path))
     what = "cached" if result.cached else f"built in {result.seconds:.0f} s"
-    err_console.print(f"llama-server {result.info.version} (commit {result.info.commit}), {result.key}, {what}")
+    err_console.print(
+        f"llama-server {result.info.version} (commit {result.info.commit}), {result.key}, {what}"
+    )
 
 
 def register(app: typer.Typer) -> None:
