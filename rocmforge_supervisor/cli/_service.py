@@ -1,11 +1,175 @@
-"""CLI commands of this area (filled in by the area's work)."""
+"""``forge service …``: run ``forge serve`` under systemd (and, later, the service's own commands)."""
 
 from __future__ import annotations
 
+import getpass
+import os
+import shutil
+import sys
+import tempfile
+from importlib import resources
+from pathlib import Path
+
 import typer
 
-__all__ = ["register"]
+from .._errors import ServiceError, UsageError
+from ..settings import ForgeSettings, get_settings
+from ._common import console, err_console
+
+__all__ = ["register", "render_unit", "service_app", "systemd_quote"]
+
+service_app = typer.Typer(
+    name="service",
+    help="Install forge serve as a systemd service.",
+    no_args_is_help=True,
+)
+
+SYSTEM_UNIT_DIR = Path("/etc/systemd/system")
+SYSTEM_CONFIG = Path("/etc/rocmforge/forge.toml")
+_SYSTEM_ONLY = "#system: "
+_TEMPLATE_NOTE = "#template:"
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart= word, quoted the way systemd.service(5) parses it.
+
+    ``%`` starts a specifier and ``$`` an environment expansion, so both are doubled; whitespace,
+    quotes and backslashes need a double-quoted word with C-style escapes.
+    """
+    word = arg.replace("%", "%%").replace("$", "$$")
+    if word and not any(c.isspace() or c in "\"'\\;" for c in word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_unit(forge: Path, config: Path, *, user: bool = False) -> str:
+    """The unit text for this install. ``user``: a ``systemctl --user`` unit.
+
+    A per-user service manager cannot set groups, device policy or mount namespaces (without
+    PrivateUsers=), so the template's ``#system:`` lines only go into a system unit.
+    """
+    # Through the top package: naming the service package would import the whole gateway.
+    template = resources.files("rocmforge_supervisor").joinpath("service", "forge.service").read_text()
+    lines = []
+    for line in template.splitlines():
+        if line.startswith(_TEMPLATE_NOTE):
+            continue
+        if line.startswith(_SYSTEM_ONLY):
+            if user:
+                continue
+            line = line[len(_SYSTEM_ONLY) :]
+        lines.append(line)
+    return (
+        "\n".join(lines).format(
+            forge=systemd_quote(str(forge)),
+            config=systemd_quote(str(config)),
+            wanted_by="default.target" if user else "multi-user.target",
+        )
+        + "\n"
+    )
+
+
+def _forge_executable() -> Path:
+    """The ``forge`` that is running now: the unit must start this install, not another one."""
+    argv0 = Path(sys.argv[0])
+    if argv0.name == "forge" and argv0.is_file():
+        return argv0.resolve()
+    beside = Path(sys.executable).parent / "forge"  # the venv's (or prefix's) own script
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside.absolute()
+    found = shutil.which("forge")
+    if found:
+        return Path(found).resolve()
+    raise UsageError(
+        "cannot find the forge executable to put in ExecStart=",
+        hint="run this command through the installed `forge` script, or put it on PATH",
+    )
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Temp file in the same directory + rename: systemd never reads a half-written unit."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except PermissionError as exc:
+        raise ServiceError(
+            f"cannot write {path}: permission denied",
+            hint="run it with sudo, or install a user unit with --user, or pass --output / --print",
+        ) from exc
+    except OSError as exc:
+        raise ServiceError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    tmp_path = Path(tmp)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp_path.chmod(0o644)
+        tmp_path.replace(path)
+    except OSError as exc:
+        tmp_path.unlink(missing_ok=True)
+        raise ServiceError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def _default_config(user: bool, settings: ForgeSettings) -> Path:
+    return settings.config_home / "forge.toml" if user else SYSTEM_CONFIG
+
+
+@service_app.command("install")
+def install(
+    user: bool = typer.Option(False, "--user", help="A per-user unit (systemctl --user)."),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="The config the service reads (default /etc/rocmforge/forge.toml, or with --user "
+        "$XDG_CONFIG_HOME/rocmforge/forge.toml).",
+    ),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the unit here instead."),
+    print_only: bool = typer.Option(False, "--print", help="Print the unit on stdout; write nothing."),
+) -> None:
+    """Write a systemd unit that runs `forge serve` from this install."""
+    settings = get_settings()
+    config_path = (config.expanduser() if config else _default_config(user, settings)).absolute()
+    unit = render_unit(_forge_executable(), config_path, user=user)
+    if print_only:
+        sys.stdout.write(unit)
+        return
+    if output is not None:
+        target = output.expanduser().absolute()
+    elif user:
+        target = _user_unit_dir() / "forge.service"
+    else:
+        target = SYSTEM_UNIT_DIR / "forge.service"
+    _write_atomically(target, unit)
+    console.print(f"wrote {target}")
+    if not config_path.is_file():
+        err_console.print(
+            f"note: {config_path} does not exist yet; the service will not start until it does "
+            "(an empty file is a valid config: every default, no preloaded models)"
+        )
+    name = target.stem if target.suffix == ".service" else target.name
+    systemctl = "systemctl --user" if user else "systemctl"
+    if output is not None and target.parent not in (SYSTEM_UNIT_DIR, _user_unit_dir()):
+        where = "~/.config/systemd/user/" if user else f"{SYSTEM_UNIT_DIR}/"
+        console.print(f"next: copy it to {where}, then:")
+    else:
+        console.print("next:")
+    console.print(f"  {systemctl} daemon-reload && {systemctl} enable --now {name}")
+    if user:
+        console.print(f"  loginctl enable-linger {_login_name()}   # keep it running after you log out")
+
+
+def _user_unit_dir() -> Path:
+    return Path.home() / ".config" / "systemd" / "user"
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "$USER"
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to ``app``."""
+    app.add_typer(service_app, name="service")

@@ -22,7 +22,11 @@ _DROP_EXACT = frozenset(
         "AIP_HTTP_PORT",
         "LLAMA_CACHE",
         "LLAMA_SERVER_SLOTS_DEBUG",
-        "HF_TOKEN",  # the child never downloads (we pass -m): keep the secret out of it
+        "HF_TOKEN",
+        "FORGE_API_KEY",  # the gateway's secret
+        "NOTIFY_SOCKET",  # systemd talks to the supervisor, not to its children
+        "WATCHDOG_USEC",
+        "WATCHDOG_PID",  # the child never downloads (we pass -m): keep the secret out of it
     }
 )
 _DROP_PREFIXES = ("LLAMA_ARG_",)

@@ -120,7 +120,7 @@ async def run_service(
         supervisor,
         api_key=api_key,
         max_body_bytes=server_cfg.max_body_bytes,
-        model_dirs=[Path(p) for p in server_cfg.model_dirs],
+        model_dirs=[Path(p) for p in (*server_cfg.model_dirs, *settings.model_dirs)],
         reload=reload if load_config is not None else None,
     )
     app = create_app(state, cors_origins=list(server_cfg.cors_origins))
@@ -198,7 +198,14 @@ def _status_line(supervisor: Supervisor) -> str:
 
 
 async def _announce_ready(supervisor: Supervisor, notifier: Any) -> None:
-    await supervisor.ready.wait()
+    # READY=1 comes after the preloads; a big model can take longer than systemd's start timeout,
+    # so keep extending it while they load.
+    while not supervisor.ready.is_set():
+        if notifier is not None:
+            notifier.extend_timeout(30)
+            notifier.status("loading: " + _status_line(supervisor))
+        with anyio.move_on_after(10):
+            await supervisor.ready.wait()
     log.info("ready: %s", _status_line(supervisor))
     if notifier is not None:
         notifier.ready(_status_line(supervisor))
