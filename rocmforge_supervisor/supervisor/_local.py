@@ -80,7 +80,8 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
     """Resolve, validate and place; touches no process. Raises a ForgeError on bad input."""
     from ..build import locate_llama_server
     from ..hardware import child_env, detect
-    from ..models import inspect_gguf, resolve_model_path
+    from ..models import resolve_model_path
+    from ..models._gguf import inspect_gguf
     from ._placement_glue import decide_devices
 
     _validate(options)

@@ -73,7 +73,7 @@ class Supervisor:
 
     def _new_model(self, name: str, mc: Any, config: Any = None) -> ManagedModel:
         cfg = config or self.config
-        fp = cfg.model_fingerprint(name) if hasattr(cfg, "model_fingerprint") else ""
+        fp = cfg.model_fingerprint(name) if name in getattr(cfg, "models", {}) else ""
         m = ManagedModel(
             name, mc, policy=self.policy, events=self.events, prepare=self._prepare, fingerprint=fp
         )
@@ -191,7 +191,7 @@ class Supervisor:
                     self._start(m)
             for name in sorted(old_names & new_names):
                 old = self.models[name]
-                fp = new_config.model_fingerprint(name) if hasattr(new_config, "model_fingerprint") else ""
+                fp = new_config.model_fingerprint(name)
                 if fp == old.fingerprint:
                     summary["unchanged"].append(name)
                     old.update_limits(new_config.models[name])
@@ -236,7 +236,8 @@ class Supervisor:
 
     async def _prepare(self, m: ManagedModel) -> Prepared:
         from ..hardware import child_env, refresh_usage
-        from ..models import inspect_gguf, resolve_model_path
+        from ..models import resolve_model_path
+        from ..models._gguf import inspect_gguf
         from ._placement_glue import decide_for_service, new_allocation_tracker
 
         mc = m.config

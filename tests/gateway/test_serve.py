@@ -103,9 +103,11 @@ def test_openai_sdk_chat_and_completions_two_models(
 
 
 def test_child_sigkill_mid_stream_clean_error_then_restart(
-    two_models: Path, tmp_path: Path, llama_server_bin: Path
+    tmp_path: Path, gemma_path: Path, llama_server_bin: Path
 ) -> None:
-    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+    # The real gemma model: slow enough (~70 tokens/s here) that the kill lands mid-stream.
+    cfg = write_config(tmp_path / "forge.toml", FAST + _model("tiny", gemma_path, preload=True))
+    with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
         before = svc.model("tiny")
         pid = before["pid"]
         body = {"model": "tiny", "prompt": "Go", "max_tokens": 900, "stream": True}
@@ -138,13 +140,20 @@ def test_crash_loop_opens_the_breaker(tmp_path: Path, tiny_gguf: Path, llama_ser
         + _model("tiny", tiny_gguf, preload=True),
     )
     with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
+        killed: set[int] = set()
         for _ in range(3):
-            m = wait_for(lambda: (s := svc.model("tiny"))["state"] in ("ready", "failed") and s, what="ready")
+            m = wait_for(
+                lambda: (s := svc.model("tiny"))["state"] == "failed"
+                or (s["state"] == "ready" and s["pid"] and s["pid"] not in killed)
+                and s,
+                what="ready or failed",
+            )
             if m["state"] == "failed":
                 break
-            os.kill(m["pid"], signal.SIGKILL)
-            wait_for(lambda p=m["pid"]: svc.model("tiny")["pid"] != p, what="crash noticed")
+            killed.add(m["pid"])
+            os.kill(m["pid"], signal.SIGKILL)  # fault injection
         m = wait_for(lambda: (s := svc.model("tiny"))["state"] == "failed" and s, what="failed")
+        assert len(killed) == 3
         assert "crashes" in m["last_error"]
         with svc.client() as c:
             r = c.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1})
@@ -182,38 +191,36 @@ def test_supervisor_sigkill_leaves_no_llama_server(
         assert not alive, f"orphans: {[p.pid for p in alive]}"
 
 
-def test_queue_full_gives_429(tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path) -> None:
+def test_queue_full_gives_429(tmp_path: Path, gemma_path: Path, llama_server_bin: Path) -> None:
+    # gemma, so that a request really holds the only slot for a while.
     cfg = write_config(
         tmp_path / "forge.toml",
-        FAST + _model("tiny", tiny_gguf, preload=True, parallel=1, max_concurrency=1, queue=1),
+        FAST + _model("slow", gemma_path, preload=True, parallel=1, max_concurrency=1, queue=1),
     )
     with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
-        long = {"model": "tiny", "prompt": "x", "max_tokens": 600, "stream": True}
+        long = {"model": "slow", "prompt": "Tell a long story.", "max_tokens": 120, "stream": True}
         started = threading.Event()
         results: list[int] = []
 
         def hold() -> None:
-            with (
-                httpx.Client(base_url=svc.url, timeout=60) as c,
-                c.stream("POST", "/v1/completions", json=long) as r,
-            ):
+            with httpx.Client(base_url=svc.url, timeout=120) as c, c.stream("POST", "/v1/completions", json=long) as r:
                 results.append(r.status_code)
                 for _ in r.iter_lines():
                     started.set()
 
-        threads = [threading.Thread(target=hold)]
-        threads[0].start()
-        assert started.wait(30)
+        first = threading.Thread(target=hold)
+        first.start()
+        assert started.wait(60)
         waiter = threading.Thread(target=hold)  # takes the one queue place
         waiter.start()
-        wait_for(lambda: svc.model("tiny")["waiting"] == 1, what="one waiting")
+        wait_for(lambda: svc.model("slow")["waiting"] == 1, what="one waiting")
         with svc.client() as c:
-            r = c.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1})
+            r = c.post("/v1/completions", json={"model": "slow", "prompt": "x", "max_tokens": 1})
         assert r.status_code == 429
         assert r.headers["retry-after"] == "1"
         assert r.json()["error"]["code"] == "queue_full"
-        for t in (*threads, waiter):
-            t.join(60)
+        for t in (first, waiter):
+            t.join(120)
         assert results == [200, 200]
 
 
@@ -246,43 +253,45 @@ def test_auth_and_traversal(tmp_path: Path, tiny_gguf: Path, llama_server_bin: P
 
 
 def test_sighup_reload_keeps_running_models_and_in_flight_requests(
-    two_models: Path, tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path
+    tmp_path: Path, tiny_gguf: Path, gemma_path: Path, llama_server_bin: Path
 ) -> None:
-    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
-        pid_before = svc.model("tiny")["pid"]
+    other = tmp_path / "tiny-b.gguf"
+    shutil.copy(tiny_gguf, other)
+    cfg = write_config(
+        tmp_path / "forge.toml",
+        FAST + _model("slow", gemma_path, preload=True) + _model("tinyb", other, ctx_size=512),
+    )
+    with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
+        pid_before = svc.model("slow")["pid"]
         done: list[str] = []
 
         def stream() -> None:
-            body = {"model": "tiny", "prompt": "x", "max_tokens": 300, "stream": True}
-            with (
-                httpx.Client(base_url=svc.url, timeout=60) as c,
-                c.stream("POST", "/v1/completions", json=body) as r,
-            ):
+            body = {"model": "slow", "prompt": "Tell a story.", "max_tokens": 100, "stream": True}
+            with httpx.Client(base_url=svc.url, timeout=120) as c, c.stream("POST", "/v1/completions", json=body) as r:
                 done.extend(line for line in r.iter_lines() if line.startswith("data: "))
 
         t = threading.Thread(target=stream)
         t.start()
-        wait_for(lambda: svc.model("tiny")["in_flight"] == 1, what="in flight")
+        wait_for(lambda: svc.model("slow")["in_flight"] == 1, what="in flight")
         third = tmp_path / "tiny-c.gguf"
         shutil.copy(tiny_gguf, third)
-        text = two_models.read_text().replace("preload = true", "preload = true\nttl = 600")
+        text = cfg.read_text().replace("preload = true", "preload = true\nttl = 600")
         text = text.replace("[models.tinyb]", "[models.gone]") + _model("tinyc", third, preload=True)
-        two_models.write_text(text)
+        cfg.write_text(text)
         svc.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: "tinyc" in svc.models() and svc.model("tinyc")["state"] == "ready", what="reloaded")
-        t.join(60)
+        t.join(120)
         assert done[-1] == "data: [DONE]", done[-3:]
         models = svc.models()
-        assert models["tiny"]["pid"] == pid_before  # unchanged (ttl only): not restarted
-        assert set(models) == {"tiny", "gone", "tinyc"}
+        assert models["slow"]["pid"] == pid_before  # unchanged (ttl only): not restarted
+        assert set(models) == {"slow", "gone", "tinyc"}
 
         # A bad reload keeps the old config running.
-        two_models.write_text(text + "\n[models.bad]\nctx_size = -1\n")
-        svc.proc.send_signal(signal.SIGHUP)
+        cfg.write_text(text + "\n[models.bad]\nctx_size = -1\n")
         with svc.client() as c:
             r = c.post("/api/reload")
         assert r.status_code == 400 and "models.bad" in r.json()["error"]["message"]
-        assert svc.model("tiny")["pid"] == pid_before
+        assert svc.model("slow")["pid"] == pid_before
 
 
 def test_sd_notify_protocol(two_models: Path, tmp_path: Path, llama_server_bin: Path) -> None:

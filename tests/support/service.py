@@ -132,6 +132,6 @@ def running_service(
 
 def _ready(svc: Service) -> bool:
     try:
-        return httpx.get(f"{svc.url}/ready", timeout=2).status_code == 200
+        return httpx.get(f"{svc.url}/ready", headers=svc.headers, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
