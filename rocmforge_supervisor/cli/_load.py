@@ -27,9 +27,9 @@ def _gpu_option(value: str) -> str | int | list[int]:
     try:
         parts = [int(p) for p in v.replace(";", ",").split(",") if p.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{value!r}: use auto, cpu, an index (0) or a list (0,1)") from None
+        raise typer.BadParameter(f"{value!r}: use auto, cpu, an index (0) or a list (0,1)", param_hint="--gpu") from None
     if not parts or any(p < 0 for p in parts):
-        raise typer.BadParameter(f"{value!r}: use auto, cpu, an index (0) or a list (0,1)")
+        raise typer.BadParameter(f"{value!r}: use auto, cpu, an index (0) or a list (0,1)", param_hint="--gpu")
     return parts[0] if len(parts) == 1 else parts
 
 
@@ -42,9 +42,9 @@ def _ngl_option(value: str | None) -> int | str | None:
     try:
         n = int(v)
     except ValueError:
-        raise typer.BadParameter(f"{value!r}: use a number of layers, auto or all") from None
+        raise typer.BadParameter(f"{value!r}: use a number of layers, auto or all", param_hint="--n-gpu-layers") from None
     if n < -2:
-        raise typer.BadParameter(f"{value!r}: use a number >= 0, auto or all")
+        raise typer.BadParameter(f"{value!r}: use a number >= 0, auto or all", param_hint="--n-gpu-layers")
     return n
 
 
@@ -76,7 +76,12 @@ def _summary(tm: Any, seconds: float) -> Panel:
     t.add_row("device(s)", ", ".join(plan.devices))
     t.add_row("loaded in", f"{seconds:.2f} s (llama-server ready after {server.load_seconds:.2f} s)")
     t.add_row("OpenAI base URL", f"{tm.openai_base_url}")
-    t.add_row("API key", "in the child's key file only; requests go through forge")
+    t.add_row("API key", f"{server.api_key}  (this child only; send it as: Authorization: Bearer …)")
+    t.add_row(
+        "try",
+        f"curl {tm.openai_base_url}/completions -H 'Authorization: Bearer {server.api_key}' "
+        f"-H 'Content-Type: application/json' -d '{{\"prompt\": \"Hello\", \"max_tokens\": 16}}'",
+    )
     t.add_row("log", str(plan.spec.log_path))
     return Panel(t, title="forge load", expand=False)
 
@@ -139,17 +144,17 @@ def load(
             return
         err_console.print(_summary(tm, seconds))
         console.print(tm.openai_base_url)
-        sample = "The capital of France is"
-        err_console.print(f"[dim]sample:[/] {sample}", end="")
         try:
-            for tok in tm.generate(sample, max_tokens=24, temperature=0.0):
-                err_console.print(tok.text, end="", markup=False, highlight=False)
-        finally:
-            err_console.print()
-        err_console.print("serving until Ctrl-C …")
-        try:
+            sample = "The capital of France is"
+            err_console.print(f"[dim]sample:[/] {sample}", end="")
+            try:
+                for tok in tm.generate(sample, max_tokens=24, temperature=0.0):
+                    err_console.print(tok.text, end="", markup=False, highlight=False)
+            finally:
+                err_console.print()
+            err_console.print("serving until Ctrl-C …")
             tm.wait_exit()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C (or SIGTERM): a clean stop is a success
             err_console.print("stopping …")
             return
         crash = tm.err() or ForgeError(f"llama-server exited: {tm.server.status()['exit']}")
