@@ -24,8 +24,9 @@ model: venv
 	$(BIN)/python -c "from rocmforge_supervisor.models import ensure_embedded, DEFAULT_MODEL; \
 	from rocmforge_supervisor.settings import get_settings; print(ensure_embedded(DEFAULT_MODEL, get_settings()))"
 
-run: setup ## the main job: the supervisor serving the embedded default model
-	$(FORGE) load gemma-3-270m
+PORT ?= 8080
+run: setup ## the main job: forge serve with the embedded default model preloaded, until Ctrl-C
+	$(FORGE) serve --config examples/forge.toml --port $(PORT)
 
 lint: venv
 	$(BIN)/ruff check rocmforge_supervisor tests scripts
@@ -35,8 +36,11 @@ lint: venv
 test: setup lint ## the whole suite, against the real llama-server
 	$(BIN)/pytest -q
 
-bench: setup
-	$(BIN)/python scripts/bench/run_all.py
+bench: setup ## the benchmarks (numbers, not pass/fail): see scripts/bench/
+	$(BIN)/python scripts/bench/bench_detect.py
+	$(BIN)/python scripts/bench/bench_sse.py
+	$(BIN)/python scripts/bench/bench_instance.py
+	$(BIN)/python scripts/bench/bench_gateway.py --max-streams 512
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

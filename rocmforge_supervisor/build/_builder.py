@@ -191,6 +191,7 @@ def _install(
             log_path=str(work / "build.log"),
         )
     staging = Path(tempfile.mkdtemp(prefix=f".staging-{key}-", dir=builds))
+    staging.chmod(0o755)  # mkdtemp makes it 0700: a service user must be able to run the build
     try:
         (staging / "bin").mkdir()
         shutil.copy2(built, staging / "bin" / "llama-server")

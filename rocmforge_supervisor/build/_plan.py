@@ -148,7 +148,9 @@ def make_plan(
         "-DBUILD_SHARED_LIBS=OFF",  # one self-contained binary: it can be moved into the cache atomically
         "-DLLAMA_BUILD_TESTS=OFF",
         "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_UI=OFF",  # children run with --no-webui: no npm build, no download
         "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_OPENSSL=OFF",  # children listen on loopback only: no TLS, no libssl-dev needed
         "-DLLAMA_CURL=OFF",
         "-DLLAMA_BUILD_NUMBER=0",
         f"-DLLAMA_BUILD_COMMIT={commit[:7]}",
