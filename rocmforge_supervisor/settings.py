@@ -77,13 +77,15 @@ class ForgeSettings(BaseSettings):
 
     # -- models --------------------------------------------------------------------------------
     model_dirs: list[Path] = Field(default_factory=list)
+    """Directories a model may be loaded from by path through the service API."""
     hf_cache_dir: Path | None = None
     """The Hugging Face hub cache to use; unset: huggingface-hub's own (``HF_HUB_CACHE``/``HF_HOME``)."""
     hf_offline: bool = False
     """Never reach huggingface.co (also on when huggingface-hub sees ``HF_HUB_OFFLINE=1``)."""
     hf_token: str | None = Field(default=None, repr=False)
     """A token for gated/private repos; unset: huggingface-hub's own (``HF_TOKEN``, ``hf auth login``)."""
-    """Directories a model may be loaded from by path through the service API."""
+    hf_endpoint: str | None = None
+    """A Hugging Face mirror's URL; unset: huggingface-hub's own (``HF_ENDPOINT``, else huggingface.co)."""
 
     @property
     def builds_dir(self) -> Path:

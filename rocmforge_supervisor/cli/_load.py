@@ -27,9 +27,13 @@ def _gpu_option(value: str) -> str | int | list[int]:
     try:
         parts = [int(p) for p in v.replace(";", ",").split(",") if p.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{value!r}: use auto, cpu, an index (0) or a list (0,1)", param_hint="--gpu") from None
+        raise typer.BadParameter(
+            f"{value!r}: use auto, cpu, an index (0) or a list (0,1)", param_hint="--gpu"
+        ) from None
     if not parts or any(p < 0 for p in parts):
-        raise typer.BadParameter(f"{value!r}: use auto, cpu, an index (0) or a list (0,1)", param_hint="--gpu")
+        raise typer.BadParameter(
+            f"{value!r}: use auto, cpu, an index (0) or a list (0,1)", param_hint="--gpu"
+        )
     return parts[0] if len(parts) == 1 else parts
 
 
@@ -42,7 +46,9 @@ def _ngl_option(value: str | None) -> int | str | None:
     try:
         n = int(v)
     except ValueError:
-        raise typer.BadParameter(f"{value!r}: use a number of layers, auto or all", param_hint="--n-gpu-layers") from None
+        raise typer.BadParameter(
+            f"{value!r}: use a number of layers, auto or all", param_hint="--n-gpu-layers"
+        ) from None
     if n < -2:
         raise typer.BadParameter(f"{value!r}: use a number >= 0, auto or all", param_hint="--n-gpu-layers")
     return n
@@ -80,7 +86,7 @@ def _summary(tm: Any, seconds: float) -> Panel:
     t.add_row(
         "try",
         f"curl {tm.openai_base_url}/completions -H 'Authorization: Bearer {server.api_key}' "
-        f"-H 'Content-Type: application/json' -d '{{\"prompt\": \"Hello\", \"max_tokens\": 16}}'",
+        f'-H \'Content-Type: application/json\' -d \'{{"prompt": "Hello", "max_tokens": 16}}\'',
     )
     t.add_row("log", str(plan.spec.log_path))
     return Panel(t, title="forge load", expand=False)

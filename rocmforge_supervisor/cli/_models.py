@@ -1,11 +1,184 @@
-"""CLI commands of this area (filled in by the area's work)."""
+"""``forge inspect`` and ``forge pull``: what a model file is and needs, and getting one from the hub."""
 
 from __future__ import annotations
 
+import json
+
 import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .._errors import UsageError
+from ..models._catalog import resolve_model_path
+from ..models._estimate import CACHE_TYPES, MemoryEstimate, estimate_memory
+from ..models._gguf import GGUFInfo, inspect_gguf
+from ..models._hub import pull as hub_pull
+from ..settings import get_settings
+from ._common import console, err_console
 
 __all__ = ["register"]
+
+_MIB = 1024 * 1024
+
+
+def _mib(n: int) -> str:
+    return f"{n / _MIB:,.1f}"
+
+
+def _params(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def _flash(value: str) -> bool | None:
+    v = value.strip().lower()
+    if v in ("auto", ""):
+        return None
+    if v in ("on", "true", "1", "yes"):
+        return True
+    if v in ("off", "false", "0", "no"):
+        return False
+    raise typer.BadParameter(f"{value!r}: use on, off or auto", param_hint="--flash-attn")
+
+
+def _devices(value: str) -> tuple[str, ...]:
+    keys = tuple(p.strip() for p in value.replace(";", ",").split(",") if p.strip())
+    if not keys:
+        return ("cpu",)
+    for k in keys:
+        if k != "cpu" and not (k.count(":") == 1 and k.split(":")[1].isdigit()):
+            raise typer.BadParameter(f"{k!r}: use cpu or device keys like amd:0,amd:1", param_hint="--gpu")
+    return keys
+
+
+def _info_table(info: GGUFInfo) -> Table:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("file", str(info.path)),
+        ("name", info.name or "—"),
+        ("architecture", info.architecture),
+        ("parameters", f"{_params(info.parameter_count)} ({info.parameter_count:,})"),
+        ("quantization", info.file_type),
+        ("trained context", f"{info.context_length:,}" if info.context_length else "—"),
+        ("layers", str(info.block_count)),
+        ("heads / KV heads", f"{info.head_count} / {info.head_count_kv_max}"),
+        ("embedding", str(info.embedding_length)),
+        ("vocabulary", f"{info.vocab_size:,}"),
+        (
+            "sliding window",
+            f"{info.sliding_window} tokens on {sum(info.swa_layers)} of {info.block_count} layers"
+            if info.sliding_window
+            else "—",
+        ),
+        ("chat template", "yes" if info.has_chat_template else "no"),
+        ("size", f"{_mib(info.file_size_bytes)} MiB in {len(info.split_files)} file(s)"),
+    ]
+    for k, v in rows:
+        table.add_row(k, escape(v))
+    return table
+
+
+def _estimate_table(est: MemoryEstimate) -> Table:
+    slots = f", {est.parallel} slots" + (" (shared KV)" if est.kv_unified else "")
+    title = (
+        f"estimate: ctx {est.ctx_size:,}{slots}, KV {est.cache_type_k}/{est.cache_type_v}, "
+        f"flash attention {'on' if est.flash_attn else 'off'}, {est.n_gpu_layers} layers on GPU"
+    )
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for col in ("device", "weights MiB", "KV MiB", "compute MiB", "output MiB", "total MiB"):
+        table.add_column(col, justify="right" if col != "device" else "left")
+    for d in est.devices:
+        table.add_row(
+            d.device,
+            _mib(d.weights_bytes),
+            _mib(d.kv_bytes),
+            _mib(d.compute_bytes),
+            _mib(d.output_bytes),
+            _mib(d.total_bytes),
+        )
+    table.add_row(
+        "[bold]all[/]",
+        _mib(est.weights_bytes),
+        _mib(est.kv_bytes),
+        _mib(est.compute_bytes),
+        _mib(est.output_bytes),
+        f"[bold]{_mib(est.total_bytes)}[/]",
+    )
+    return table
+
+
+def inspect(
+    model: str = typer.Argument(
+        ..., help="A .gguf path, an embedded name (gemma-3-270m) or hf:org/repo:QUANT."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    ctx_size: int = typer.Option(0, "--ctx-size", "-c", help="Context for the estimate (0: trained)."),
+    parallel: int | None = typer.Option(
+        None, "--parallel", "-np", help="Slots (default: llama-server's auto, 4)."
+    ),
+    n_gpu_layers: int | None = typer.Option(
+        None, "--n-gpu-layers", "-ngl", help="Layers on the GPU(s) (default: all when --gpu names one)."
+    ),
+    gpu: str = typer.Option("cpu", "--gpu", help="Devices for the estimate: cpu, or keys like amd:0,amd:1."),
+    cache_type_k: str = typer.Option("f16", "--cache-type-k", "-ctk", help="KV cache type of K."),
+    cache_type_v: str = typer.Option("f16", "--cache-type-v", "-ctv", help="KV cache type of V."),
+    flash_attn: str = typer.Option(
+        "auto", "--flash-attn", "-fa", help="on, off or auto (on where supported)."
+    ),
+) -> None:
+    """Show a GGUF's metadata and the memory a load with these settings would take."""
+    for name, value in (("--cache-type-k", cache_type_k), ("--cache-type-v", cache_type_v)):
+        if value.lower() not in CACHE_TYPES:
+            raise UsageError(
+                f"{name} {value!r} is not a KV cache type", hint=f"use one of: {', '.join(CACHE_TYPES)}"
+            )
+    if ctx_size < 0 or (parallel is not None and parallel < 1):
+        raise UsageError(
+            "--ctx-size must be >= 0 and --parallel >= 1", hint="e.g. --ctx-size 4096 --parallel 1"
+        )
+    settings = get_settings()
+    path = resolve_model_path(model, settings)
+    info = inspect_gguf(path)
+    estimate = estimate_memory(
+        info,
+        n_gpu_layers=n_gpu_layers,
+        ctx_size=ctx_size,
+        parallel=parallel,
+        cache_type_k=cache_type_k.lower(),
+        cache_type_v=cache_type_v.lower(),
+        flash_attn=_flash(flash_attn),
+        devices=_devices(gpu),
+    )
+    if as_json:
+        console.print_json(json.dumps({**info.to_json(), "estimate": estimate.to_json()}))
+        return
+    console.print(_info_table(info))
+    console.print()
+    console.print(_estimate_table(estimate))
+
+
+def pull(
+    ref: str = typer.Argument(..., help="org/repo[:QUANT] or org/repo/file.gguf (hf: prefix optional)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    as_json: bool = typer.Option(False, "--json", help="Print the local paths as JSON."),
+) -> None:
+    """Download a GGUF (all parts of a split one) from Hugging Face into its cache, resumably."""
+    settings = get_settings()
+    text = ref[3:] if ref.startswith("hf:") else ref
+    paths = hub_pull(text, settings, progress=not quiet and not as_json)
+    if as_json:
+        console.print_json(json.dumps({"ref": text, "paths": [str(p) for p in paths]}))
+        return
+    for p in paths:
+        console.print(str(p), markup=False, highlight=False)
+    err_console.print(f"use it as: forge load hf:{text}", markup=False)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to ``app``."""
+    app.command("inspect")(inspect)
+    app.command("pull")(pull)

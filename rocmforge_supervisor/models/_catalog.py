@@ -130,7 +130,9 @@ def resolve_model_path(ref: str, settings: ForgeSettings) -> Path:
             raise ModelNotFound(
                 f"{ref} is a directory, not a GGUF file", hint="pass the .gguf file inside it"
             )
-        return path.resolve()
+        # absolute(), not resolve(): a split GGUF in the HF cache is a symlink into blobs/<hash>,
+        # and llama.cpp finds the other parts by the name the link has.
+        return path.absolute()
     if ref in _EMBEDDED:
         return ensure_embedded(ref, settings)
     if ref.startswith("hf:"):

@@ -258,8 +258,16 @@ class LlamaServer:
                 grace = self.spec.stop_timeout if timeout is None else timeout
                 self._signal_group(signal.SIGTERM)
                 self._signal_group(signal.SIGCONT)  # a stopped (SIGSTOP) child must run to see it
-                with anyio.move_on_after(grace):
+                first = min(1.0, grace / 2)
+                with anyio.move_on_after(first):
                     await proc.wait()
+                if proc.returncode is None:
+                    # llama-server can lose a SIGTERM that lands between `listening on` and the
+                    # start of its main loop (server-queue.cpp sets running=true after the handler
+                    # cleared it): say it once more before the grace period runs out.
+                    self._signal_group(signal.SIGTERM)
+                    with anyio.move_on_after(grace - first):
+                        await proc.wait()
                 if proc.returncode is None:
                     self.log.note(f"no exit {grace:g} s after SIGTERM: sending SIGKILL")
                     self._signal_group(signal.SIGKILL)

@@ -61,6 +61,7 @@ class LocalPlan:
     model_path: Path
     estimate: Any = None
     info: Any = None
+    actual: Any = None  # AllocationLedger: what the child really allocated, from its log
     notes: list[str] = field(default_factory=list)
 
 
@@ -82,7 +83,7 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
     from ..hardware import child_env, detect
     from ..models import resolve_model_path
     from ..models._gguf import inspect_gguf
-    from ._placement_glue import decide_devices
+    from ._placement_glue import CHILD_VERBOSITY, decide_devices, new_allocation_tracker
 
     _validate(options)
     path = resolve_model_path(str(model), settings)
@@ -98,13 +99,16 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
     extra = list(options.args)
     if decision.tensor_split and len(decision.devices) > 1:
         extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
+    tracker = new_allocation_tracker(decision.devices)
     spec = InstanceSpec(
         binary=binary,
         model_path=path,
         alias=alias,
-        ctx_size=options.ctx_size,
+        # The context and slots the estimate assumed: without them llama-server's --fit may
+        # pick others, and estimate and child would no longer agree.
+        ctx_size=options.ctx_size if options.ctx_size else decision.ctx_size,
         n_gpu_layers=decision.n_gpu_layers if options.n_gpu_layers is None else options.n_gpu_layers,
-        parallel=options.parallel,
+        parallel=options.parallel if options.parallel is not None else decision.parallel,
         extra_args=extra,
         port=options.port,
         mask=mask,
@@ -114,10 +118,16 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
         stall_timeout=options.stall_timeout,
         ready_timeout=options.ready_timeout,
         stop_timeout=options.stop_timeout,
-        verbosity=options.verbosity,
+        verbosity=options.verbosity if options.verbosity is not None else CHILD_VERBOSITY,
+        line_listeners=[tracker.feed],
     )
     return LocalPlan(
-        spec=spec, devices=list(decision.devices), model_path=path, estimate=decision.estimate, info=info
+        spec=spec,
+        devices=list(decision.devices),
+        model_path=path,
+        estimate=decision.estimate,
+        info=info,
+        actual=tracker,
     )
 
 

@@ -2,19 +2,32 @@
 
 Placement itself (``_placement.place``) is a pure function of (inventory, request, loaded set).
 This module builds those inputs from a model's GGUF metadata, its load options and what the
-supervisor has running, and turns the answer into what the spawn needs.
+supervisor has running, and turns the answer into what the spawn needs: the devices, the layer
+count, the split, and the context/slot numbers the estimate assumed (passed to the child, so that
+llama-server's own ``--fit`` does not silently pick other ones).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..hardware import Inventory
 from ..settings import ForgeSettings
+from ._placement import LoadedModel, PlacementPolicy, PlacementRequest, place
 
-__all__ = ["DeviceDecision", "decide_devices", "decide_for_service", "new_allocation_tracker"]
+__all__ = [
+    "CHILD_VERBOSITY",
+    "DeviceDecision",
+    "decide_devices",
+    "decide_for_service",
+    "free_by_device",
+    "new_allocation_tracker",
+]
+
+#: llama-server prints its per-device buffer sizes (what it really allocated) only at -lv 4.
+CHILD_VERBOSITY = 4
 
 
 @dataclass
@@ -25,16 +38,28 @@ class DeviceDecision:
     evict: list[str] = field(default_factory=list)
     estimate: Any = None
     estimated_bytes: dict[str, int] = field(default_factory=dict)
+    need_bytes: dict[str, int] = field(default_factory=dict)
+    ctx_size: int | None = None
+    parallel: int | None = None
+    reason: str = ""
 
 
 def _gpu_request(gpu: Any) -> Any:
     if isinstance(gpu, str):
         g = gpu.strip().lower()
-        if g in ("auto", "cpu"):
-            return g
         if g.isdigit():
             return int(g)
+        return g
+    if isinstance(gpu, (list, tuple)):
+        return list(gpu)
     return gpu
+
+
+def _ngl(value: Any) -> int | None:
+    """llama-server's spellings → the placer's: None = all layers where they fit."""
+    if value is None or value in ("auto", "all"):
+        return None
+    return int(value)
 
 
 def decide_devices(
@@ -42,30 +67,33 @@ def decide_devices(
     options: Any,
     inventory: Inventory,
     settings: ForgeSettings,
-    loaded: Iterable[Any] = (),
+    loaded: Iterable[LoadedModel] = (),
     *,
     name: str = "",
     allow_evict: bool = False,
 ) -> DeviceDecision:
-    from ._placement import PlacementPolicy, PlacementRequest, place
-
     request = PlacementRequest(
         name=name or "model",
         info=info,
         gpu=_gpu_request(getattr(options, "gpu", "auto")),
         ctx_size=getattr(options, "ctx_size", None),
         parallel=getattr(options, "parallel", None),
-        n_gpu_layers=getattr(options, "n_gpu_layers", None),
+        n_gpu_layers=_ngl(getattr(options, "n_gpu_layers", None)),
         extra_args=tuple(getattr(options, "args", ()) or ()),
     )
     decision = place(inventory, request, list(loaded), PlacementPolicy(allow_evict=allow_evict))
+    est = decision.estimate
     return DeviceDecision(
         devices=list(decision.devices),
-        n_gpu_layers=decision.n_gpu_layers,
+        n_gpu_layers=None if decision.on_cpu else decision.n_gpu_layers,
         tensor_split=list(decision.tensor_split) if decision.tensor_split else None,
         evict=list(decision.evict),
-        estimate=decision.estimate,
+        estimate=est,
         estimated_bytes=dict(decision.estimated_bytes),
+        need_bytes=dict(decision.need_bytes),
+        ctx_size=getattr(est, "ctx_size", None),
+        parallel=getattr(est, "parallel", None),
+        reason=decision.reason,
     )
 
 
@@ -73,23 +101,24 @@ def decide_for_service(
     model: Any, info: Any, inventory: Inventory, settings: ForgeSettings, models: Iterable[Any]
 ) -> DeviceDecision:
     """Placement for a supervised model, counting what the other running models hold."""
-    from ._placement import LoadedModel
-
     loaded = []
     for other in models:
         if other is model or other.prepared is None or not other.running:
             continue
         held = dict(other.prepared.estimated_bytes)
         actual = other.prepared.actual
-        if actual:
+        ready = other.state == "ready"
+        if actual and ready:
             held = {**held, **actual.device_totals()}
         loaded.append(
             LoadedModel(
                 name=other.name,
                 devices=tuple(other.prepared.devices),
                 bytes_by_device=held,
-                in_flight=other.in_flight + other.waiting,
+                # A model still loading is busy: never evicted, and not yet in the counters.
+                in_flight=other.in_flight + other.waiting + (0 if ready else 1),
                 last_used=other.last_used,
+                counted=ready,
             )
         )
 
@@ -103,8 +132,17 @@ def decide_for_service(
     return decide_devices(info, _Opts(), inventory, settings, loaded, name=model.name, allow_evict=True)
 
 
-def new_allocation_tracker() -> Any:
-    """A ledger fed with every log line of the child: what it really allocated, per device."""
+def free_by_device(inventory: Inventory) -> Mapping[str, int]:
+    return {d.key: d.vram_free_bytes for d in inventory.devices if d.usable}
+
+
+def new_allocation_tracker(devices: Iterable[str] = ()) -> Any:
+    """A ledger fed with every log line of the child: what it really allocated, per device.
+
+    ``devices`` maps the child's own names (ROCm0, CUDA0: its *visible* devices, after the mask)
+    back to our keys.
+    """
     from ..models._allocations import AllocationLedger
 
-    return AllocationLedger()
+    gpus = [d for d in devices if d != "cpu"]
+    return AllocationLedger(gpu_keys=gpus or None)

@@ -238,7 +238,13 @@ class Supervisor:
         from ..hardware import child_env, refresh_usage
         from ..models import resolve_model_path
         from ..models._gguf import inspect_gguf
-        from ._placement_glue import decide_for_service, new_allocation_tracker
+        from ._placement import await_release
+        from ._placement_glue import (
+            CHILD_VERBOSITY,
+            decide_for_service,
+            free_by_device,
+            new_allocation_tracker,
+        )
 
         mc = m.config
         path = await anyio.to_thread.run_sync(resolve_model_path, str(mc.path), self.settings)
@@ -252,19 +258,27 @@ class Supervisor:
                 if other is not None:
                     self.events.publish(victim, "evict", for_model=m.name)
                     await other.unload("evicted")
+            if decision.evict:
+                # Drivers hand VRAM back a moment after the process exits: wait (bounded) for it.
+                def read_free() -> Any:
+                    self.inventory = refresh_usage(self.inventory, self.settings)
+                    return free_by_device(self.inventory)
+
+                await await_release(read_free, decision.need_bytes)
+                inventory = self.inventory
         devices = [inventory.by_key(k) for k in decision.devices]
         extra = list(getattr(mc, "args", []) or [])
         if decision.tensor_split and len(decision.devices) > 1:
             extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
-        tracker = new_allocation_tracker()
+        tracker = new_allocation_tracker(decision.devices)
         ngl = getattr(mc, "gpu_layers", None)
         spec = InstanceSpec(
             binary=self.binary or Path("llama-server"),
             model_path=path,
             alias=m.name,
-            ctx_size=getattr(mc, "ctx_size", None),
+            ctx_size=getattr(mc, "ctx_size", None) or decision.ctx_size,
             n_gpu_layers=decision.n_gpu_layers if ngl in (None, "auto") else ngl,
-            parallel=getattr(mc, "parallel", None),
+            parallel=getattr(mc, "parallel", None) or decision.parallel,
             extra_args=extra,
             mask=child_env(devices, inventory, self.settings),
             cpu_only=all(d.vendor == "cpu" for d in devices),
@@ -272,7 +286,8 @@ class Supervisor:
             state_dir=self.state_dir,
             stall_timeout=self.policy.load_stall_timeout,
             stop_timeout=self.policy.stop_timeout,
-            line_listeners=[*([tracker.feed] if tracker is not None else []), self._log_forwarder(m.name)],
+            verbosity=CHILD_VERBOSITY,
+            line_listeners=[tracker.feed, self._log_forwarder(m.name)],
         )
         return Prepared(
             spec=spec,

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,13 +31,15 @@ import psutil
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 # -- client side (a separate process) ---------------------------------------------------------------
 
 
-async def _one(c: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any]) -> tuple[float, int, bool]:
+async def _one(
+    c: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any]
+) -> tuple[float, int, bool]:
     t0 = time.perf_counter()
     ttft = None
     n = 0
@@ -61,7 +62,13 @@ async def _one(c: httpx.AsyncClient, url: str, headers: dict[str, str], body: di
 
 async def _round(url: str, key: str | None, model: str, conc: int, tokens: int) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": tokens, "stream": True, "temperature": 0}
+    body = {
+        "model": model,
+        "prompt": "Once upon a time",
+        "max_tokens": tokens,
+        "stream": True,
+        "temperature": 0,
+    }
     limits = httpx.Limits(max_connections=conc + 8, max_keepalive_connections=conc + 8, keepalive_expiry=2.0)
     results: list[tuple[float, int, bool]] = []
     async with httpx.AsyncClient(timeout=600, limits=limits) as c:
@@ -145,11 +152,11 @@ preload = true
     result: dict[str, Any] = {}
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: run_service(config, settings, config_path=cfg_path, on_listening=urls.append))
-        while not urls:
+        while not urls:  # noqa: ASYNC110 — filled by a callback of run_service
             await anyio.sleep(0.01)
         base = urls[0]
         async with httpx.AsyncClient() as c:
-            while (await c.get(f"{base}/ready")).status_code != 200:
+            while (await c.get(f"{base}/ready")).status_code != 200:  # noqa: ASYNC110 — polling HTTP
                 await anyio.sleep(0.05)
         # The child behind the gateway: same process, same key, same slots.
         from rocmforge_supervisor.service import _server as srv_module  # noqa: F401

@@ -35,13 +35,15 @@ from rocmforge_supervisor.supervisor import load_model
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 async def readiness(binary: Path, model: Path, n: int, state: Path) -> dict[str, float]:
     lags, totals = [], []
     for _ in range(n):
-        spec = InstanceSpec(binary=binary, model_path=model, alias="b", ctx_size=512, cpu_only=True, state_dir=state)
+        spec = InstanceSpec(
+            binary=binary, model_path=model, alias="b", ctx_size=512, cpu_only=True, state_dir=state
+        )
         t0 = time.monotonic()
         async with LlamaServer(spec) as s:
             assert s.ready_monotonic is not None and s.listening_at is not None
@@ -85,7 +87,19 @@ def manual_first_token(binary: Path, model: Path, prompt: str) -> float:
 def forge_first_token(model_ref: str, prompt: str, env: dict[str, str]) -> float:
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rocmforge_supervisor.cli", "load", model_ref, "--prompt", prompt, "-n", "8", "-c", "512"],
+        [
+            sys.executable,
+            "-m",
+            "rocmforge_supervisor.cli",
+            "load",
+            model_ref,
+            "--prompt",
+            prompt,
+            "-n",
+            "8",
+            "-c",
+            "512",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -104,7 +118,9 @@ def raw_httpx_tps(base: str, key: str, max_tokens: int) -> float:
     n = 0
     with httpx.Client(timeout=120) as c:
         t0 = time.perf_counter()
-        with c.stream("POST", f"{base}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        with c.stream(
+            "POST", f"{base}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     n += 1
@@ -146,7 +162,9 @@ def main() -> None:
         print(json.dumps(out["first_token"]), flush=True)
 
         raw, ours = [], []
-        with load_model(model, settings=ForgeSettings(state_dir=Path(tmp)), ctx_size=2048, gpu="cpu", parallel=1) as tm:
+        with load_model(
+            model, settings=ForgeSettings(state_dir=Path(tmp)), ctx_size=2048, gpu="cpu", parallel=1
+        ) as tm:
             for _ in range(args.runs):
                 raw.append(raw_httpx_tps(tm.base_url, tm.server.api_key, args.tokens))
                 ours.append(textmodel_tps(tm, args.tokens))

@@ -14,6 +14,7 @@ import pytest
 from rocmforge_supervisor import BinaryNotFound, SourceError, ToolchainMissing, UsageError
 from rocmforge_supervisor._errors import BuildError
 from rocmforge_supervisor._version import LLAMA_CPP_COMMIT
+from rocmforge_supervisor.build import _source as source_module
 from rocmforge_supervisor.build import (
     build_llama_server,
     cache_key,
@@ -22,7 +23,6 @@ from rocmforge_supervisor.build import (
     make_plan,
     probe_binary,
 )
-from rocmforge_supervisor.build import _source as source_module
 from rocmforge_supervisor.build._plan import RocmToolchain
 from rocmforge_supervisor.settings import ForgeSettings
 
@@ -93,21 +93,25 @@ def test_missing_cmake_and_unknown_backend() -> None:
 
 def test_forge_build_hip_without_rocm_fails_clearly(tmp_path: Path) -> None:
     env = dict(os.environ, FORGE_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([*FORGE, "build", "--backend", "hip"], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [*FORGE, "build", "--backend", "hip"], capture_output=True, text=True, env=env, timeout=300
+    )
     assert r.returncode == 1
     assert "HIP backend needs ROCm" in r.stderr and "install ROCm" in r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "cache" / "builds").exists() or not any(
         (p / "build-info.json").exists() for p in (tmp_path / "cache" / "builds").iterdir()
     )
-    r = subprocess.run([*FORGE, "build", "--backend", "nope"], capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run(
+        [*FORGE, "build", "--backend", "nope"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert r.returncode == 2 and "unknown backend 'nope'" in r.stderr
 
 
 def test_source_without_cmakelists_is_refused(tmp_path: Path) -> None:
     settings = ForgeSettings(cache_dir=tmp_path / "cache")
     (tmp_path / "src").mkdir()
-    with pytest.raises(SourceError, match="not a llama.cpp source tree"):
+    with pytest.raises(SourceError, match=r"not a llama\.cpp source tree"):
         build_llama_server(settings, backend="cpu", source=tmp_path / "src")
 
 
@@ -198,7 +202,9 @@ def test_locate_order(llama_server_bin: Path, tmp_path: Path, monkeypatch: pytes
 
 def test_print_path_reports_the_binary(llama_server_bin: Path) -> None:
     env = dict(os.environ, FORGE_LLAMA_SERVER=str(llama_server_bin))
-    r = subprocess.run([*FORGE, "build", "--print-path"], capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [*FORGE, "build", "--print-path"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(llama_server_bin)
     assert "commit 4df29be" in r.stderr and "backends: cpu" in r.stderr

@@ -38,7 +38,9 @@ def test_prompt_streams_one_completion(tiny_gguf: Path, env: dict[str, str]) -> 
 
 
 def test_embedded_default_model_by_name(env: dict[str, str], gemma_path: Path) -> None:
-    r = _forge(["load", "gemma-3-270m", "-p", "The capital of France is", "-n", "8", "--ctx-size", "512"], env)
+    r = _forge(
+        ["load", "gemma-3-270m", "-p", "The capital of France is", "-n", "8", "--ctx-size", "512"], env
+    )
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.strip()) > 0
 
@@ -109,7 +111,9 @@ def test_foreground_serves_until_ctrl_c(tiny_gguf: Path, env: dict[str, str]) ->
         base = proc.stdout.readline().strip()
         assert base.startswith("http://127.0.0.1:") and base.endswith("/v1")
         assert httpx.get(base.removesuffix("/v1") + "/health", timeout=5).status_code == 200
-        children = [p for p in psutil.Process(proc.pid).children(recursive=True) if "llama-server" in p.name()]
+        children = [
+            p for p in psutil.Process(proc.pid).children(recursive=True) if "llama-server" in p.name()
+        ]
         assert len(children) == 1
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

@@ -143,9 +143,10 @@ def test_crash_loop_opens_the_breaker(tmp_path: Path, tiny_gguf: Path, llama_ser
         killed: set[int] = set()
         for _ in range(3):
             m = wait_for(
-                lambda: (s := svc.model("tiny"))["state"] == "failed"
-                or (s["state"] == "ready" and s["pid"] and s["pid"] not in killed)
-                and s,
+                lambda: (
+                    (s := svc.model("tiny"))["state"] == "failed"
+                    or ((s["state"] == "ready" and s["pid"] and s["pid"] not in killed) and s)
+                ),
                 what="ready or failed",
             )
             if m["state"] == "failed":
@@ -203,7 +204,10 @@ def test_queue_full_gives_429(tmp_path: Path, gemma_path: Path, llama_server_bin
         results: list[int] = []
 
         def hold() -> None:
-            with httpx.Client(base_url=svc.url, timeout=120) as c, c.stream("POST", "/v1/completions", json=long) as r:
+            with (
+                httpx.Client(base_url=svc.url, timeout=120) as c,
+                c.stream("POST", "/v1/completions", json=long) as r,
+            ):
                 results.append(r.status_code)
                 for _ in r.iter_lines():
                     started.set()
@@ -267,7 +271,10 @@ def test_sighup_reload_keeps_running_models_and_in_flight_requests(
 
         def stream() -> None:
             body = {"model": "slow", "prompt": "Tell a story.", "max_tokens": 100, "stream": True}
-            with httpx.Client(base_url=svc.url, timeout=120) as c, c.stream("POST", "/v1/completions", json=body) as r:
+            with (
+                httpx.Client(base_url=svc.url, timeout=120) as c,
+                c.stream("POST", "/v1/completions", json=body) as r,
+            ):
                 done.extend(line for line in r.iter_lines() if line.startswith("data: "))
 
         t = threading.Thread(target=stream)

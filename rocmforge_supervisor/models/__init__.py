@@ -1,0 +1,28 @@
+"""Models: resolving a name to a GGUF file, inspecting it, estimating its memory, pulling from the hub."""
+
+from ._allocations import REQUIRED_VERBOSITY, Allocation, AllocationLedger, parse_allocation_line
+from ._catalog import DEFAULT_MODEL, embedded_models, ensure_embedded, resolve_model_path
+from ._estimate import DeviceEstimate, MemoryEstimate, estimate_memory, kv_bytes_per_token
+from ._gguf import GGUFInfo, inspect_gguf
+from ._hub import HubRef, parse_hf_reference, pull, resolve_hf_reference
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "REQUIRED_VERBOSITY",
+    "Allocation",
+    "AllocationLedger",
+    "DeviceEstimate",
+    "GGUFInfo",
+    "HubRef",
+    "MemoryEstimate",
+    "embedded_models",
+    "ensure_embedded",
+    "estimate_memory",
+    "inspect_gguf",
+    "kv_bytes_per_token",
+    "parse_allocation_line",
+    "parse_hf_reference",
+    "pull",
+    "resolve_hf_reference",
+    "resolve_model_path",
+]

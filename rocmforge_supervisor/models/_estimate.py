@@ -1,0 +1,348 @@
+"""How much memory a load will take on each device, before any process is started.
+
+It follows what llama.cpp at the pinned commit does, step by step, so that placement can be
+decided without a dry run:
+
+- **weights**: llama.cpp keeps the input layer (token embedding) on the CPU, puts the last
+  ``n_gpu_layers`` of the ``n_layer + 1`` layers (the repeating blocks, then the output layer)
+  on the GPUs, and splits those across GPUs at the points of ``tensor_split``
+  (``llama-model.cpp``, ``get_layer_buft_list``). A tied output head (no ``output.weight``) is a
+  second copy of the embedding on the output layer's device, except on the CPU where it is the
+  same mapped memory.
+- **KV cache**: per layer, cells × (KV heads × key length × bytes of ``cache_type_k`` + the same
+  for V). Full-attention layers hold the whole context; sliding-window layers (Gemma 2/3,
+  Cohere 2, Llama 4) hold ``pad256(min(ctx, window × streams + n_ubatch))`` cells
+  (``llama-kv-cache-iswa.cpp``). The context is rounded up to 256, and with ``--parallel P``
+  slots each slot's share is also rounded up to 256.
+- **compute**: an allowance, not a derivation: the largest per-layer intermediate of one ubatch
+  (the attention scores without flash attention, the feed-forward activations otherwise), plus
+  the logits; calibrated against what the real llama-server reserved for the embedded model
+  (see tests/models/test_estimate_real.py). Corrected after load by the child's own numbers.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .._errors import UsageError
+from ._gguf import GGUFInfo
+
+__all__ = [
+    "CACHE_TYPES",
+    "DEFAULT_N_UBATCH",
+    "DeviceEstimate",
+    "MemoryEstimate",
+    "estimate_memory",
+    "kv_bytes_per_token",
+]
+
+#: ``--cache-type-k/-v`` values llama-server accepts.
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+DEFAULT_N_UBATCH = 512
+_PAD = 256
+_F32 = 4
+
+
+def _pad(n: int, to: int = _PAD) -> int:
+    return (n + to - 1) // to * to
+
+
+def _row_bytes(cache_type: str, n: int) -> int:
+    try:
+        qtype = GGMLQuantizationType[cache_type.upper()]
+    except KeyError:
+        raise UsageError(
+            f"unknown KV cache type {cache_type!r}", hint=f"use one of: {', '.join(CACHE_TYPES)}"
+        ) from None
+    block, size = GGML_QUANT_SIZES[qtype]
+    return (n + block - 1) // block * size
+
+
+@dataclass(frozen=True)
+class DeviceEstimate:
+    """What one device will hold, by part."""
+
+    device: str
+    weights_bytes: int = 0
+    kv_bytes: int = 0
+    compute_bytes: int = 0
+    output_bytes: int = 0
+    layers: int = 0
+    """Repeating blocks placed here (the output layer is not counted)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes": self.kv_bytes,
+            "compute_bytes": self.compute_bytes,
+            "output_bytes": self.output_bytes,
+            "total_bytes": self.total_bytes,
+            "layers": self.layers,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The estimate for one load: per device, and the effective settings it assumed."""
+
+    devices: tuple[DeviceEstimate, ...]
+    n_gpu_layers: int
+    ctx_size: int
+    """The context llama.cpp will really allocate (rounded up to 256 per slot)."""
+    parallel: int
+    kv_unified: bool
+    cache_type_k: str
+    cache_type_v: str
+    flash_attn: bool
+
+    def device(self, key: str) -> DeviceEstimate:
+        for d in self.devices:
+            if d.device == key:
+                return d
+        return DeviceEstimate(device=key)
+
+    def bytes_on(self, key: str) -> int:
+        return self.device(key).total_bytes
+
+    @property
+    def by_device(self) -> dict[str, int]:
+        return {d.device: d.total_bytes for d in self.devices}
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(d.weights_bytes for d in self.devices)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(d.kv_bytes for d in self.devices)
+
+    @property
+    def compute_bytes(self) -> int:
+        return sum(d.compute_bytes for d in self.devices)
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(d.output_bytes for d in self.devices)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(d.total_bytes for d in self.devices)
+
+    @property
+    def gpu_bytes(self) -> int:
+        return sum(d.total_bytes for d in self.devices if d.device != "cpu")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "total_bytes": self.total_bytes,
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes": self.kv_bytes,
+            "compute_bytes": self.compute_bytes,
+            "output_bytes": self.output_bytes,
+            "by_device": {d.device: d.to_json() for d in self.devices},
+            "n_gpu_layers": self.n_gpu_layers,
+            "ctx_size": self.ctx_size,
+            "parallel": self.parallel,
+            "kv_unified": self.kv_unified,
+            "cache_type_k": self.cache_type_k,
+            "cache_type_v": self.cache_type_v,
+            "flash_attn": self.flash_attn,
+        }
+
+
+def kv_bytes_per_token(
+    info: GGUFInfo, *, cache_type_k: str = "f16", cache_type_v: str = "f16", full_layers_only: bool = False
+) -> int:
+    """KV bytes one more token of context costs, summed over layers (window layers optional)."""
+    total = 0
+    for il in range(info.block_count):
+        if full_layers_only and info.swa_layers[il]:
+            continue
+        heads = info.head_count_kv[il]
+        total += _row_bytes(cache_type_k, heads * info.key_length)
+        total += _row_bytes(cache_type_v, heads * info.value_length)
+    return total
+
+
+def _layer_devices(
+    n_layer: int, n_gpu_layers: int, gpus: Sequence[str], tensor_split: Sequence[float] | None
+) -> list[str]:
+    """The device of layers 0..n_layer (index n_layer is the output layer), as llama.cpp picks."""
+    if not gpus:
+        return ["cpu"] * (n_layer + 1)
+    weights = list(tensor_split) if tensor_split and any(tensor_split) else [1.0] * len(gpus)
+    if len(weights) != len(gpus):
+        raise UsageError(
+            f"tensor_split has {len(weights)} values for {len(gpus)} GPUs", hint="give one value per GPU"
+        )
+    total = sum(weights)
+    points, acc = [], 0.0
+    for w in weights:
+        acc += w
+        points.append(acc / total)
+    i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)
+    act = min(n_gpu_layers, n_layer + 1)
+    out = []
+    for il in range(n_layer + 1):
+        if il < i_gpu_start or il - i_gpu_start >= act:
+            out.append("cpu")
+            continue
+        g = bisect.bisect_right(points, (il - i_gpu_start) / act)
+        out.append(gpus[min(g, len(gpus) - 1)])
+    return out
+
+
+def _compute_allowance(
+    info: GGUFInfo,
+    *,
+    n_tokens: int,
+    n_kv_full: int,
+    n_kv_swa: int,
+    flash_attn: bool,
+) -> int:
+    """Scratch memory of one ubatch (see module docstring for where the terms come from).
+
+    Fitted on the real llama-server's ``compute buffer size`` (CPU) for gemma-3-270m and a tiny
+    llama across context sizes, slots, ubatch sizes and flash attention on/off: the terms that
+    grow with the context are exact (scores: ubatch × heads × cells × f32 without flash
+    attention; one mask per attention kind, ubatch × cells, f32 or f16 with flash attention),
+    the rest is a per-token allowance of feed-forward and projection activations.
+    """
+    n_ff = info.feed_forward_length or 4 * info.embedding_length
+    q_dim = info.head_count * info.key_length
+    per_token = 2 * n_ff + info.embedding_length + q_dim // 4
+    if flash_attn:
+        per_token += 4 * q_dim
+        scores = 0
+        mask_elt = 2
+    else:
+        scores = n_tokens * info.head_count * max(n_kv_full, n_kv_swa) * _F32
+        mask_elt = _F32
+    masks = n_tokens * (n_kv_full + n_kv_swa) * mask_elt
+    return n_tokens * per_token * _F32 + scores + masks
+
+
+def estimate_memory(
+    info: GGUFInfo,
+    *,
+    n_gpu_layers: int | None,
+    ctx_size: int,
+    parallel: int | None,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    flash_attn: bool | None = None,
+    devices: Sequence[str] = ("cpu",),
+    tensor_split: Sequence[float] | None = None,
+    n_ubatch: int = DEFAULT_N_UBATCH,
+    kv_unified: bool | None = None,
+) -> MemoryEstimate:
+    """Estimate the memory of one llama-server load, per device and part.
+
+    ``devices`` are the GPUs the child will use, in its order (``("amd:0", "amd:1")``), or
+    ``("cpu",)`` for none; the CPU is always there for what stays in system RAM.
+    ``n_gpu_layers`` None or negative means all layers. ``ctx_size`` 0 means the trained
+    context. ``parallel`` None means llama-server's auto (4 slots sharing one KV cache).
+    ``flash_attn`` None is llama-server's auto, which turns it on where the backend supports it
+    (all the backends we build).
+    """
+    gpus = [d for d in devices if d != "cpu"]
+    n_layer = info.block_count
+    ngl = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
+    if not gpus:
+        ngl = 0
+    if parallel is None or parallel <= 0:
+        n_seq, unified = 4, True if kv_unified is None else kv_unified
+    else:
+        n_seq, unified = parallel, bool(kv_unified)
+    fa = True if flash_attn is None else flash_attn
+    if (cache_type_v.lower() not in ("f16", "f32", "bf16")) and not fa:
+        raise UsageError(
+            f"a quantized V cache ({cache_type_v}) needs flash attention",
+            hint="add --flash-attn on, or use --cache-type-v f16",
+        )
+
+    ctx = ctx_size if ctx_size > 0 else (info.context_length or 4096)
+    n_ctx = _pad(ctx)
+    if unified:
+        n_ctx_seq, n_stream = n_ctx, 1
+    else:
+        n_ctx_seq, n_stream = _pad(n_ctx // n_seq or 1), n_seq
+        n_ctx = n_ctx_seq * n_seq
+    window = info.sliding_window or 0
+    swa_cells = _pad(min(n_ctx_seq, window * (n_seq if unified else 1) + n_ubatch)) if window else n_ctx_seq
+
+    placement = _layer_devices(n_layer, ngl, gpus, tensor_split)
+    weights: dict[str, int] = {}
+    kv: dict[str, int] = {}
+    layers: dict[str, int] = {}
+    kinds: dict[str, set[bool]] = {}  # device → the attention kinds (window or not) of its layers
+    for il in range(n_layer):
+        dev = placement[il]
+        weights[dev] = weights.get(dev, 0) + info.layer_bytes[il]
+        if dev == "cpu" and info.layer_repack_bytes:
+            weights[dev] += info.layer_repack_bytes[il]
+        layers[dev] = layers.get(dev, 0) + 1
+        kinds.setdefault(dev, set()).add(info.swa_layers[il])
+        cells = (swa_cells if info.swa_layers[il] else n_ctx_seq) * n_stream
+        heads = info.head_count_kv[il]
+        row = _row_bytes(cache_type_k, heads * info.key_length) + _row_bytes(
+            cache_type_v, heads * info.value_length
+        )
+        kv[dev] = kv.get(dev, 0) + cells * row
+    weights["cpu"] = weights.get("cpu", 0) + info.input_bytes
+    out_dev = placement[n_layer]
+    weights[out_dev] = weights.get(out_dev, 0) + info.output_bytes
+    if out_dev == "cpu":
+        weights[out_dev] += info.output_repack_bytes
+    elif info.output_tied:
+        # A tied head is the embedding loaded again on the output layer's GPU; on the CPU both
+        # are the same mapped file bytes.
+        weights[out_dev] += info.embedding_bytes
+
+    n_tokens = min(n_ubatch, n_ctx)
+    compute: dict[str, int] = {}
+    for dev in {*layers, out_dev}:
+        dev_kinds = kinds.get(dev, set())
+        compute[dev] = _compute_allowance(
+            info,
+            n_tokens=n_tokens,
+            n_kv_full=n_ctx_seq if False in dev_kinds else 0,
+            n_kv_swa=swa_cells if True in dev_kinds else 0,
+            flash_attn=fa,
+        )
+    if gpus and "cpu" not in compute:
+        # Pinned host staging for the ubatch's inputs (``ROCm_Host`` / ``CUDA_Host`` compute buffer).
+        compute["cpu"] = n_tokens * info.embedding_length * _F32 * 2
+    # The logits the server reads back: one row per slot (``llama_context`` output buffer).
+    output = {"cpu": n_seq * info.vocab_size * _F32}
+
+    keys = ["cpu", *gpus]
+    per_device = tuple(
+        DeviceEstimate(
+            device=k,
+            weights_bytes=weights.get(k, 0),
+            kv_bytes=kv.get(k, 0),
+            compute_bytes=compute.get(k, 0),
+            output_bytes=output.get(k, 0),
+            layers=layers.get(k, 0),
+        )
+        for k in keys
+    )
+    return MemoryEstimate(
+        devices=per_device,
+        n_gpu_layers=ngl,
+        ctx_size=n_ctx,
+        parallel=n_seq,
+        kv_unified=unified,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        flash_attn=fa,
+    )
