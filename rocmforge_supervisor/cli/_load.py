@@ -80,6 +80,10 @@ def _summary(tm: Any, seconds: float) -> Panel:
     t.add_row("model", f"{plan.spec.alias}  ({plan.model_path})")
     t.add_row("pid / port", f"{server.pid} / {server.port}")
     t.add_row("device(s)", ", ".join(plan.devices))
+    est = getattr(plan.estimate, "total_bytes", None)
+    actual = sum(plan.actual.device_totals().values()) if plan.actual else 0
+    if est:
+        t.add_row("memory", f"estimated {est / 2**20:.0f} MiB, allocated {actual / 2**20:.0f} MiB")
     t.add_row("loaded in", f"{seconds:.2f} s (llama-server ready after {server.load_seconds:.2f} s)")
     t.add_row("OpenAI base URL", f"{tm.openai_base_url}")
     t.add_row("API key", f"{server.api_key}  (this child only; send it as: Authorization: Bearer …)")

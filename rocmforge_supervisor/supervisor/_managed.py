@@ -161,7 +161,7 @@ class ManagedModel:
         prepared = self.prepared
         actual = None
         if prepared is not None and prepared.actual is not None:
-            actual = getattr(prepared.actual, "by_device", lambda: None)()
+            actual = prepared.actual.device_totals()
         return {
             "name": self.name,
             "state": self.state.value,
