@@ -9,7 +9,6 @@ a wrong hash or a full disk leaves the cache as it was.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from .._errors import SourceError, ToolchainMissing
+from .._files import sha256_file
 from .._version import LLAMA_CPP_COMMIT, LLAMA_CPP_SDIST, LLAMA_CPP_SDIST_SHA256
 from ..settings import ForgeSettings
 
@@ -81,14 +81,6 @@ def resolve_source(settings: ForgeSettings, explicit: Path | None = None) -> Sou
     return SourceTree(_sdist_tree(settings), LLAMA_CPP_COMMIT, "sdist")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _sdist_tree(settings: ForgeSettings) -> Path:
     src_root = settings.cache_dir / "src"
     final = src_root / f"llama.cpp-{LLAMA_CPP_COMMIT[:12]}"
@@ -100,7 +92,7 @@ def _sdist_tree(settings: ForgeSettings) -> Path:
             return final
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=src_root) as tmp:
             archive = _download_sdist(Path(tmp))
-            got = _sha256(archive)
+            got = sha256_file(archive)
             if got != LLAMA_CPP_SDIST_SHA256:
                 raise SourceError(
                     f"{archive.name} has sha256 {got}, expected {LLAMA_CPP_SDIST_SHA256}",

