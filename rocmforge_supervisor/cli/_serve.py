@@ -97,6 +97,8 @@ def serve(
                 markup=False,
             )
 
+    from ..service._server import loop_options
+
     anyio.run(
         lambda: run_service(
             cfg,
@@ -105,7 +107,8 @@ def serve(
             load_config=reload_config if source is not None else None,
             notifier=notifier,
             on_listening=on_listening,
-        )
+        ),
+        backend_options=loop_options(),
     )
 
 

@@ -26,11 +26,21 @@ from ..settings import ForgeSettings
 from ..supervisor import Supervisor
 from ._app import GatewayState, create_app
 
-__all__ = ["ServiceInfo", "read_service_info", "run_service", "service_info_path"]
+__all__ = ["ServiceInfo", "loop_options", "read_service_info", "run_service", "service_info_path"]
 
 log = logging.getLogger("rocmforge.service")
 
 ServiceInfo = dict[str, Any]
+
+
+def loop_options() -> dict[str, Any]:
+    """uvloop when installed: the gateway's per-chunk cost is event-loop bound (see the gateway
+    benchmark in scripts/bench/bench_gateway.py for the measured difference)."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return {}
+    return {"use_uvloop": True}
 
 
 def service_info_path(state_dir: Path) -> Path:

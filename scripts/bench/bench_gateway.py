@@ -214,8 +214,12 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=32)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--max-streams", type=int, nargs="*", default=[])
+    ap.add_argument("--no-uvloop", action="store_true", help="Run the gateway on the stock asyncio loop.")
     args = ap.parse_args()
-    result = anyio.run(server_main, args)
+    from rocmforge_supervisor.service._server import loop_options
+
+    result = anyio.run(server_main, args, backend_options={} if args.no_uvloop else loop_options())
+    result["uvloop"] = not args.no_uvloop
     print(json.dumps(result, indent=2))
 
 
