@@ -96,7 +96,9 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
     cpu_only = all(d.vendor == "cpu" for d in devices)
     alias = options.alias or path.stem
     log_path = options.log_path or settings.logs_dir / f"{alias.replace('/', '_')}.log"
-    extra = list(options.args)
+    from ..models._templates import fallback_chat_template_args
+
+    extra = [*fallback_chat_template_args(info, options.args), *options.args]
     if decision.tensor_split and len(decision.devices) > 1:
         extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
     tracker = new_allocation_tracker(decision.devices)

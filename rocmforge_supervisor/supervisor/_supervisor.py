@@ -267,7 +267,10 @@ class Supervisor:
                 await await_release(read_free, decision.need_bytes)
                 inventory = self.inventory
         devices = [inventory.by_key(k) for k in decision.devices]
-        extra = list(getattr(mc, "args", []) or [])
+        from ..models._templates import fallback_chat_template_args
+
+        user_args = list(getattr(mc, "args", []) or [])
+        extra = [*fallback_chat_template_args(info, user_args), *user_args]
         if decision.tensor_split and len(decision.devices) > 1:
             extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
         tracker = new_allocation_tracker(decision.devices)

@@ -146,3 +146,25 @@ async def test_async_cancel_during_load_leaves_no_child(
         await aload_model(gemma_path, settings=state_settings, gpu="cpu")
     assert scope.cancelled_caught
     # no_orphans (autouse) checks that no llama-server child is left.
+
+
+def test_gguf_without_template_gets_its_architectures_format(
+    gemma_path: Path, state_settings: ForgeSettings
+) -> None:
+    """The embedded gemma GGUF has no chat template: llama-server alone would use ChatML and the
+    model would answer with ChatML markers; forge passes llama.cpp's built-in `gemma` format."""
+    from rocmforge_supervisor.models._templates import fallback_chat_template_args
+
+    with load_model(gemma_path, settings=state_settings, ctx_size=1024, gpu="cpu") as model:
+        assert list(model.server.spec.extra_args[:3]) == ["--no-jinja", "--chat-template", "gemma"]
+        r = httpx.post(
+            f"{model.base_url}/apply-template",
+            json={"messages": [{"role": "user", "content": "Name a color."}]},
+            headers={"Authorization": f"Bearer {model.server.api_key}"},
+            timeout=10,
+        )
+        assert r.json()["prompt"] == "<start_of_turn>user\nName a color.<end_of_turn>\n<start_of_turn>model\n"
+        reply = "".join(t.text for t in model.chat([Message("user", "Name a color.")], max_tokens=24))
+        assert "<|im_end|>" not in reply and "<|im_start|>" not in reply
+    info = model.plan.info
+    assert fallback_chat_template_args(info, ["--chat-template", "chatml"]) == []  # the user's choice wins
