@@ -215,6 +215,10 @@ class ManagedModel:
                 except ForgeError as exc:
                     self._open_breaker(str(exc), [])
                     return
+                except Exception as exc:  # a bug must fail this model, not the whole service
+                    log.exception("model %s: preparing the start failed", self.name)
+                    self._open_breaker(f"internal error while preparing the start: {exc!r}", [])
+                    return
                 self.prepared = prepared
                 server = LlamaServer(prepared.spec)
                 self.server = server
@@ -241,6 +245,10 @@ class ManagedModel:
                 except BaseException as exc:
                     inner = _unwrap(exc)
                     if not isinstance(inner, StartFailed):
+                        if isinstance(inner, Exception):  # a bug: fail this model, keep the service
+                            log.exception("model %s: supervision failed", self.name)
+                            self._open_breaker(f"internal error: {inner!r}", [])
+                            return
                         raise
                     crashed_at_load = True
                     self.last_error = str(inner)
