@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +53,7 @@ _HINTS = {
     "bind": "the port is in use: choose another --port or leave it unset",
     "timeout": "the load stalled: check the log; raise the stall timeout for very large models",
     "bad_args": "an extra llama-server argument was rejected: check `args` / the flags you passed",
+    "cancelled": "it was stopped on request",
     "crashed": "see the log lines above",
 }
 _SHIM = (
@@ -210,6 +212,8 @@ class LlamaServer:
                 self._tg = tg
                 try:
                     for attempt in range(attempts):
+                        if self.stop_requested:  # stop() came before the spawn: never start it
+                            raise self._fail("cancelled", "stopped before it started")
                         port = self.spec.port if self.spec.port is not None else free_port(self.spec.host)
                         if self.spec.port is not None and not port_is_free(port, self.spec.host):
                             raise UsageError(
@@ -249,6 +253,7 @@ class LlamaServer:
         context too (the watcher may already be gone).
         """
         self.stop_requested = True
+        self._wake.set()  # a load in progress sees the request at once (see _wait_ready)
         async with self._stop_lock:
             proc = self._process
             if proc is None:
@@ -271,10 +276,14 @@ class LlamaServer:
                 if proc.returncode is None:
                     self.log.note(f"no exit {grace:g} s after SIGTERM: sending SIGKILL")
                     self._signal_group(signal.SIGKILL)
-                    await proc.wait()
+                    with anyio.move_on_after(30):
+                        await proc.wait()
+                    if proc.returncode is None:
+                        # Stuck in the kernel (D state: a GPU driver hang). Waiting longer would
+                        # hang the caller; the kill is queued and the kernel will deliver it.
+                        self.log.note("still not reaped 30 s after SIGKILL: giving up waiting")
+                        return None
             self._mark_exited(proc)
-            # Anything the child forked into its group goes too.
-            self._signal_group(signal.SIGKILL)
             return self.returncode
 
     def signal(self, sig: int) -> None:
@@ -350,12 +359,12 @@ class LlamaServer:
         )
         cmd = self._command(port)
         self.port = port
-        self.log.note("starting: " + " ".join(self.spec.args(port, self._key_file)))
+        self.log.note("starting: " + " ".join(_redact(self.spec.args(port, self._key_file))))
         try:
             self._process = await anyio.open_process(
                 cmd,
                 stdin=None,
-                stdout=None,
+                stdout=subprocess.DEVNULL,  # llama-server logs to stderr; keep our stdout clean
                 stderr=-1,  # subprocess.PIPE
                 env=env,
                 start_new_session=True,
@@ -410,6 +419,9 @@ class LlamaServer:
         if self.exited.is_set() or proc.returncode is None:
             return
         self.returncode = proc.returncode
+        # Anything the child forked into its group goes too — once, here, right after the exit
+        # was seen: later the group id could belong to someone else.
+        self._signal_group(signal.SIGKILL)
         was = self.state
         self.state = "exited"
         self.log.note(f"llama-server pid {proc.pid} {describe_returncode(self.returncode)} (while {was})")
@@ -441,6 +453,9 @@ class LlamaServer:
             base_url=self.base_url, timeout=httpx.Timeout(2.0, connect=0.5), trust_env=False, verify=False
         ) as client:
             while True:
+                if self.stop_requested:
+                    await self.stop(timeout=2.0)
+                    raise self._fail("cancelled", "stopped while loading")
                 if self.exited.is_set():
                     await self._drained()
                     reason = classify_failure(self.log.tail(40))
@@ -491,3 +506,29 @@ def _unwrap(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+_SECRET_FLAGS = ("token", "key", "password", "secret")
+
+
+def _redact(args: list[str]) -> list[str]:
+    """Values of secret-looking flags (``--hf-token X``) never reach the log."""
+    out: list[str] = []
+    hide_next = False
+    for a in args:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        name, eq, _ = a.partition("=")
+        secret = (
+            name.startswith("-")
+            and any(w in name.lower() for w in _SECRET_FLAGS)
+            and not name.endswith("-file")
+        )
+        if secret and eq:
+            out.append(f"{name}=***")
+        else:
+            out.append(a)
+            hide_next = secret
+    return out

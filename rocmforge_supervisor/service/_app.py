@@ -12,12 +12,14 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -41,6 +43,8 @@ log = logging.getLogger("rocmforge.gateway")
 _RETRYABLE = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
 _PASS_HEADERS = ("content-type",)
 _PUBLIC_PATHS = frozenset({"/health"})
+_MODEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 class GatewayState:
@@ -54,7 +58,9 @@ class GatewayState:
         max_body_bytes: int,
         model_dirs: list[Path],
         reload: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        cors_origins: list[str] | None = None,
     ) -> None:
+        self.cors_origins = list(cors_origins or [])
         self.supervisor = supervisor
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
@@ -78,6 +84,10 @@ class _RequestContext:
         self.app = app
         self.state = state
         self._key = state.api_key.encode() if state.api_key else None
+
+    def _origin_ok(self, origin: bytes) -> bool:
+        text = origin.decode("latin-1")
+        return text in self.state.cors_origins or urlsplit(text).hostname in _LOOPBACK_HOSTS
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -110,6 +120,20 @@ class _RequestContext:
                 )
                 await resp(scope, receive, send_with_id)
                 return
+        origin = headers.get(b"origin")
+        if (
+            origin is not None
+            and scope["method"] not in ("GET", "HEAD", "OPTIONS")
+            and not self._origin_ok(origin)
+        ):
+            # A web page must not drive the local service (CSRF): browsers send Origin on such
+            # requests; tools (curl, SDKs) do not.
+            resp = JSONResponse(
+                error_body("cross-origin request refused", "permission_error", "forbidden_origin"),
+                status_code=403,
+            )
+            await resp(scope, receive, send_with_id)
+            return
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.state.max_body_bytes:
             resp = JSONResponse(
@@ -222,15 +246,45 @@ async def _proxy(request: Request) -> Response:
             log.warning("request %s: %s", rid, message, extra={"model": name, "request_id": rid})
             yield sse_error_chunk(message)
         finally:
-            with anyio.CancelScope(shield=True):
-                await upstream.aclose()
-                await stack.aclose()
+            await release()
             st.metrics.duration.labels(name).observe(time.perf_counter() - received)
             st.metrics.requests.labels(name, endpoint, status).inc()
             _count_usage(st, name, tail)
 
+    released = False
+
+    async def release() -> None:
+        """Close the upstream (llama-server stops generating) and give the slot back — once,
+        shielded; from the stream's end, or from the response if the stream never started."""
+        nonlocal released
+        if released:
+            return
+        released = True
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+            await stack.aclose()
+
     headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return StreamingResponse(passthrough(), status_code=200, headers=headers, media_type="text/event-stream")
+    return _ReleasingStream(
+        passthrough(), release, status_code=200, headers=headers, media_type="text/event-stream"
+    )
+
+
+class _ReleasingStream(StreamingResponse):
+    """A StreamingResponse that runs ``release`` however the response ends — also when the client
+    went away before the body iterator ever started (its own ``finally`` then never runs)."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], release: Callable[[], Awaitable[None]], **kw: Any
+    ) -> None:
+        super().__init__(content, **kw)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._release()
 
 
 async def _send_upstream(
@@ -380,6 +434,10 @@ async def api_add(request: Request) -> Response:
             name, path = str(body["name"]), Path(str(body["path"]))
         except (ValueError, KeyError, TypeError):
             raise UsageError('body must be {"name": ..., "path": ...}', hint="send JSON") from None
+        if not _MODEL_NAME.fullmatch(name):
+            raise UsageError(
+                f"model name {name!r} is not valid", hint="use letters, digits, '.', '_' and '-'"
+            )
         real = await anyio.Path(path).resolve()
         if not st.model_dirs or not any(real.is_relative_to(d) for d in st.model_dirs):
             raise UsageError(

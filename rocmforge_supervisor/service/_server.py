@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import uvicorn
 
-from .._errors import ConfigError, ServiceError
+from .._errors import ConfigError, ForgeError, ServiceError
 from ..settings import ForgeSettings
 from ..supervisor import Supervisor
 from ._app import GatewayState, create_app
@@ -132,6 +132,7 @@ async def run_service(
         max_body_bytes=server_cfg.max_body_bytes,
         model_dirs=[Path(p) for p in (*server_cfg.model_dirs, *settings.model_dirs)],
         reload=reload if load_config is not None else None,
+        cors_origins=list(server_cfg.cors_origins),
     )
     app = create_app(state, cors_origins=list(server_cfg.cors_origins))
     uv = _Uvicorn(
@@ -175,8 +176,9 @@ async def run_service(
                     tg.start_soon(_watchdog, notifier)
                 async for signum in signals:
                     if signum == signal.SIGHUP:
-                        with contextlib.suppress(ConfigError):
-                            await reload()
+                        # In the background: a replacement can take minutes to load, and a
+                        # SIGTERM meanwhile must still be seen. Reloads are serialised by a lock.
+                        tg.start_soon(_reload_quietly, reload)
                         continue
                     log.info("received %s: stopping", signal.Signals(signum).name)
                     if notifier is not None:
@@ -195,6 +197,15 @@ async def run_service(
         info = read_service_info(supervisor.state_dir)
         if info is not None and info.get("pid") == os.getpid():
             info_path.unlink(missing_ok=True)
+
+
+async def _reload_quietly(reload: Callable[[], Any]) -> None:
+    try:
+        await reload()
+    except ForgeError as exc:  # already logged; the running config stays
+        log.debug("reload refused: %s", exc)
+    except Exception:  # a bug in a reload must not take the service down
+        log.exception("reload failed; the running config stays")
 
 
 def _status_line(supervisor: Supervisor) -> str:

@@ -5,13 +5,12 @@ find llama-server, place it on devices, spawn it with the right mask, and hand b
 that owns the child (closing the model stops the child).
 
 The synchronous API runs the async core on a private event-loop thread per model. That thread is a
-daemon: a program that forgets ``close()`` still exits (an ``atexit`` hook stops the child
-gracefully, and the child's parent-death signal covers everything else).
+daemon: a program that forgets ``close()`` still exits (a ``weakref.finalize`` hook stops the
+child gracefully, and the child's parent-death signal covers everything else).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import queue
 import threading
@@ -194,7 +193,9 @@ async def aload_model(model: str | Path, *, settings: ForgeSettings | None = Non
     the child's watcher tasks belong to that task.
     """
     settings = settings or get_settings()
-    plan = plan_local_load(model, LoadOptions(**kw), settings)
+    options = LoadOptions(**kw)
+    # Resolving may download (hf:), inspecting reads the GGUF: not on the event loop.
+    plan = await anyio.to_thread.run_sync(plan_local_load, model, options, settings)
     server = LlamaServer(plan.spec)
     await server.__aenter__()
     tm = LocalModel(
@@ -235,16 +236,6 @@ class _LoopThread:
         with contextlib.suppress(RuntimeError):  # already stopped
             self.portal.call(self.portal.stop, True)
         self.thread.join(timeout=30)
-
-
-_LIVE: weakref.WeakSet[LocalModel] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_forgotten_models() -> None:
-    for tm in list(_LIVE):
-        with contextlib.suppress(Exception):  # at exit, best effort; PDEATHSIG still covers the child
-            tm.close()
 
 
 def load_model(model: str | Path, *, settings: ForgeSettings | None = None, **kw: Any) -> LocalModel:
@@ -288,5 +279,7 @@ def load_model(model: str | Path, *, settings: ForgeSettings | None = None, **kw
     tm.server = server
     tm.plan = plan
     tm._loop = loop
-    _LIVE.add(tm)
+    # A model dropped without close() (or still open at exit) stops its child gracefully:
+    # weakref.finalize runs on garbage collection and, for what is left, at interpreter exit.
+    weakref.finalize(tm, on_close)
     return tm

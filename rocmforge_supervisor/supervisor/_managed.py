@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -25,14 +26,18 @@ from typing import Any
 
 import anyio
 
-from .._errors import ForgeError, QueueFull, ServiceError, StartFailed
+from .._errors import ForgeError, PlacementError, QueueFull, ServiceError, StartFailed
 from ..process import InstanceSpec, LlamaServer, describe_returncode
 from ..process._instance import _unwrap
 from ._events import EventBus
 
-__all__ = ["ManagedModel", "ModelState", "Prepared", "SupervisionPolicy"]
+__all__ = ["ManagedModel", "ModelRetired", "ModelState", "Prepared", "SupervisionPolicy"]
 
 log = logging.getLogger("rocmforge.supervisor")
+
+
+class ModelRetired(ServiceError):
+    """The model object was replaced or removed by a reload: look the name up again."""
 
 
 class ModelState(StrEnum):
@@ -109,6 +114,10 @@ class ManagedModel:
         self._done = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
+        #: Set when a reload removed or replaced this model: it must never start again.
+        self.retired = False
+        #: Why the breaker opened: placement, oom, timeout, invalid, crash_loop, internal, …
+        self.failure_kind: str | None = None
         self.on_ready: list[Callable[[ManagedModel], None]] = []
 
     # -- configuration that may change in place on reload --------------------------------------
@@ -209,16 +218,23 @@ class ManagedModel:
         backoff = self.policy.restart_backoff_initial
         try:
             while not self._stop_requested:
-                self._set_state(ModelState.LOADING, restarts=self.restarts)
+                if self.state != ModelState.LOADING:
+                    self._set_state(ModelState.LOADING, restarts=self.restarts)
                 try:
                     prepared = await self._prepare(self)
                 except ForgeError as exc:
-                    self._open_breaker(str(exc), [])
+                    self._open_breaker(
+                        str(exc), [], kind="placement" if isinstance(exc, PlacementError) else "invalid"
+                    )
                     return
                 except Exception as exc:  # a bug must fail this model, not the whole service
                     log.exception("model %s: preparing the start failed", self.name)
-                    self._open_breaker(f"internal error while preparing the start: {exc!r}", [])
+                    self._open_breaker(
+                        f"internal error while preparing the start: {exc!r}", [], kind="internal"
+                    )
                     return
+                if self._stop_requested:  # unloaded while we were preparing
+                    break
                 self.prepared = prepared
                 server = LlamaServer(prepared.spec)
                 self.server = server
@@ -247,16 +263,18 @@ class ManagedModel:
                     if not isinstance(inner, StartFailed):
                         if isinstance(inner, Exception):  # a bug: fail this model, keep the service
                             log.exception("model %s: supervision failed", self.name)
-                            self._open_breaker(f"internal error: {inner!r}", [])
+                            self._open_breaker(f"internal error: {inner!r}", [], kind="internal")
                             return
                         raise
+                    if self._stop_requested:  # a requested stop during the load is no crash
+                        break
                     crashed_at_load = True
                     self.last_error = str(inner)
                     self.last_stderr = inner.stderr_tail
                     self._events.publish(self.name, "crash", reason=inner.reason, message=inner.message)
                     if inner.reason in ("file_not_found", "invalid_model", "unsupported", "bad_args"):
                         # Restarting cannot fix the input: fail now, with the reason.
-                        self._open_breaker(str(inner), inner.stderr_tail)
+                        self._open_breaker(str(inner), inner.stderr_tail, kind=inner.reason)
                         return
                 if self._stop_requested:
                     break
@@ -282,10 +300,13 @@ class ManagedModel:
                     self._open_breaker(
                         f"{len(self.crash_times)} crashes in {self.policy.crash_loop_window:g} s; last: {self.last_error}",
                         self.last_stderr,
+                        kind="crash_loop",
                     )
                     return
                 self.restarts += 1
                 self._events.publish(self.name, "restart", backoff=backoff, restarts=self.restarts)
+                # No child now: say so (not "ready") while the backoff runs.
+                self._set_state(ModelState.LOADING, restarts=self.restarts, restarting_in=backoff)
                 with anyio.move_on_after(backoff):
                     await self._stop_event.wait()
                 backoff = min(backoff * 2, self.policy.restart_backoff_max)
@@ -299,7 +320,8 @@ class ManagedModel:
                     self._set_state(ModelState.STOPPED)
                 self._done.set()
 
-    def _open_breaker(self, reason: str, stderr: list[str]) -> None:
+    def _open_breaker(self, reason: str, stderr: list[str], *, kind: str) -> None:
+        self.failure_kind = kind
         self.last_error = reason
         self.last_stderr = stderr
         self._set_state(ModelState.FAILED, error=reason)
@@ -327,9 +349,7 @@ class ManagedModel:
                 self._events.publish(self.name, "hang", failures=failures)
                 self.last_error = f"no answer to /health {failures} times in a row: killed"
                 server.log.note(self.last_error)
-                import signal as _signal
-
-                server.signal(_signal.SIGKILL)
+                server.signal(signal.SIGKILL)
                 return
 
     async def _watch_ttl(self) -> None:
@@ -363,6 +383,8 @@ class ManagedModel:
     async def wait_ready(self, start: Callable[[ManagedModel], None]) -> LlamaServer:
         """Until ready; starts the child (via ``start``) when nothing runs. Raises when it failed."""
         while True:
+            if self.retired:
+                raise ModelRetired(f"model {self.name!r} was replaced or removed", hint="retry")
             server = self.server
             if self.state == ModelState.READY and server is not None and server.alive:
                 return server
@@ -389,10 +411,16 @@ class ManagedModel:
                 hint="retry later, or raise the model's queue / max_concurrency",
             )
         self.waiting += 1
-        slots = self._slots
         try:
-            server = await self.wait_ready(start)
-            await slots.acquire()
+            while True:
+                server = await self.wait_ready(start)
+                slots = self._slots
+                await slots.acquire()
+                # The wait for a slot can be long: the child may have died, or the model may be
+                # draining by now. Then give the slot back and wait for the next ready child.
+                if self.state == ModelState.READY and server is self.server and server.alive:
+                    break
+                slots.release()
         finally:
             self.waiting -= 1
         self.in_flight += 1

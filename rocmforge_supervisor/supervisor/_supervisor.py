@@ -25,11 +25,11 @@ import anyio
 import anyio.abc
 import psutil
 
-from .._errors import ModelNotFound, UsageError
+from .._errors import ModelNotFound, ServiceError, UsageError
 from ..process import InstanceSpec, LlamaServer
 from ..settings import ForgeSettings
 from ._events import EventBus
-from ._managed import ManagedModel, ModelState, Prepared, SupervisionPolicy
+from ._managed import ManagedModel, ModelRetired, ModelState, Prepared, SupervisionPolicy
 
 __all__ = ["Supervisor"]
 
@@ -66,10 +66,6 @@ class Supervisor:
             self.models[name] = self._new_model(name, mc)
 
     # -- construction --------------------------------------------------------------------------
-
-    def _fingerprint(self, name: str) -> str:
-        fp = getattr(self.config, "model_fingerprint", None)
-        return str(fp(name)) if fp is not None else ""
 
     def _new_model(self, name: str, mc: Any, config: Any = None) -> ManagedModel:
         cfg = config or self.config
@@ -137,9 +133,22 @@ class Supervisor:
 
     @asynccontextmanager
     async def acquire(self, name: str) -> AsyncIterator[LlamaServer]:
-        m = self.get(name)
-        async with m.acquire(self._start) as server:
-            yield server
+        for _ in range(3):
+            m = self.get(name)  # looked up again after a reload replaced the model
+            try:
+                ctx = m.acquire(self._start)
+                server = await ctx.__aenter__()
+            except ModelRetired:
+                continue
+            try:
+                yield server
+            except BaseException as exc:
+                if not await ctx.__aexit__(type(exc), exc, exc.__traceback__):
+                    raise
+            else:
+                await ctx.__aexit__(None, None, None)
+            return
+        raise ServiceError(f"model {name!r} is being reconfigured", hint="retry in a moment")
 
     async def load(self, name: str) -> dict[str, Any]:
         """Load (and wait until ready). Resets a failed model's breaker."""
@@ -175,13 +184,20 @@ class Supervisor:
         """Apply a new config: unchanged models keep running (limits updated in place); changed
         ones are replaced start-new-first; removed ones are drained; added ones registered."""
         async with self._reload_lock:
-            old_config, self.config = self.config, new_config
+            self.config = new_config
             self.policy = _policy(getattr(new_config, "supervisor", None))
-            summary: dict[str, list[str]] = {"unchanged": [], "changed": [], "added": [], "removed": []}
+            summary: dict[str, list[str]] = {
+                "unchanged": [],
+                "changed": [],
+                "added": [],
+                "removed": [],
+                "failed": [],
+            }
             old_names, new_names = set(self.models), set(new_config.models)
             for name in sorted(old_names - new_names):
                 summary["removed"].append(name)
                 m = self.models.pop(name)
+                m.retired = True
                 self._spawn(m.unload, "removed")
             for name in sorted(new_names - old_names):
                 summary["added"].append(name)
@@ -200,33 +216,42 @@ class Supervisor:
                         old.reset()
                     continue
                 summary["changed"].append(name)
-                await self._replace(old, self._new_model(name, new_config.models[name], new_config))
+                if not await self._replace(old, self._new_model(name, new_config.models[name], new_config)):
+                    summary["failed"].append(name)
             self.events.publish("*", "config", changes=summary)
-            _ = old_config
             return summary
 
-    async def _replace(self, old: ManagedModel, new: ManagedModel) -> None:
+    async def _replace(self, old: ManagedModel, new: ManagedModel) -> bool:
+        """Start-new-first. False when the new config does not come up and the old one stays."""
         if not old.running:
+            old.retired = True
             self.models[new.name] = new
             if getattr(new.config, "preload", False):
                 self._start(new)
-            return
+            return True
         # Start the replacement first; the old one serves until the new one is ready.
         self._start(new)
         while new.state not in (ModelState.READY, ModelState.FAILED, ModelState.STOPPED):
             await new._changed.wait()
         if new.state == ModelState.READY:
             self.models[new.name] = new
+            old.retired = True
             self._spawn(old.unload, "replaced")
-            return
-        # It did not come up next to the old one (memory, bad config): swap the other way round.
-        log.warning(
-            "model %s: replacement failed next to the old one (%s); swapping", new.name, new.last_error
-        )
+            return True
+        if new.failure_kind not in ("placement", "oom", "timeout"):
+            # The new config itself is broken (bad file, bad args…): keep the working one.
+            log.error("model %s: the new config failed (%s); the running one stays", new.name, new.last_error)
+            new.retired = True
+            self._spawn(new.unload, "failed replacement")
+            return False
+        # It did not fit next to the old one: stop the old one first, then start the new one.
+        log.warning("model %s: no room next to the old one (%s); swapping", new.name, new.last_error)
+        old.retired = True
         await old.unload("replaced")
         self.models[new.name] = new
         new.reset()
         self._start(new)
+        return True
 
     def _spawn(self, fn: Any, *args: Any) -> None:
         if self._tg is not None:
@@ -345,8 +370,9 @@ class Supervisor:
                     continue  # the pid was reused by something else
                 if not any("llama-server" in part for part in p.cmdline()[:4]):
                     continue
-                if r.get("supervisor") == os.getpid():
-                    continue
+                owner = int(r.get("supervisor", 0))
+                if owner == os.getpid() or (owner and psutil.pid_exists(owner) and _is_forge(owner)):
+                    continue  # ours, or another live forge serve's on the same state dir
             except (psutil.Error, KeyError, ValueError, TypeError):
                 continue
             log.warning(
@@ -360,3 +386,12 @@ class Supervisor:
         stopped = [p.pid for p in procs]
         self.children_file.unlink(missing_ok=True)
         return stopped
+
+
+def _is_forge(pid: int) -> bool:
+    try:
+        return any(
+            "rocmforge" in part or "forge" in Path(part).name for part in psutil.Process(pid).cmdline()[:4]
+        )
+    except psutil.Error:
+        return False

@@ -376,3 +376,31 @@ def test_sys_executable_runs_forge() -> None:
     r = subprocess.run([*FORGE, "--version"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "llama.cpp 4df29be" in r.stdout
     _ = sys
+
+
+def test_unload_while_loading_returns_and_leaves_nothing(
+    tmp_path: Path, gemma_path: Path, llama_server_bin: Path
+) -> None:
+    cfg = write_config(tmp_path / "forge.toml", FAST + _model("slow", gemma_path, preload=True))
+    with running_service(cfg, tmp_path / "state", llama_server_bin, wait_ready=False) as svc:
+        wait_for(lambda: svc.model("slow")["state"] == "loading", what="loading")
+        with svc.client() as c:
+            r = c.post("/api/models/slow/unload", timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["state"] == "stopped"
+        assert svc.model("slow")["state"] == "stopped"
+        assert svc.llama_children() == []
+        assert "crash" not in (svc.model("slow")["last_error"] or "")
+
+
+def test_browser_origin_and_bad_names_are_refused(
+    two_models: Path, tmp_path: Path, llama_server_bin: Path
+) -> None:
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc, svc.client() as c:
+        evil = c.post("/api/models/tiny/unload", headers={"Origin": "http://evil.example"})
+        assert evil.status_code == 403 and evil.json()["error"]["code"] == "forbidden_origin"
+        assert svc.model("tiny")["state"] == "ready"
+        local = c.post("/api/models/tinyb/unload", headers={"Origin": "http://localhost:5173"})
+        assert local.status_code == 200
+        bad = c.post("/api/models", json={"name": "../../x", "path": "/tmp/x.gguf"})
+        assert bad.status_code == 400 and "not valid" in bad.json()["error"]["message"]
