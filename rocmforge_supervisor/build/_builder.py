@@ -15,6 +15,7 @@ or failed build leaves nothing that ``locate`` would pick up.
 from __future__ import annotations
 
 import collections
+import hashlib
 import contextlib
 import json
 import os
@@ -93,6 +94,9 @@ def build_llama_server(
             return BuildResult(hit, hit.path.parents[1].name, True, time.monotonic() - started, None)
     tree = resolve_source(settings, source)
     key = cache_key(tree.commit, chosen, targets)
+    if tree.origin == "explicit":
+        # Trees without git all report commit "unknown": the path keeps them apart.
+        key += "-src" + hashlib.sha256(str(tree.path).encode()).hexdigest()[:8]
     builds = settings.builds_dir
     final = builds / key
     work = builds / ".work" / key

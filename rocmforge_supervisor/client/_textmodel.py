@@ -269,6 +269,7 @@ class TextModel:
         self._closed = True
         if self._client is not None:
             self._client.close()
+        self._aclient = None  # an async pool can only be closed on its loop; its sockets go with it
         if self._on_close is not None:
             self._on_close()
 

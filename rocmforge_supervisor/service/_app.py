@@ -501,7 +501,12 @@ async def api_logs(request: Request) -> Response:
         m = st.supervisor.get(request.path_params["name"])
     except ForgeError as exc:
         return error_response(exc, _rid(request))
-    n = int(request.query_params.get("tail", "200"))
+    try:
+        n = max(1, int(request.query_params.get("tail", "200")))
+    except ValueError:
+        return error_response(
+            UsageError("tail must be a number of lines", hint="e.g. ?tail=200"), _rid(request)
+        )
     follow = request.query_params.get("follow") in ("1", "true")
     path = m.status().get("log_path")
     lines: list[str] = []
