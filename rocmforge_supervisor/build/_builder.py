@@ -15,8 +15,8 @@ or failed build leaves nothing that ``locate`` would pick up.
 from __future__ import annotations
 
 import collections
-import hashlib
 import contextlib
+import hashlib
 import json
 import os
 import re
