@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -218,7 +219,11 @@ def main() -> None:
     args = ap.parse_args()
     from rocmforge_supervisor.service._server import loop_options
 
-    result = anyio.run(server_main, args, backend_options={} if args.no_uvloop else loop_options())
+    try:
+        result = anyio.run(server_main, args, backend_options={} if args.no_uvloop else loop_options())
+    finally:
+        for leftover in Path(tempfile.gettempdir()).glob("forge-bench-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
     result["uvloop"] = not args.no_uvloop
     print(json.dumps(result, indent=2))
 
