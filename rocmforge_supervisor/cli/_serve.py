@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -191,8 +192,28 @@ def load_via_service(model: str, config: Path | None) -> bool:
     if model not in names:
         return False
     t0 = time.monotonic()
-    with err_console.status(f"loading {model} in the forge service at {client.base_url} …"):
-        status = client.load(model)
+    with err_console.status(f"loading {model} in the forge service at {client.base_url} …") as spinner:
+        # Progress from the same event stream the control API serves: state changes as they come.
+        from ..service._client import ServiceClient
+
+        watcher = ServiceClient(client.base_url, client.api_key)
+
+        def follow() -> None:
+            try:
+                for ev in watcher.events():
+                    if ev.get("model") == model:
+                        spinner.update(
+                            f"{model}: {ev.get('kind')} {ev.get('state') or ''} {ev.get('data') or ''}"
+                        )
+            except Exception:  # noqa: S110 — progress display only; closed under us when the load returns
+                pass
+
+        thread = threading.Thread(target=follow, daemon=True)
+        thread.start()
+        try:
+            status = client.load(model)
+        finally:
+            watcher.close()
     err_console.print(
         f"{model}: {status['state']} (pid {status.get('pid')}, devices {','.join(status.get('devices') or [])}) "
         f"in {time.monotonic() - t0:.1f} s — OpenAI base URL {client.base_url}/v1"

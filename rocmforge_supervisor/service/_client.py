@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ __all__ = ["ServiceClient", "find_service"]
 class ServiceClient:
     def __init__(self, base_url: str, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=httpx.Timeout(None, connect=2.0), trust_env=False
@@ -64,6 +66,20 @@ class ServiceClient:
     def reload(self) -> dict[str, Any]:
         summary: dict[str, Any] = self._call("POST", "/api/reload")
         return summary
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        """The service's state events (``/api/events``), as they come; ends when closed."""
+        from ..client._sse import SSEDecoder
+
+        decoder = SSEDecoder()
+        try:
+            with self._http.stream("GET", "/api/events") as r:
+                for chunk in r.iter_bytes():
+                    for ev in decoder.feed(chunk):
+                        if ev.data:
+                            yield json.loads(ev.data)
+        except (httpx.HTTPError, ValueError):
+            return
 
     def logs(self, name: str, tail: int = 200, follow: bool = False) -> Iterator[str]:
         params = {"tail": str(tail), "follow": "1" if follow else "0"}
