@@ -29,10 +29,11 @@ from .._errors import (
 from ._sse import aiter_chunks, error_from_body, iter_chunks
 from ._types import GenerateOptions, Message, Token, Usage
 
-__all__ = ["Liveness", "TextModel"]
+__all__ = ["RETRYABLE", "Liveness", "TextModel"]
 
 _KEEPALIVE_EXPIRY = 2.0  # well under cpp-httplib's 5 s idle close
-_RETRYABLE = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
+#: Failures of a request that got no byte of a response: safe to send once more on a new connection.
+RETRYABLE = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
 
 
 class Liveness(Protocol):
@@ -239,7 +240,7 @@ class TextModel:
             request = client.build_request("POST", path, json=body, headers=self._headers())
             try:
                 return client.send(request, stream=True)
-            except _RETRYABLE as exc:
+            except RETRYABLE as exc:
                 if attempt == 2 or (isinstance(exc, httpx.ConnectError) and self._is_dead()):
                     raise self._unavailable(exc) from exc
         raise AssertionError("unreachable")
@@ -254,10 +255,14 @@ class TextModel:
             )
         )
 
-    def _crash_or(self, exc: ForgeError) -> ForgeError:
+    def _may_be_crash(self, exc: ForgeError) -> bool:
+        """A broken stream or an unreachable server may mean the child died; a refusal does not."""
         if isinstance(exc, InstanceError) or self._liveness is None:
-            return exc
-        if isinstance(exc, RequestError) and not isinstance(exc, (StreamError, ServerUnavailable)):
+            return False
+        return not isinstance(exc, RequestError) or isinstance(exc, (StreamError, ServerUnavailable))
+
+    def _crash_or(self, exc: ForgeError) -> ForgeError:
+        if not self._may_be_crash(exc) or self._liveness is None:
             return exc
         crash = self._liveness.crashed(1.0)
         return crash if crash is not None else exc
@@ -332,7 +337,7 @@ class TextModel:
             request = client.build_request("POST", path, json=body, headers=self._headers())
             try:
                 return await client.send(request, stream=True)
-            except _RETRYABLE as exc:
+            except RETRYABLE as exc:
                 dead = self._liveness is not None and await self._liveness.acrashed(0.0) is not None
                 if attempt == 2 or (isinstance(exc, httpx.ConnectError) and dead):
                     raise await self._acrash_or(
@@ -343,9 +348,7 @@ class TextModel:
         raise AssertionError("unreachable")
 
     async def _acrash_or(self, exc: ForgeError) -> ForgeError:
-        if isinstance(exc, InstanceError) or self._liveness is None:
-            return exc
-        if isinstance(exc, RequestError) and not isinstance(exc, (StreamError, ServerUnavailable)):
+        if not self._may_be_crash(exc) or self._liveness is None:
             return exc
         crash = await self._liveness.acrashed(1.0)
         return crash if crash is not None else exc

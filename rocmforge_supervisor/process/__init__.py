@@ -1,7 +1,7 @@
 """One llama-server child process: spawn, health, logs, stop."""
 
 from ._env import clean_child_env
-from ._instance import InstanceSpec, InstanceState, LlamaServer, describe_returncode
+from ._instance import InstanceSpec, InstanceState, LlamaServer, describe_returncode, unwrap_group
 from ._logs import LogRing, classify_failure
 from ._ports import free_port, port_is_free
 
@@ -15,4 +15,5 @@ __all__ = [
     "describe_returncode",
     "free_port",
     "port_is_free",
+    "unwrap_group",
 ]

@@ -41,7 +41,7 @@ from ._env import clean_child_env
 from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
 from ._ports import free_port, port_is_free
 
-__all__ = ["InstanceSpec", "InstanceState", "LlamaServer", "describe_returncode"]
+__all__ = ["InstanceSpec", "InstanceState", "LlamaServer", "describe_returncode", "unwrap_group"]
 
 InstanceState = Literal["new", "starting", "loading", "ready", "stopping", "exited"]
 
@@ -178,7 +178,7 @@ class LlamaServer:
             with contextlib.suppress(BaseException):
                 await self._own_tg.__aexit__(type(exc), exc, exc.__traceback__)
             self._own_tg = None
-            raise _unwrap(exc) from None
+            raise unwrap_group(exc) from None
         return self
 
     async def __aexit__(
@@ -236,7 +236,7 @@ class LlamaServer:
                         await self.stop()
                     tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
-            inner = _unwrap(group)
+            inner = unwrap_group(group)
             if inner is group:
                 raise
             raise inner from None  # callers see the StartFailed itself, not a group of one
@@ -501,7 +501,7 @@ class LlamaServer:
                     break
 
 
-def _unwrap(exc: BaseException) -> BaseException:
+def unwrap_group(exc: BaseException) -> BaseException:
     """A start failure inside a task group arrives as an ExceptionGroup of one: hand out the one."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]

@@ -32,6 +32,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._errors import ForgeError, ModelNotFound, ServerUnavailable, UsageError
+from ..client._textmodel import RETRYABLE
 from ..supervisor import Supervisor
 from ._errors_http import error_body, error_response, sse_error_chunk
 from ._metrics import Metrics
@@ -40,7 +41,6 @@ __all__ = ["GatewayState", "create_app"]
 
 log = logging.getLogger("rocmforge.gateway")
 
-_RETRYABLE = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
 _PASS_HEADERS = ("content-type",)
 _PUBLIC_PATHS = frozenset({"/health"})
 _MODEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -301,7 +301,7 @@ async def _send_upstream(
         req = st.upstream.build_request("POST", url, content=body, headers=headers)
         try:
             return await st.upstream.send(req, stream=True)
-        except _RETRYABLE as exc:
+        except RETRYABLE as exc:
             if attempt == 2 or not server.alive:
                 raise ServerUnavailable(
                     f"the model's llama-server did not answer: {exc}", hint="it is being restarted; retry"

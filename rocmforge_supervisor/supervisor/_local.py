@@ -26,8 +26,7 @@ from anyio.from_thread import BlockingPortal
 
 from .._errors import InstanceError, ModelCrashed, UsageError
 from ..client import TextModel
-from ..process import InstanceSpec, LlamaServer, describe_returncode
-from ..process._instance import _unwrap
+from ..process import InstanceSpec, LlamaServer, describe_returncode, unwrap_group
 from ..settings import ForgeSettings, get_settings
 
 __all__ = ["LoadOptions", "LocalPlan", "aload_model", "load_model", "plan_local_load"]
@@ -255,7 +254,7 @@ def load_model(model: str | Path, *, settings: ForgeSettings | None = None, **kw
     except BaseException as exc:
         # Ctrl-C or a failed start: stopping the loop cancels run(), whose cleanup is shielded.
         loop.stop()
-        raise _unwrap(exc) from None
+        raise unwrap_group(exc) from None
 
     closed = threading.Event()
 

@@ -27,8 +27,7 @@ from typing import Any
 import anyio
 
 from .._errors import ForgeError, PlacementError, QueueFull, ServiceError, StartFailed
-from ..process import InstanceSpec, LlamaServer, describe_returncode
-from ..process._instance import _unwrap
+from ..process import InstanceSpec, LlamaServer, describe_returncode, unwrap_group
 from ._events import EventBus
 
 __all__ = ["ManagedModel", "ModelRetired", "ModelState", "Prepared", "SupervisionPolicy"]
@@ -124,20 +123,15 @@ class ManagedModel:
 
     @property
     def max_concurrency(self) -> int:
-        value = getattr(self.config, "effective_max_concurrency", None)
-        if value is None:
-            value = (
-                getattr(self.config, "max_concurrency", None) or getattr(self.config, "parallel", None) or 4
-            )
-        return int(value)
+        return int(self.config.effective_max_concurrency)
 
     @property
     def queue_limit(self) -> int:
-        return int(getattr(self.config, "queue", 64))
+        return int(self.config.queue)
 
     @property
     def ttl(self) -> float:
-        return float(getattr(self.config, "ttl", 0) or 0)
+        return float(self.config.ttl or 0)
 
     def update_limits(self, config: Any) -> None:
         """A reload that changed only ttl/queue/max_concurrency: keep the child, change the limits."""
@@ -259,7 +253,7 @@ class ManagedModel:
                         await server.exited.wait()
                         tg.cancel_scope.cancel()
                 except BaseException as exc:
-                    inner = _unwrap(exc)
+                    inner = unwrap_group(exc)
                     if not isinstance(inner, StartFailed):
                         if isinstance(inner, Exception):  # a bug: fail this model, keep the service
                             log.exception("model %s: supervision failed", self.name)

@@ -58,10 +58,8 @@ class Supervisor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._placement_lock = anyio.Lock()
         self._reload_lock = anyio.Lock()
-        server_cfg = getattr(config, "server", None)
-        state_dir = getattr(server_cfg, "state_dir", None) or settings.state_dir
-        self.state_dir = Path(state_dir)
-        self.log_dir = Path(getattr(server_cfg, "log_dir", None) or self.state_dir / "logs")
+        self.state_dir: Path = config.state_dir
+        self.log_dir: Path = config.log_dir
         for name, mc in config.models.items():
             self.models[name] = self._new_model(name, mc)
 
