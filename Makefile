@@ -22,7 +22,7 @@ llama-server: venv
 
 model: venv
 	$(BIN)/python -c "from rocmforge_supervisor.models import ensure_embedded, DEFAULT_MODEL; \
-	from rocmforge_supervisor.settings import get_settings; print(ensure_embedded(DEFAULT_MODEL, get_settings()))"
+	from rocmforge_supervisor.config import get_settings; print(ensure_embedded(DEFAULT_MODEL, get_settings()))"
 
 PORT ?= 8080
 run: setup ## the main job: forge serve with the embedded default model preloaded, until Ctrl-C

@@ -190,7 +190,7 @@ def record(server: Path, gemma: Path, tiny: Path, tiny_bad: Path) -> None:
 
 def main() -> int:
     sys.path.insert(0, str(ROOT))
-    from rocmforge_supervisor.settings import ForgeSettings
+    from rocmforge_supervisor.config import ForgeSettings
     from tests.support.tiny_gguf import write_tiny_gguf
 
     settings = ForgeSettings()

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rocmforge_supervisor.settings import ForgeSettings
+from rocmforge_supervisor.config import ForgeSettings
 
 
 @pytest.fixture(scope="session")

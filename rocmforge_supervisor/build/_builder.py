@@ -31,7 +31,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from .._errors import BuildError, ForgeError
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 from ._locate import BinaryInfo, probe_binary
 from ._plan import Backend, BuildPlan, cache_key, choose_backend, make_plan
 from ._source import SourceTree, resolve_source

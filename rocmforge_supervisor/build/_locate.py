@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .._errors import BinaryNotFound
 from .._version import LLAMA_CPP_COMMIT
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 
 __all__ = ["BinaryInfo", "ListedDevice", "cached_builds", "locate_llama_server", "probe_binary"]
 

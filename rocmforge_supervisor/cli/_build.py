@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..build import BACKENDS, BuildResult, build_llama_server, locate_llama_server
 from ..build._builder import ProgressFn
-from ..settings import get_settings
+from ..config import get_settings
 from ._common import console, err_console
 
 __all__ = ["register"]

@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..config import ForgeSettings, get_settings
 from ..hardware import Device, Inventory, child_env, detect, inventory_json, run_doctor
-from ..settings import ForgeSettings, get_settings
 from ._common import console
 
 __all__ = ["register"]

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from .._errors import ForgeError
 from ..client import Message
-from ..settings import get_settings
+from ..config import get_settings
 from ._common import console, err_console
 
 __all__ = ["register"]

@@ -9,11 +9,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from .._errors import UsageError
+from ..config import get_settings
 from ..models._catalog import resolve_model_path
 from ..models._estimate import CACHE_TYPES, MemoryEstimate, estimate_memory
 from ..models._gguf import GGUFInfo, inspect_gguf
 from ..models._hub import pull as hub_pull
-from ..settings import get_settings
 from ._common import console, err_console
 
 __all__ = ["register"]

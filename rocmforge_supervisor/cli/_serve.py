@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from .._errors import ServiceError
-from ..settings import get_settings
+from ..config import get_settings
 from ._common import console, err_console
 
 __all__ = ["connect_service", "register"]
@@ -24,7 +24,7 @@ _CONFIG_OPT = typer.Option(
 
 
 def _load_config(path: Path | None) -> Any:
-    from ..service._config import load_config
+    from ..config import load_config
 
     return load_config(path, get_settings())
 
@@ -61,7 +61,7 @@ def serve(
     log_format: str | None = typer.Option(None, "--log-format", help="text or json."),
 ) -> None:
     """Run the supervisor: many models behind one OpenAI-compatible endpoint, until SIGTERM/Ctrl-C."""
-    from ..service._config import load_config
+    from ..config import load_config
     from ..service._logging import setup_logging
     from ..service._sdnotify import SdNotifier
     from ..service._server import run_service

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from .._errors import ServiceError, UsageError
-from ..settings import ForgeSettings, get_settings
+from ..config import ForgeSettings, get_settings
 from ._common import console, err_console
 
 __all__ = ["register", "render_unit", "service_app", "systemd_quote"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from .._errors import ForgeError
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 from ._detect import detect
 from ._masks import child_env
 from ._report import device_json

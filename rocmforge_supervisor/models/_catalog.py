@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .._errors import InvalidModelFile, ModelNotFound
 from .._files import sha256_file
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 
 __all__ = ["DEFAULT_MODEL", "EmbeddedModel", "embedded_models", "ensure_embedded", "resolve_model_path"]
 

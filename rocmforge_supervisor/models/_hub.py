@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from .._errors import ForgeError, HubError, ModelNotFound, UsageError
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 from ._gguf import inspect_gguf
 from ._names import is_mmproj, matches_quant, parse_split_name, quant_tag_of
 

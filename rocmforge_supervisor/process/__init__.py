@@ -2,10 +2,12 @@
 
 from ._env import clean_child_env
 from ._instance import InstanceSpec, InstanceState, LlamaServer, describe_returncode, unwrap_group
+from ._ledger import ChildLedger
 from ._logs import LogRing, classify_failure
 from ._ports import free_port, port_is_free
 
 __all__ = [
+    "ChildLedger",
     "InstanceSpec",
     "InstanceState",
     "LlamaServer",

@@ -19,12 +19,14 @@ supervisor even when the supervisor is SIGKILLed and no cleanup runs.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,10 +38,13 @@ import anyio
 import anyio.abc
 import httpx
 
+from .._argv import redact, server_argv
 from .._errors import StartFailed, UsageError
 from ._env import clean_child_env
 from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
 from ._ports import free_port, port_is_free
+
+log = logging.getLogger("rocmforge.process")
 
 __all__ = ["InstanceSpec", "InstanceState", "LlamaServer", "describe_returncode", "unwrap_group"]
 
@@ -91,39 +96,32 @@ class InstanceSpec:
     mask: Mapping[str, str | None] = field(default_factory=dict)
     cpu_only: bool = False
     log_path: Path | None = None
-    state_dir: Path | None = None  # for the api-key file and the empty config home
+    state_dir: Path | None = None
+    """For the api-key file and the empty config home: the caller's (``FORGE_STATE_DIR``, the
+    service's state dir). None: a private temporary directory, removed when the child is done."""
     stall_timeout: float = 300.0  # no output at all for this long while loading: give up
     ready_timeout: float | None = None  # overall cap on loading (None: only the stall timeout)
     stop_timeout: float = 10.0
     verbosity: int | None = None
     parent_env: Mapping[str, str] | None = None
-    line_listeners: Sequence[Callable[[str], None]] = ()
+    line_listeners: Sequence[Callable[[str], object]] = ()
     bind_retries: int = 3
 
     def args(self, port: int, api_key_file: Path) -> list[str]:
-        a = [
-            str(self.binary),
-            "--model", str(self.model_path),
-            "--host", self.host,
-            "--port", str(port),
-            "--alias", self.alias,
-            "--api-key-file", str(api_key_file),
-            "--metrics",
-            "--no-webui",
-            "--log-colors", "off",
-        ]  # fmt: skip
-        if self.ctx_size is not None:
-            a += ["--ctx-size", str(self.ctx_size)]
-        if self.cpu_only:
-            a += ["--device", "none"]  # no offload at all (an -ngl would only add warnings)
-        elif self.n_gpu_layers is not None:
-            a += ["--n-gpu-layers", str(self.n_gpu_layers)]
-        if self.parallel is not None:
-            a += ["--parallel", str(self.parallel)]
-        if self.verbosity is not None:
-            a += ["--log-verbosity", str(self.verbosity)]
-        a += list(self.extra_args)
-        return a
+        return server_argv(
+            binary=self.binary,
+            model_path=self.model_path,
+            host=self.host,
+            port=port,
+            alias=self.alias,
+            api_key_file=api_key_file,
+            ctx_size=self.ctx_size,
+            cpu_only=self.cpu_only,
+            n_gpu_layers=self.n_gpu_layers,
+            parallel=self.parallel,
+            verbosity=self.verbosity,
+            extra_args=self.extra_args,
+        )
 
 
 class LlamaServer:
@@ -152,6 +150,7 @@ class LlamaServer:
         self._wake = anyio.Event()
         self._flags: set[str] = set()
         self._key_file: Path | None = None
+        self._tmp_state: Path | None = None  # only when the caller gave no state_dir
         self._stop_lock = anyio.Lock()
         self.stop_requested = False
 
@@ -244,6 +243,9 @@ class LlamaServer:
             self._tg = None
             self.log.close()
             self._remove_key_file()
+            if self._tmp_state is not None:
+                shutil.rmtree(self._tmp_state, ignore_errors=True)
+                self._tmp_state = None
         return self.returncode
 
     async def stop(self, timeout: float | None = None) -> int | None:
@@ -286,10 +288,18 @@ class LlamaServer:
             self._mark_exited(proc)
             return self.returncode
 
-    def signal(self, sig: int) -> None:
-        """For fault tests and the supervisor's hang handling: signal the child process only."""
-        if self._process is not None and not self.exited.is_set():
-            os.kill(self._process.pid, sig)
+    def kill(self, reason: str) -> None:
+        """SIGKILL the child's whole process group now, and say why in its log.
+
+        For a child that no longer answers (a hang): :meth:`stop` would wait out its grace first.
+        The caller decides *that* a child must die; only this layer sends the signal.
+        """
+        if self._process is None or self.exited.is_set():
+            return
+        self.log.note(f"killing pid {self._process.pid} (SIGKILL): {reason}")
+        log.warning("llama-server %s pid %d: SIGKILL: %s", self.spec.alias, self._process.pid, reason)
+        self._signal_group(signal.SIGCONT)
+        self._signal_group(signal.SIGKILL)
 
     async def health(self, timeout: float = 2.0) -> int | None:
         """HTTP status of ``/health`` (200 ready, 503 loading), None when it did not answer."""
@@ -323,13 +333,20 @@ class LlamaServer:
     def _write_key_file(self) -> Path:
         # The key goes in a 0600 file, not on the command line, where any local user could read it
         # from /proc/<pid>/cmdline.
-        base = (self.spec.state_dir or Path.home() / ".local/state/rocmforge") / "run"
+        base = self._state_dir() / "run"
         base.mkdir(parents=True, exist_ok=True)
         path = base / f"{self.spec.alias.replace('/', '_')}-{secrets.token_hex(4)}.key"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.api_key + "\n")
         return path
+
+    def _state_dir(self) -> Path:
+        if self.spec.state_dir is not None:
+            return self.spec.state_dir
+        if self._tmp_state is None:
+            self._tmp_state = Path(tempfile.mkdtemp(prefix="forge-child-"))
+        return self._tmp_state
 
     def _remove_key_file(self) -> None:
         if self._key_file is not None:
@@ -349,8 +366,7 @@ class LlamaServer:
     async def _spawn_and_wait(self, port: int) -> None:
         if self._key_file is None:
             self._key_file = self._write_key_file()
-        state_dir = self.spec.state_dir or Path.home() / ".local/state/rocmforge"
-        config_home = state_dir / "empty-config"
+        config_home = self._state_dir() / "empty-config"
         config_home.mkdir(parents=True, exist_ok=True)
         env = clean_child_env(
             os.environ if self.spec.parent_env is None else self.spec.parent_env,
@@ -359,7 +375,7 @@ class LlamaServer:
         )
         cmd = self._command(port)
         self.port = port
-        self.log.note("starting: " + " ".join(_redact(self.spec.args(port, self._key_file))))
+        self.log.note("starting: " + " ".join(redact(self.spec.args(port, self._key_file))))
         try:
             self._process = await anyio.open_process(
                 cmd,
@@ -439,7 +455,7 @@ class LlamaServer:
         return StartFailed(
             f"llama-server for {self.spec.alias!r} failed to start: {message}",
             hint=_HINTS.get(reason),
-            exit_code=self.returncode,
+            returncode=self.returncode,
             reason=reason,
             stderr_tail=tail,
             log_path=str(self.spec.log_path) if self.spec.log_path else None,
@@ -506,29 +522,3 @@ def unwrap_group(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
-
-
-_SECRET_FLAGS = ("token", "key", "password", "secret")
-
-
-def _redact(args: list[str]) -> list[str]:
-    """Values of secret-looking flags (``--hf-token X``) never reach the log."""
-    out: list[str] = []
-    hide_next = False
-    for a in args:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-            continue
-        name, eq, _ = a.partition("=")
-        secret = (
-            name.startswith("-")
-            and any(w in name.lower() for w in _SECRET_FLAGS)
-            and not name.endswith("-file")
-        )
-        if secret and eq:
-            out.append(f"{name}=***")
-        else:
-            out.append(a)
-            hide_next = secret
-    return out

@@ -23,7 +23,7 @@ OOM_PATTERNS = re.compile(
 LISTENING_RE = re.compile(r"listening on (https?://\S+)")
 BIND_FAILED_RE = re.compile(r"couldn't bind HTTP server socket")
 
-LineListener = Callable[[str], None]
+LineListener = Callable[[str], object]
 
 
 class LogRing:

@@ -508,7 +508,7 @@ async def api_logs(request: Request) -> Response:
             UsageError("tail must be a number of lines", hint="e.g. ?tail=200"), _rid(request)
         )
     follow = request.query_params.get("follow") in ("1", "true")
-    path = m.status().get("log_path")
+    path = m.status().log_path
     lines: list[str] = []
     if path and await anyio.Path(path).exists():
         text = await anyio.Path(path).read_text(encoding="utf-8", errors="replace")

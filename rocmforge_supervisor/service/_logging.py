@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any, Literal, TextIO
 
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 
 __all__ = ["LogFormat", "connected_to_journal", "request_id_var", "setup_logging"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from rocmforge_supervisor._errors import UsageError
 from rocmforge_supervisor.hardware import MASK_VARIABLES, child_env, detect
-from rocmforge_supervisor.settings import ForgeSettings
+from rocmforge_supervisor.config import ForgeSettings
 
 Settings = Callable[..., ForgeSettings]
 

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from rocmforge_supervisor.service._logging import connected_to_journal, request_id_var, setup_logging
-from rocmforge_supervisor.settings import ForgeSettings
+from rocmforge_supervisor.config import ForgeSettings
 
 log = logging.getLogger("rocmforge_supervisor.test")
 

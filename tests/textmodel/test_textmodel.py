@@ -20,7 +20,7 @@ from rocmforge_supervisor import (
     aload_model,
     load_model,
 )
-from rocmforge_supervisor.settings import ForgeSettings
+from rocmforge_supervisor.config import ForgeSettings
 
 
 @pytest.fixture

@@ -8,14 +8,14 @@ import pytest
 from pydantic import SecretStr
 
 from rocmforge_supervisor._errors import ConfigError
-from rocmforge_supervisor.service._config import (
+from rocmforge_supervisor.config import (
     ForgeConfig,
     ModelConfig,
     ServerConfig,
     SupervisorConfig,
     load_config,
 )
-from rocmforge_supervisor.settings import ForgeSettings
+from rocmforge_supervisor.config import ForgeSettings
 
 FULL = """\
 [server]

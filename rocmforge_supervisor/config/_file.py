@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import ipaddress
 import json
 import os
 import re
@@ -48,8 +47,11 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from .._argv import is_owned_flag
 from .._errors import ConfigError
-from ..settings import ForgeSettings, get_settings
+from ._names import MODEL_NAME, is_loopback
+from ._settings import ForgeSettings
+from ._values import GpuChoice, GpuLayers, parse_gpu, parse_gpu_layers
 
 __all__ = [
     "CONFIG_NAME",
@@ -64,27 +66,6 @@ __all__ = [
 
 CONFIG_NAME = "forge.toml"
 SYSTEM_CONFIG_DIR = Path("/etc/rocmforge")
-
-#: Model names become URL path parts, metric labels and log file names.
-_MODEL_NAME = re.compile(r"[A-Za-z0-9._-]+")
-
-#: llama-server flags forge sets itself (or that would turn the child into something else: another
-#: model source, a router, TLS, a log format the supervisor cannot read). Long forms are compared
-#: after llama.cpp's own ``--foo_bar`` → ``--foo-bar`` normalisation.
-_OWNED_FLAGS = frozenset(
-    {
-        "-m", "--model", "-mu", "--model-url",
-        "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-dr", "--docker-repo",
-        "--host", "--port", "--reuse-port",
-        "-a", "--alias",
-        "--api-key", "--api-key-file",
-        "--metrics", "--no-webui", "--webui", "--ui", "--no-ui",
-        "--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload",
-        "--ssl-key-file", "--ssl-cert-file",
-        "-lv", "--verbosity",
-    }
-)  # fmt: skip
-_OWNED_PREFIXES = ("--log-",)
 
 _SECRET_KEYS = frozenset({"api_key"})
 #: Our own error kinds: their messages already quote the value.
@@ -106,48 +87,21 @@ def _custom(kind: str, message: str, **ctx: Any) -> PydanticCustomError:
 
 def _gpu_layers(value: Any) -> Any:
     """One clear error instead of pydantic's one-per-union-member for ``int | "auto" | "all"``."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("auto", "all"):
-            return v
-        if v.isdigit():
-            return int(v)
-    elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    raise _custom("gpu_layers", f"{value!r} is not a number of layers (>= 0), 'auto' or 'all'")
+    try:
+        return parse_gpu_layers(value)
+    except ValueError as exc:
+        raise _custom("gpu_layers", str(exc)) from None
 
 
 def _gpu(value: Any) -> Any:
-    """``"auto"``, ``"cpu"``, an index or a list of indices; ``"0,1"`` from the environment too."""
-    bad = _custom("gpu", f"{value!r} is not 'auto', 'cpu', a GPU index (0) or a list of indices ([0, 1])")
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("auto", "cpu"):
-            return v
-        parts = [p.strip() for p in v.replace(";", ",").split(",")]
-        if not parts or not all(p.isdigit() for p in parts):
-            raise bad
-        ints = [int(p) for p in parts]
-        return ints[0] if len(ints) == 1 else ints
-    if isinstance(value, bool):
-        raise bad
-    if isinstance(value, int):
-        if value < 0:
-            raise bad
-        return value
-    if isinstance(value, list | tuple):
-        if not value or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
-            raise bad
-        if len(set(value)) != len(value):
-            raise _custom("gpu", f"{list(value)!r} names a GPU twice")
-        return list(value)
-    raise bad
+    try:
+        return parse_gpu(value)
+    except ValueError as exc:
+        raise _custom("gpu", str(exc)) from None
 
 
-GpuLayers = Annotated[int | Literal["auto", "all"] | None, BeforeValidator(_gpu_layers)]
-GpuChoice = Annotated[int | list[int] | Literal["auto", "cpu"], BeforeValidator(_gpu)]
+GpuLayersField = Annotated[GpuLayers, BeforeValidator(_gpu_layers)]
+GpuChoiceField = Annotated[GpuChoice, BeforeValidator(_gpu)]
 
 
 def _empty_is_none(value: Any) -> Any:
@@ -180,7 +134,7 @@ class ServerConfig(_Section):
 
     @property
     def is_loopback(self) -> bool:
-        return _is_loopback(self.host)
+        return is_loopback(self.host)
 
     @model_validator(mode="after")
     def _refuse_open_bind(self) -> ServerConfig:
@@ -232,11 +186,11 @@ class ModelConfig(_Section):
     path: str = Field(min_length=1)
     """A GGUF path, an embedded default's name (``gemma-3-270m``) or ``hf:org/repo:QUANT``."""
     ctx_size: int | None = Field(default=None, ge=0)
-    gpu_layers: GpuLayers = None
+    gpu_layers: GpuLayersField = None
     """None: forge decides from the memory estimate; or a number, ``"auto"`` (llama-server fits),
     ``"all"``."""
     parallel: int | None = Field(default=None, ge=1)
-    gpu: GpuChoice = "auto"
+    gpu: GpuChoiceField = "auto"
     preload: bool = False
     ttl: float = Field(default=0.0, ge=0)
     """Idle seconds before the model is unloaded; 0 = never."""
@@ -255,24 +209,13 @@ class ModelConfig(_Section):
     @classmethod
     def _no_owned_flags(cls, args: list[str]) -> list[str]:
         for arg in args:
-            flag = _normalise_flag(arg)
-            if flag is not None and (flag in _OWNED_FLAGS or flag.startswith(_OWNED_PREFIXES)):
+            if is_owned_flag(arg):
                 raise _custom(
                     "owned_flag",
                     f"{arg!r} is set by forge itself and cannot be passed in args "
                     "(use the model's own keys: path, ctx_size, gpu_layers, parallel, gpu)",
                 )
         return args
-
-
-def _normalise_flag(arg: str) -> str | None:
-    """The flag an argument names, as llama.cpp matches it (``--foo_bar=1`` → ``--foo-bar``)."""
-    if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
-        return None  # a value (negative numbers included), not a flag
-    name = arg.split("=", 1)[0]
-    if name.startswith("--"):
-        name = "--" + name[2:].replace("_", "-")
-    return name
 
 
 # -- the whole file --------------------------------------------------------------------------------
@@ -298,7 +241,7 @@ class ForgeConfig(BaseSettings):
     models: dict[str, ModelConfig] = Field(default_factory=dict)
 
     _source: Path | None = PrivateAttr(default=None)
-    _default_state_dir: Path | None = PrivateAttr(default=None)
+    _settings: ForgeSettings | None = PrivateAttr(default=None)
 
     @classmethod
     def settings_customise_sources(
@@ -317,13 +260,24 @@ class ForgeConfig(BaseSettings):
         return self._source
 
     @property
+    def settings(self) -> ForgeSettings:
+        """The process-wide settings this config was loaded with (``FORGE_STATE_DIR``, …).
+
+        A config built directly (tests) has the defaults, without reading ``FORGE_*`` again.
+        """
+        return self._settings if self._settings is not None else ForgeSettings.model_construct()
+
+    @property
     def state_dir(self) -> Path:
-        """``server.state_dir``, else the settings' state dir it was loaded with."""
-        if self.server.state_dir is not None:
-            return self.server.state_dir
-        if self._default_state_dir is not None:
-            return self._default_state_dir
-        return get_settings().state_dir
+        """``server.state_dir`` (file or ``FORGE_SERVER__STATE_DIR``), else ``FORGE_STATE_DIR`` /
+        the XDG default: the one place the two knobs are resolved."""
+        return self.server.state_dir or self.settings.state_dir
+
+    @property
+    def model_dirs(self) -> list[Path]:
+        """``server.model_dirs`` and ``FORGE_MODEL_DIRS`` together (both are "may load from")."""
+        dirs = [*self.server.model_dirs, *self.settings.model_dirs]
+        return list(dict.fromkeys(dirs))
 
     @property
     def log_dir(self) -> Path:
@@ -354,7 +308,7 @@ class ForgeConfig(BaseSettings):
             raise _translate(exc, ("server",), source=self.source, env_keys={}, overrides=changes) from exc
         new = self.model_copy(update={"server": server})
         new._source = self._source
-        new._default_state_dir = self._default_state_dir
+        new._settings = self._settings
         return new
 
 
@@ -404,7 +358,7 @@ def load_config(
     except ValidationError as exc:
         raise _translate(exc, (), source=source, env_keys=env_keys) from exc
     config._source = source
-    config._default_state_dir = settings.state_dir
+    config._settings = settings
     return config
 
 
@@ -530,7 +484,7 @@ def _check_model_names(data: Mapping[str, Any], source: Path | None, env_keys: M
     if not isinstance(models, dict):
         return
     for name in models:
-        if not _MODEL_NAME.fullmatch(name):
+        if not MODEL_NAME.fullmatch(name):
             key = f"models.{name}"
             raise ConfigError(
                 f"{_where(source, env_keys, ('models', name))}: {key}: model name {name!r} may only use "
@@ -627,13 +581,3 @@ def _known_keys(parent: tuple[str, ...]) -> list[str]:
 
 def _is_scalar(value: Any) -> bool:
     return isinstance(value, str | int | float | bool) and len(repr(value)) <= 80
-
-
-def _is_loopback(host: str) -> bool:
-    h = host.strip().strip("[]").lower()
-    if h == "localhost" or h.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(h).is_loopback
-    except ValueError:
-        return False  # a hostname: it may resolve anywhere, so it is not trusted as loopback
