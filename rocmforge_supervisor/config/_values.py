@@ -25,7 +25,7 @@ GpuChoice = Literal["auto", "cpu"] | int | str | list[int | str]
 GpuLayers = int | Literal["auto", "all"] | None
 
 _KEY = re.compile(r"[a-z]+:\d+")
-GPU_HELP = "'auto', 'cpu', a GPU index (0), a device key (amd:0) or a list of them ([0, 1] or 0,1)"
+GPU_HELP = "'auto', 'cpu', a GPU index (0) or a list of indices ([0, 1]; 0,1), or device keys (amd:0)"
 
 
 def _gpu_ref(value: object, original: object) -> int | str:

@@ -122,12 +122,8 @@ async def run_service(
                         gateway_done.set()
 
                 tg.start_soon(serve_gateway)
-                info = {
-                    "url": base_url,
-                    "pid": os.getpid(),
-                    "config": str(config_path) if config_path else None,
-                }
-                _write_info(info_path, info)
+                config_file = str(config_path) if config_path else None
+                _write_info(info_path, {"url": base_url, "pid": os.getpid(), "config": config_file})
                 if on_listening is not None:
                     on_listening(base_url)
                 tg.start_soon(_announce_ready, supervisor, notifier)

@@ -10,12 +10,12 @@ from pydantic import SecretStr
 from rocmforge_supervisor._errors import ConfigError
 from rocmforge_supervisor.config import (
     ForgeConfig,
+    ForgeSettings,
     ModelConfig,
     ServerConfig,
     SupervisorConfig,
     load_config,
 )
-from rocmforge_supervisor.config import ForgeSettings
 
 FULL = """\
 [server]
