@@ -32,6 +32,7 @@ lint: venv
 	$(BIN)/ruff check rocmforge_supervisor tests scripts
 	$(BIN)/ruff format --check rocmforge_supervisor tests scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: setup lint ## the whole suite, against the real llama-server
 	$(BIN)/pytest -q

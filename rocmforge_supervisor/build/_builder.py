@@ -31,7 +31,9 @@ from pathlib import Path
 from filelock import FileLock
 
 from .._errors import BuildError, ForgeError
+from .._version import LLAMA_CPP_COMMIT
 from ..config import ForgeSettings
+from ..hardware import detect
 from ._locate import BinaryInfo, probe_binary
 from ._plan import Backend, BuildPlan, cache_key, choose_backend, make_plan
 from ._source import SourceTree, resolve_source
@@ -59,8 +61,6 @@ def detected_gpu_targets(settings: ForgeSettings) -> tuple[str, ...]:
     if settings.gpu_targets:
         return tuple(t for t in re.split(r"[;,\s]+", settings.gpu_targets) if t)
     try:
-        from ..hardware import detect
-
         inventory = detect(settings)
     except Exception:  # discovery never blocks a build; cmake then targets what it finds itself
         return ()
@@ -85,8 +85,6 @@ def build_llama_server(
     elif gpu_targets:
         targets = tuple(gpu_targets)
     # The cache is checked before sources are resolved: a cache hit must not download anything.
-    from .._version import LLAMA_CPP_COMMIT
-
     pinned = source is None and settings.llama_cpp_source is None
     if pinned and not force:
         hit = _finished(settings.builds_dir / cache_key(LLAMA_CPP_COMMIT, chosen, targets))

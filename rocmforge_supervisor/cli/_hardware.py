@@ -9,7 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..config import ForgeSettings, get_settings
-from ..hardware import Device, Inventory, child_env, detect, inventory_json, run_doctor
+from ..doctor import run_doctor
+from ..hardware import Device, Inventory, child_env, detect, inventory_json
 from ._common import console
 
 __all__ = ["register"]

@@ -1,7 +1,6 @@
 """Hardware discovery: /dev/kfd, AMD GPUs (KFD/DRM sysfs, amdsmi), NVIDIA (NVML), the CPU; device masks."""
 
 from ._detect import detect, refresh_usage
-from ._doctor import Check, DoctorReport, run_doctor
 from ._gfx import gfx_target_name, parse_gfx_override
 from ._masks import MASK_VARIABLES, child_env
 from ._report import device_json, inventory_json
@@ -9,9 +8,7 @@ from ._types import Device, Inventory, KfdStatus, ProbeStatus, Vendor
 
 __all__ = [
     "MASK_VARIABLES",
-    "Check",
     "Device",
-    "DoctorReport",
     "Inventory",
     "KfdStatus",
     "ProbeStatus",
@@ -23,5 +20,4 @@ __all__ = [
     "inventory_json",
     "parse_gfx_override",
     "refresh_usage",
-    "run_doctor",
 ]

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from .._errors import ServiceError
+from ..client._sse import SSEDecoder
 from ._server import read_service_info
 
 __all__ = ["ServiceClient", "find_service"]
@@ -69,8 +70,6 @@ class ServiceClient:
 
     def events(self) -> Iterator[dict[str, Any]]:
         """The service's state events (``/api/events``), as they come; ends when closed."""
-        from ..client._sse import SSEDecoder
-
         decoder = SSEDecoder()
         try:
             with self._http.stream("GET", "/api/events") as r:

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from rocmforge_supervisor.build import ListedDevice
 from rocmforge_supervisor.cli import _hardware
 from rocmforge_supervisor.config import get_settings
+from rocmforge_supervisor.doctor import compare_listing, load_target
 from rocmforge_supervisor.hardware import detect
-from rocmforge_supervisor.hardware._doctor import compare_listing, load_target
 
 from .conftest import FIXTURES, machine_settings
 

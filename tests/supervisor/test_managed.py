@@ -54,18 +54,17 @@ async def test_crashes_restart_with_doubling_backoff(make_config: MakeConfig, fa
         restart_backoff_initial=0.05,
         restart_backoff_max=0.2,
     )
-    async with running(cfg, fake_bin) as sup:
-        async with sup.events.subscribe(replay=True) as events:
-            restarts: list[tuple[float, float]] = []  # (backoff, when)
-            readies: list[float] = []
-            with anyio.fail_after(10):
-                async for ev in events:
-                    if ev.kind == EventKind.RESTART:
-                        restarts.append((ev.data["backoff"], time.monotonic()))
-                    elif ev.kind == EventKind.STATE and ev.state == "ready" and restarts:
-                        readies.append(time.monotonic())
-                    if len(readies) == 4:
-                        break
+    async with running(cfg, fake_bin) as sup, sup.events.subscribe(replay=True) as events:
+        restarts: list[tuple[float, float]] = []  # (backoff, when)
+        readies: list[float] = []
+        with anyio.fail_after(10):
+            async for ev in events:
+                if ev.kind == EventKind.RESTART:
+                    restarts.append((ev.data["backoff"], time.monotonic()))
+                elif ev.kind == EventKind.STATE and ev.state == "ready" and restarts:
+                    readies.append(time.monotonic())
+                if len(readies) == 4:
+                    break
     backoffs = [b for b, _ in restarts[:4]]
     assert backoffs == [0.05, 0.1, 0.2, 0.2]
     for (backoff, at), ready_at in zip(restarts, readies, strict=False):
@@ -102,7 +101,7 @@ async def test_a_slow_load_is_loading_until_ready(make_config: MakeConfig, fake_
         async with anyio.create_task_group() as tg:
             tg.start_soon(sup.load, "m")
             with anyio.fail_after(5):
-                while m.server is None or m.server.port is None or await m.server.health() != 503:
+                while m.server is None or m.server.port is None or await m.server.health() != 503:  # noqa: ASYNC110
                     await anyio.sleep(0.01)  # polled: the child binds its port with no event to wait on
             assert m.state == ModelState.LOADING
         assert m.state == ModelState.READY and m.load_seconds is not None and m.load_seconds >= 0.3

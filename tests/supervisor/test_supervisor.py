@@ -79,7 +79,7 @@ async def test_reload_keeps_replaces_removes_and_refuses(make_config: MakeConfig
         await wait_state(gone, ModelState.STOPPED)
         assert "gone" not in sup.models and not alive(pids["gone"] or 0)
         with anyio.fail_after(5):
-            while alive(pids["changed"] or 0):
+            while alive(pids["changed"] or 0):  # noqa: ASYNC110
                 await anyio.sleep(0.02)  # polled: the old child's stop runs in the background
 
         broken = make_config(
@@ -92,23 +92,24 @@ async def test_reload_keeps_replaces_removes_and_refuses(make_config: MakeConfig
 
 async def test_the_next_run_stops_children_a_dead_supervisor_left(tmp_path: Path, fake_bin: Path) -> None:
     # A child of a supervisor that died hard: started on its own, recorded with a dead owner.
-    orphan = subprocess.Popen(
-        [str(fake_bin), "--port", "0", "--host", "127.0.0.1"], start_new_session=True, stderr=subprocess.DEVNULL
-    )
+    argv = [str(fake_bin), "--port", "0", "--host", "127.0.0.1"]
+    orphan = await anyio.open_process(argv, start_new_session=True, stderr=subprocess.DEVNULL)
     try:
         with anyio.fail_after(5):
-            while "llama-server" not in " ".join(psutil.Process(orphan.pid).cmdline()[:1]):
+            while "llama-server" not in psutil.Process(orphan.pid).cmdline()[:1]:  # noqa: ASYNC110
                 await anyio.sleep(0.01)  # polled: the wrapper exec()s the fake
         ledger = ChildLedger(tmp_path)
         created = psutil.Process(orphan.pid).create_time()
         records = [{"pid": orphan.pid, "create_time": created, "model": "m", "supervisor": 0}]
         ledger.path.write_text(json.dumps(records))
         assert await anyio.to_thread.run_sync(ledger.reap_stale) == [orphan.pid]
-        assert orphan.wait(timeout=5) is not None and not ledger.path.exists()
+        with anyio.fail_after(5):
+            assert await orphan.wait() == -15  # SIGTERM
+        assert not ledger.path.exists()
     finally:
-        if orphan.poll() is None:
+        if orphan.returncode is None:
             orphan.kill()
-            orphan.wait()
+            await orphan.wait()
 
 
 async def test_a_live_child_is_recorded_and_not_reaped_by_its_own_supervisor(

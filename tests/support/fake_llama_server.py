@@ -64,7 +64,11 @@ def main() -> None:
     opts = _args(sys.argv[1:])
     print(f"fake llama-server: model {opts.get('--model')}", file=sys.stderr, flush=True)
     if "--fake-refuse" in opts:
-        print("llama_model_load: error loading model: failed to load model (fake refusal)", file=sys.stderr, flush=True)
+        print(
+            "llama_model_load: error loading model: failed to load model (fake refusal)",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(1)
     key = ""
     if opts.get("--api-key-file"):
@@ -114,7 +118,9 @@ def main() -> None:
             if not body.get("stream"):
                 text = " ".join("tok" for _ in range(chunks))
                 choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-                self._send(200, {"object": "fake", "choices": [{"index": 0, "finish_reason": "length", **choice}]})
+                self._send(
+                    200, {"object": "fake", "choices": [{"index": 0, "finish_reason": "length", **choice}]}
+                )
                 return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -139,7 +145,11 @@ def main() -> None:
         print("llama_model_load: loading (fake)", file=sys.stderr, flush=True)
         time.sleep(load_s)
     ready.set()
-    print(f"main: server is listening on http://{host}:{port} - starting the main loop", file=sys.stderr, flush=True)
+    print(
+        f"main: server is listening on http://{host}:{port} - starting the main loop",
+        file=sys.stderr,
+        flush=True,
+    )
     crash_after = opts.get("--fake-crash-after")
     if crash_after is not None:
         time.sleep(float(crash_after))
