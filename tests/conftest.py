@@ -7,6 +7,7 @@ mock. Every test is checked for leftover llama-server children of ours.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,3 +74,15 @@ def no_orphans() -> Iterator[None]:
     for p in alive:
         p.kill()
     assert not alive, f"llama-server children left running: {sorted(p.pid for p in alive)}"
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path) -> Path:
+    """An executable named ``llama-server`` that runs tests/support/fake_llama_server.py (a FAKE:
+    see its docstring) with ``argv[0] = llama-server``, for the state-machine and signal tests."""
+    fake = Path(__file__).resolve().parent / "support" / "fake_llama_server.py"
+    path = tmp_path / "fake-bin" / "llama-server"
+    path.parent.mkdir()
+    path.write_text(f'#!/bin/bash\nexec -a llama-server "{sys.executable}" "{fake}" "$@"\n')
+    path.chmod(0o755)
+    return path

@@ -25,6 +25,7 @@ import uvicorn
 
 from .._errors import ConfigError, ForcedExit, ForgeError, ServiceError
 from ..config import ForgeConfig, ForgeSettings
+from ..process import unwrap_group
 from ..supervisor import ModelState, Supervisor
 from ._app import GatewayState, create_app
 
@@ -132,6 +133,11 @@ async def run_service(
                 await _until_stop(signals, tg, reload, notifier)
                 forced = await _drain(signals, uv, supervisor, gateway_done)
                 tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:  # a start-up error (no binary…): the CLI prints one line
+        inner = unwrap_group(group)
+        if isinstance(inner, ForgeError):
+            raise inner from None
+        raise
     finally:
         sock.close()
         with anyio.CancelScope(shield=True):

@@ -1,15 +1,13 @@
 """Fixtures for driving the real Supervisor against the fake llama-server (no compiled binary).
 
-``fake_bin`` is an executable named ``llama-server`` that runs tests/support/fake_llama_server.py
-(a fake, see its docstring) with ``argv[0] = llama-server``: it goes in through the supervisor's
-``binary`` seam, exactly where the real binary would. Configs go through ``load_config``, the same
+``fake_bin`` (tests/conftest.py) goes in through the supervisor's ``binary`` seam, exactly where
+the real binary would. Configs go through ``load_config``, the same
 reader ``forge serve`` uses, on the ``no_gpu`` fixture machine unless a test picks another.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,8 +19,6 @@ import pytest
 from rocmforge_supervisor.config import ForgeConfig, ForgeSettings, load_config
 from rocmforge_supervisor.supervisor import ManagedModel, ModelState, Supervisor
 from tests.hardware.conftest import FIXTURES, machine_settings
-
-FAKE = Path(__file__).resolve().parent.parent / "support" / "fake_llama_server.py"
 
 #: Fast supervision for tests: every timer in tenths of a second.
 FAST = {
@@ -41,15 +37,6 @@ FAST = {
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-def fake_bin(tmp_path: Path) -> Path:
-    path = tmp_path / "bin" / "llama-server"
-    path.parent.mkdir()
-    path.write_text(f'#!/bin/bash\nexec -a llama-server "{sys.executable}" "{FAKE}" "$@"\n')
-    path.chmod(0o755)
-    return path
 
 
 def _toml(value: Any) -> str:

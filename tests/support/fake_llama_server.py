@@ -16,6 +16,9 @@ supervisor can behave differently):
 ``--fake-token-delay S``    wait S seconds between streamed chunks (a slow, held stream)
 ``--fake-chunks N``         stream N chunks (default 3)
 
+``--version`` and ``--list-devices`` answer as a CPU-only build, so ``FORGE_LLAMA_SERVER`` may
+point at the fake (a ``forge serve`` subprocess in the service tests).
+
 A hang needs no flag: the test SIGSTOPs the process, as it would a real one.
 The real-process tests under tests/process and tests/gateway are what prove the fake honest.
 """
@@ -61,6 +64,12 @@ def _name_process() -> None:
 def main() -> None:
     """llama-server's life, faked: parse, "load", listen, serve until a signal or a fault."""
     _name_process()
+    if "--version" in sys.argv:  # as `forge` probes a binary: a CPU-only build
+        print("version: 0 (build 0, commit 0fa4e)", file=sys.stderr, flush=True)
+        return
+    if "--list-devices" in sys.argv:
+        print("Available devices:", flush=True)
+        return
     opts = _args(sys.argv[1:])
     print(f"fake llama-server: model {opts.get('--model')}", file=sys.stderr, flush=True)
     if "--fake-refuse" in opts:
