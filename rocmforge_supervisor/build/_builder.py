@@ -15,7 +15,6 @@ or failed build leaves nothing that ``locate`` would pick up.
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
 import json
 import os
@@ -34,6 +33,7 @@ from .._errors import BuildError, ForgeError
 from .._version import LLAMA_CPP_COMMIT
 from ..config import ForgeSettings
 from ..hardware import detect
+from ..process import kill_process_group
 from ._locate import BinaryInfo, probe_binary
 from ._plan import Backend, BuildPlan, cache_key, choose_backend, make_plan
 from ._source import SourceTree, resolve_source
@@ -164,7 +164,7 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
                 rc = proc.wait()
             except BaseException:
                 # Interrupted (Ctrl-C): stop the whole compiler group; the cmake tree stays for a resume.
-                _kill_group(proc)
+                kill_process_group(proc)
                 raise
             if rc != 0:
                 what = "configure" if step is plan.configure else "build"
@@ -174,12 +174,6 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
                     log_path=str(log_path),
                     log_tail=list(tail)[-15:],
                 )
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, 9)
-    proc.wait()
 
 
 def _install(

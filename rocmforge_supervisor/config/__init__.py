@@ -4,8 +4,9 @@ Two sources, one package:
 
 - :class:`ForgeSettings` (``_settings``): process-wide knobs from ``FORGE_*`` variables (where
   caches, state and the llama-server binary live; hardware switches; systemd's variables).
-- :class:`ForgeConfig` (``_file``): ``forge serve``'s ``forge.toml``, overridden by
-  ``FORGE_<SECTION>__<KEY>`` variables, built by :func:`load_config` with the settings.
+- :class:`ForgeConfig` (``_schema``): ``forge serve``'s ``forge.toml``, overridden by
+  ``FORGE_<SECTION>__<KEY>`` variables, built by :func:`load_config` (``_file``) with the
+  settings; ``_explain`` turns every invalid value into one line naming its key.
 
 Two knobs exist in both, on purpose (one is per-process, one per service config), and are resolved
 in ONE place, :class:`ForgeConfig`:
@@ -18,17 +19,9 @@ in ONE place, :class:`ForgeConfig`:
 The GPU choice and the layer count have one type and one parser each (``_values``).
 """
 
-from ._file import (
-    CONFIG_NAME,
-    SYSTEM_CONFIG_DIR,
-    ForgeConfig,
-    ModelConfig,
-    ServerConfig,
-    SupervisorConfig,
-    config_search_path,
-    load_config,
-)
+from ._file import CONFIG_NAME, SYSTEM_CONFIG_DIR, config_search_path, load_config
 from ._names import MODEL_NAME, is_loopback
+from ._schema import ForgeConfig, ModelConfig, ServerConfig, SupervisorConfig
 from ._settings import ForgeSettings, get_settings
 from ._values import GpuChoice, GpuLayers, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
 

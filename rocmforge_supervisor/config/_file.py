@@ -17,300 +17,26 @@ the same config as a shell in the file's directory.
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import json
 import os
 import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
-from pydantic_settings import (
-    BaseSettings,
-    EnvSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-)
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsError
 
-from .._argv import is_owned_flag
 from .._errors import ConfigError
-from ._names import MODEL_NAME, is_loopback
+from ._explain import CONFIG_NAME, fix_hint, translate, where
+from ._names import MODEL_NAME
+from ._schema import ForgeConfig, known_keys
 from ._settings import ForgeSettings
-from ._values import GpuChoice, GpuLayers, parse_gpu, parse_gpu_layers
 
-__all__ = [
-    "CONFIG_NAME",
-    "SYSTEM_CONFIG_DIR",
-    "ForgeConfig",
-    "ModelConfig",
-    "ServerConfig",
-    "SupervisorConfig",
-    "config_search_path",
-    "load_config",
-]
+__all__ = ["CONFIG_NAME", "SYSTEM_CONFIG_DIR", "config_search_path", "load_config"]
 
-CONFIG_NAME = "forge.toml"
 SYSTEM_CONFIG_DIR = Path("/etc/rocmforge")
-
-_SECRET_KEYS = frozenset({"api_key"})
-#: Our own error kinds: their messages already quote the value.
-_CUSTOM_KINDS = frozenset({"gpu_layers", "gpu", "owned_flag", "insecure_bind", "backoff_order"})
-#: Errors raised by a section's model validator, and the key they are about.
-_VALIDATOR_FIELD = {"insecure_bind": "host", "backoff_order": "restart_backoff_max"}
-
-
-def _custom(kind: str, message: str, **ctx: Any) -> PydanticCustomError:
-    """A validation error whose text is exactly ``message`` (no "Value error, " prefix).
-
-    pydantic substitutes ``{name}`` only for names in ``ctx``, so braces in ``message`` are safe.
-    """
-    return PydanticCustomError(kind, message, ctx or None)
-
-
-# -- field shapes ----------------------------------------------------------------------------------
-
-
-def _gpu_layers(value: Any) -> Any:
-    """One clear error instead of pydantic's one-per-union-member for ``int | "auto" | "all"``."""
-    try:
-        return parse_gpu_layers(value)
-    except ValueError as exc:
-        raise _custom("gpu_layers", str(exc)) from None
-
-
-def _gpu(value: Any) -> Any:
-    try:
-        return parse_gpu(value)
-    except ValueError as exc:
-        raise _custom("gpu", str(exc)) from None
-
-
-GpuLayersField = Annotated[GpuLayers, BeforeValidator(_gpu_layers)]
-GpuChoiceField = Annotated[GpuChoice, BeforeValidator(_gpu)]
-
-
-def _empty_is_none(value: Any) -> Any:
-    return None if value == "" else value
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServerConfig(_Section):
-    """``[server]``: the gateway's socket, auth, limits and where it keeps state and logs."""
-
-    host: str = Field(default="127.0.0.1", min_length=1)
-    port: int = Field(default=8080, ge=0, le=65535)
-    """0: pick a free port (``forge serve`` prints it)."""
-    api_key: Annotated[SecretStr | None, BeforeValidator(_empty_is_none)] = None
-    """Clients must send ``Authorization: Bearer <key>`` (or ``X-Api-Key``). Also ``FORGE_API_KEY``."""
-    allow_unauthenticated: bool = False
-    """Needed to bind a non-loopback host without an api_key: an explicit "yes, open to the network"."""
-    cors_origins: list[str] = Field(default_factory=list)
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
-    log_format: Literal["text", "json"] = "text"
-    state_dir: Path | None = None
-    """Default: ``ForgeSettings.state_dir``; see :attr:`ForgeConfig.state_dir`."""
-    log_dir: Path | None = None
-    """Default: ``<state_dir>/logs``; see :attr:`ForgeConfig.log_dir`."""
-    model_dirs: list[Path] = Field(default_factory=list)
-    """Directories a model may be loaded from by path through the API (nothing else is)."""
-
-    @property
-    def is_loopback(self) -> bool:
-        return is_loopback(self.host)
-
-    @model_validator(mode="after")
-    def _refuse_open_bind(self) -> ServerConfig:
-        # Checked here, not in the gateway, so that no path (file, env, a CLI override through
-        # ForgeConfig.with_server) can start an open, unauthenticated server by accident.
-        if not self.is_loopback and self.api_key is None and not self.allow_unauthenticated:
-            raise _custom(
-                "insecure_bind",
-                f"host {self.host!r} is reachable from the network, and there is no api_key",
-            )
-        return self
-
-
-class SupervisorConfig(_Section):
-    """``[supervisor]``: restart policy, health checks and timeouts (seconds)."""
-
-    restart_backoff_initial: float = Field(default=1.0, gt=0)
-    restart_backoff_max: float = Field(default=60.0, gt=0)
-    crash_loop_max: int = Field(default=5, ge=1)
-    """This many crashes within ``crash_loop_window`` → the model is marked failed."""
-    crash_loop_window: float = Field(default=300.0, gt=0)
-    health_interval: float = Field(default=5.0, gt=0)
-    """Seconds between ``/health`` checks of a ready child."""
-    health_failures: int = Field(default=3, ge=1)
-    """Consecutive failed checks → the child is hung: killed and restarted."""
-    load_stall_timeout: float = Field(default=300.0, gt=0)
-    stop_timeout: float = Field(default=10.0, gt=0)
-    drain_timeout: float = Field(default=30.0, ge=0)
-
-    @model_validator(mode="after")
-    def _backoff_order(self) -> SupervisorConfig:
-        if self.restart_backoff_max < self.restart_backoff_initial:
-            raise _custom(
-                "backoff_order",
-                f"restart_backoff_max ({self.restart_backoff_max:g}) is below "
-                f"restart_backoff_initial ({self.restart_backoff_initial:g})",
-            )
-        return self
-
-
-#: ModelConfig fields that do not change the running child: a reload that only touches these
-#: keeps the child (see :meth:`ForgeConfig.model_fingerprint`).
-_NOT_IN_FINGERPRINT = frozenset({"ttl", "max_concurrency", "queue", "preload"})
-
-
-class ModelConfig(_Section):
-    """``[models.NAME]``: one model the service can serve under ``NAME``."""
-
-    path: str = Field(min_length=1)
-    """A GGUF path, an embedded default's name (``gemma-3-270m``) or ``hf:org/repo:QUANT``."""
-    ctx_size: int | None = Field(default=None, ge=0)
-    gpu_layers: GpuLayersField = None
-    """None: forge decides from the memory estimate; or a number, ``"auto"`` (llama-server fits),
-    ``"all"``."""
-    parallel: int | None = Field(default=None, ge=1)
-    gpu: GpuChoiceField = "auto"
-    preload: bool = False
-    ttl: float = Field(default=0.0, ge=0)
-    """Idle seconds before the model is unloaded; 0 = never."""
-    max_concurrency: int | None = Field(default=None, ge=1)
-    """Requests in flight at the child; more wait in the queue. Default: ``parallel``, else 4."""
-    queue: int = Field(default=64, ge=0)
-    """Requests allowed to wait; beyond this the gateway answers 429."""
-    args: list[str] = Field(default_factory=list)
-    """Extra llama-server arguments; flags forge sets itself are refused."""
-
-    @property
-    def effective_max_concurrency(self) -> int:
-        return self.max_concurrency or self.parallel or 4
-
-    @field_validator("args")
-    @classmethod
-    def _no_owned_flags(cls, args: list[str]) -> list[str]:
-        for arg in args:
-            if is_owned_flag(arg):
-                raise _custom(
-                    "owned_flag",
-                    f"{arg!r} is set by forge itself and cannot be passed in args "
-                    "(use the model's own keys: path, ctx_size, gpu_layers, parallel, gpu)",
-                )
-        return args
-
-
-# -- the whole file --------------------------------------------------------------------------------
-
-
-class ForgeConfig(BaseSettings):
-    """The whole config. Build it with :func:`load_config`; it is immutable.
-
-    A ``BaseSettings`` only so that pydantic-settings' env source knows its prefix and nesting;
-    constructing one directly reads no environment (only :func:`load_config` feeds it).
-    """
-
-    model_config = SettingsConfigDict(
-        env_prefix="FORGE_",
-        env_nested_delimiter="__",
-        case_sensitive=False,
-        extra="forbid",
-        frozen=True,
-    )
-
-    server: ServerConfig = Field(default_factory=ServerConfig)
-    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
-    models: dict[str, ModelConfig] = Field(default_factory=dict)
-
-    _source: Path | None = PrivateAttr(default=None)
-    _settings: ForgeSettings | None = PrivateAttr(default=None)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
-
-    @property
-    def source(self) -> Path | None:
-        """The file this config was read from; None when no file was found."""
-        return self._source
-
-    @property
-    def settings(self) -> ForgeSettings:
-        """The process-wide settings this config was loaded with (``FORGE_STATE_DIR``, …).
-
-        A config built directly (tests) has the defaults, without reading ``FORGE_*`` again.
-        """
-        return self._settings if self._settings is not None else ForgeSettings.model_construct()
-
-    @property
-    def state_dir(self) -> Path:
-        """``server.state_dir`` (file or ``FORGE_SERVER__STATE_DIR``), else ``FORGE_STATE_DIR`` /
-        the XDG default: the one place the two knobs are resolved."""
-        return self.server.state_dir or self.settings.state_dir
-
-    @property
-    def model_dirs(self) -> list[Path]:
-        """``server.model_dirs`` and ``FORGE_MODEL_DIRS`` together (both are "may load from")."""
-        dirs = [*self.server.model_dirs, *self.settings.model_dirs]
-        return list(dict.fromkeys(dirs))
-
-    @property
-    def log_dir(self) -> Path:
-        """``server.log_dir``, else ``<state_dir>/logs``."""
-        return self.server.log_dir or self.state_dir / "logs"
-
-    def model_fingerprint(self, name: str) -> str:
-        """A stable hash of what the running child of model ``name`` depends on.
-
-        Equal fingerprints across a reload mean the child can be kept; ``ttl``, ``max_concurrency``,
-        ``queue`` and ``preload`` are the gateway's business and are left out. KeyError if unknown.
-        """
-        model = self.models[name]
-        data = model.model_dump(mode="json", exclude=set(_NOT_IN_FINGERPRINT))
-        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-    def with_server(self, **changes: Any) -> ForgeConfig:
-        """A copy with ``[server]`` keys replaced (CLI overrides), validated like the file.
-
-        ``model_copy(update=...)`` would skip validation, so an open bind could slip through.
-        """
-        data = self.server.model_dump()
-        data.update(changes)
-        try:
-            server = ServerConfig.model_validate(data)
-        except ValidationError as exc:
-            raise _translate(exc, ("server",), source=self.source, env_keys={}, overrides=changes) from exc
-        new = self.model_copy(update={"server": server})
-        new._source = self._source
-        new._settings = self._settings
-        return new
-
 
 # -- loading ---------------------------------------------------------------------------------------
 
@@ -356,7 +82,7 @@ def load_config(
     try:
         config = ForgeConfig(**merged)
     except ValidationError as exc:
-        raise _translate(exc, (), source=source, env_keys=env_keys) from exc
+        raise translate(exc, (), source=source, env_keys=env_keys, known_keys=known_keys) from exc
     config._source = source
     config._settings = settings
     return config
@@ -487,97 +213,8 @@ def _check_model_names(data: Mapping[str, Any], source: Path | None, env_keys: M
         if not MODEL_NAME.fullmatch(name):
             key = f"models.{name}"
             raise ConfigError(
-                f"{_where(source, env_keys, ('models', name))}: {key}: model name {name!r} may only use "
+                f"{where(source, env_keys, ('models', name))}: {key}: model name {name!r} may only use "
                 "letters, digits, '.', '_' and '-'",
                 key=key,
-                hint=_fix_hint(source, env_keys, ("models", name), "rename the section"),
+                hint=fix_hint(source, env_keys, ("models", name), "rename the section"),
             )
-
-
-def _where(source: Path | None, env_keys: Mapping[str, str], loc: tuple[str, ...]) -> str:
-    var = _env_var_for(loc, env_keys)
-    if var is not None:
-        return f"config {var}"
-    return f"config {source.name}" if source is not None else "config"
-
-
-def _fix_hint(source: Path | None, env_keys: Mapping[str, str], loc: tuple[str, ...], verb: str) -> str:
-    var = _env_var_for(loc, env_keys)
-    if var is not None:
-        return f"{verb} in the environment variable {var}"
-    if source is not None:
-        return f"{verb} in {source}"
-    return f"{verb} in {CONFIG_NAME} or the FORGE_* environment"
-
-
-def _env_var_for(loc: tuple[str, ...], env_keys: Mapping[str, str]) -> str | None:
-    """The variable that set the value at ``loc``, if one did (the most specific one)."""
-    for i in range(len(loc), 0, -1):
-        name = "forge_" + "__".join(loc[:i]).lower()
-        if name in env_keys:
-            return env_keys[name]
-    if loc[:2] == ("server", "api_key") and "forge_api_key" in env_keys:
-        return env_keys["forge_api_key"]
-    deeper = "forge_" + "__".join(loc).lower() + "__"
-    return next((var for name, var in sorted(env_keys.items()) if name.startswith(deeper)), None)
-
-
-def _translate(
-    exc: ValidationError,
-    prefix: tuple[str, ...],
-    *,
-    source: Path | None,
-    env_keys: Mapping[str, str],
-    overrides: Mapping[str, Any] | None = None,
-) -> ConfigError:
-    """pydantic's first error → one line naming the dotted key, the reason and where to fix it."""
-    errors = exc.errors(include_url=False)
-    err = errors[0]
-    loc = (*prefix, *(str(p) for p in err["loc"]))
-    kind = err["type"]
-    reason = err["msg"]
-    verb = "fix the value"
-    if kind in _VALIDATOR_FIELD:  # a model validator's error: point at the key to change
-        loc = (*loc, _VALIDATOR_FIELD[kind])
-    if kind == "extra_forbidden":
-        reason = "unknown key"
-        guess = difflib.get_close_matches(loc[-1], _known_keys(loc[:-1]), n=1)
-        if guess:
-            reason += f" — did you mean {guess[0]!r}?"
-        verb = "remove it or fix the spelling"
-    elif kind == "missing":
-        verb = "add it"
-    elif kind in ("model_type", "model_attributes_type", "dict_type"):
-        reason = "Input should be a table (a [section] or {key = value} in TOML)"
-    quote_input = kind not in _CUSTOM_KINDS and kind not in ("extra_forbidden", "missing")
-    if quote_input and loc[-1] not in _SECRET_KEYS and _is_scalar(err.get("input")):
-        reason += f" (got {err['input']!r})"
-    key = ".".join(loc)
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    if overrides is not None and loc[1:2] and loc[1] in overrides:
-        where, hint = "config", f"fix the --{loc[1].replace('_', '-')} option"
-    else:
-        where, hint = _where(source, env_keys, loc), _fix_hint(source, env_keys, loc, verb)
-    if kind == "insecure_bind":
-        hint = (
-            "set server.api_key (or FORGE_API_KEY); or allow_unauthenticated = true in [server] "
-            "if the network is trusted; or bind 127.0.0.1"
-        )
-    return ConfigError(f"{where}: {key}: {reason}{more}", key=key, hint=hint)
-
-
-def _known_keys(parent: tuple[str, ...]) -> list[str]:
-    section: type[BaseModel] | None = None
-    if parent == ():
-        section = ForgeConfig
-    elif parent == ("server",):
-        section = ServerConfig
-    elif parent == ("supervisor",):
-        section = SupervisorConfig
-    elif len(parent) == 2 and parent[0] == "models":
-        section = ModelConfig
-    return list(section.model_fields) if section is not None else []
-
-
-def _is_scalar(value: Any) -> bool:
-    return isinstance(value, str | int | float | bool) and len(repr(value)) <= 80

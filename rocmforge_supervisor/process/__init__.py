@@ -1,6 +1,7 @@
 """One llama-server child process: spawn, health, logs, stop."""
 
 from ._env import clean_child_env
+from ._groups import kill_process_group
 from ._instance import InstanceSpec, InstanceState, LlamaServer, describe_returncode, unwrap_group
 from ._ledger import ChildLedger
 from ._logs import LogRing, classify_failure
@@ -16,6 +17,7 @@ __all__ = [
     "clean_child_env",
     "describe_returncode",
     "free_port",
+    "kill_process_group",
     "port_is_free",
     "unwrap_group",
 ]

@@ -78,8 +78,9 @@ class ChildLedger:
 
 def _stale(record: object) -> psutil.Process | None:
     """The process of a ledger record, when it is still that llama-server and nobody owns it."""
+    if not isinstance(record, dict):
+        return None
     try:
-        assert isinstance(record, dict)
         p = psutil.Process(int(record["pid"]))
         if abs(p.create_time() - float(record["create_time"])) > 0.5:
             return None  # the pid was reused by something else
@@ -88,7 +89,7 @@ def _stale(record: object) -> psutil.Process | None:
         owner = int(record.get("supervisor", 0))
         if owner == os.getpid() or (owner and psutil.pid_exists(owner) and _is_forge(owner)):
             return None  # ours, or another live forge serve's on the same state dir
-    except (psutil.Error, AssertionError, KeyError, ValueError, TypeError):
+    except (psutil.Error, KeyError, ValueError, TypeError):
         return None
     log.warning(
         "stopping stale llama-server pid %d (model %s) left by a previous run", p.pid, record.get("model")

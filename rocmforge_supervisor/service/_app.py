@@ -12,7 +12,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._errors import ForgeError, ModelNotFound, ServerUnavailable, UsageError
 from ..client._textmodel import RETRYABLE
+from ..config import MODEL_NAME, is_loopback
 from ..supervisor import Supervisor
 from ._errors_http import error_body, error_response, sse_error_chunk
 from ._metrics import Metrics
@@ -43,8 +43,6 @@ log = logging.getLogger("rocmforge.gateway")
 
 _PASS_HEADERS = ("content-type",)
 _PUBLIC_PATHS = frozenset({"/health"})
-_MODEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
-_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 class GatewayState:
@@ -87,7 +85,7 @@ class _RequestContext:
 
     def _origin_ok(self, origin: bytes) -> bool:
         text = origin.decode("latin-1")
-        return text in self.state.cors_origins or urlsplit(text).hostname in _LOOPBACK_HOSTS
+        return text in self.state.cors_origins or is_loopback(urlsplit(text).hostname or "")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -434,7 +432,7 @@ async def api_add(request: Request) -> Response:
             name, path = str(body["name"]), Path(str(body["path"]))
         except (ValueError, KeyError, TypeError):
             raise UsageError('body must be {"name": ..., "path": ...}', hint="send JSON") from None
-        if not _MODEL_NAME.fullmatch(name):
+        if not MODEL_NAME.fullmatch(name):
             raise UsageError(
                 f"model name {name!r} is not valid", hint="use letters, digits, '.', '_' and '-'"
             )

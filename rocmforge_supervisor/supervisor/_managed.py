@@ -39,11 +39,10 @@ _FATAL_START = frozenset({"file_not_found", "invalid_model", "unsupported", "bad
 
 
 class _Exit(Enum):
-    """How one child's life ended, as :meth:`ManagedModel.run` needs to know it."""
+    """How one child's life ended: a requested stop; a crash (restart after the backoff); or the
+    model failed for good (the breaker is open)."""
 
-    STOPPED = "stopped"  # a requested stop
-    CRASHED = "crashed"  # died (at load or later): restart after the backoff
-    FAILED = "failed"  # the model failed for good (the breaker is open)
+    STOPPED, CRASHED, FAILED = range(3)
 
 
 class ManagedModel:
@@ -60,12 +59,8 @@ class ManagedModel:
         plan: PlanFn,
         fingerprint: str = "",
     ) -> None:
-        self.name = name
-        self.config = config
-        self.policy = policy
-        self.fingerprint = fingerprint
-        self._events = events
-        self._plan = plan
+        self.name, self.config, self.policy, self.fingerprint = name, config, policy, fingerprint
+        self._events, self._plan = events, plan
         self.state = ModelState.UNLOADED
         self.state_since = time.time()
         self.restarts = 0
@@ -74,12 +69,10 @@ class ManagedModel:
         self.breaker = Breaker(policy.crash_loop_max, policy.crash_loop_window)
         self.server: LlamaServer | None = None
         self.plan: LaunchPlan | None = None
-        self.in_flight = 0
-        self.waiting = 0
+        self.in_flight = self.waiting = self.requests_total = 0
         self.last_used = time.monotonic()
         self.ready_since: float | None = None
         self.load_seconds: float | None = None
-        self.requests_total = 0
         self._slots = anyio.Semaphore(self.max_concurrency)
         self._changed = anyio.Event()
         self._stop_requested = False
@@ -132,8 +125,7 @@ class ManagedModel:
         return self._running
 
     async def changed(self) -> None:
-        """Until the next state change."""
-        await self._changed.wait()
+        await self._changed.wait()  # until the next state change
 
     async def settled(self) -> ModelState:
         """Until ready, failed or stopped (a start has come to an end, either way)."""
@@ -352,11 +344,12 @@ class ManagedModel:
                 failures = 0
                 continue
             failures += 1
+            limit = self.policy.health_failures
             log.warning(
                 "model %s: /health check failed (%d/%d)",
                 self.name,
                 failures,
-                self.policy.health_failures,
+                limit,
                 extra={"model": self.name},
             )
             if failures >= self.policy.health_failures:

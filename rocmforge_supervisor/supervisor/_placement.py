@@ -129,27 +129,15 @@ def place(
         return planner.explicit(choice, free)
 
     idle = sorted((m for m in others if m.in_flight == 0), key=lambda m: (m.last_used, m.name))
-    forced: list[LoadedModel] = []
-    if policy.max_loaded is not None and len(others) >= policy.max_loaded:
-        excess = len(others) - policy.max_loaded + 1
-        if not policy.allow_evict or len(idle) < excess:
-            raise PlacementError(
-                f"{request.name} cannot be loaded: {len(others)} models are loaded (at most "
-                f"{policy.max_loaded}) and {'eviction is off' if not policy.allow_evict else 'too few are idle'}",
-                hint="unload a model, or raise the limit of loaded models",
-            )
-        forced = idle[:excess]
-
+    forced = _forced_evictions(request, others, idle, policy)
     evicted = list(forced)
-    remaining = [m for m in others if m not in evicted]
-    layout = attempt(free_memory(inventory, remaining, evicted))
+    layout = attempt(free_memory(inventory, [m for m in others if m not in evicted], evicted))
     if layout is None and policy.allow_evict:
         for m in idle:
             if m in evicted:
                 continue
             evicted.append(m)
-            remaining = [x for x in others if x not in evicted]
-            layout = attempt(free_memory(inventory, remaining, evicted))
+            layout = attempt(free_memory(inventory, [x for x in others if x not in evicted], evicted))
             if layout is not None:
                 break
         if layout is not None:
@@ -172,6 +160,22 @@ def place(
         need_bytes=need,
         reason=_reason(inventory, layout),
     )
+
+
+def _forced_evictions(
+    request: PlacementRequest, others: Sequence[LoadedModel], idle: list[LoadedModel], policy: PlacementPolicy
+) -> list[LoadedModel]:
+    """The idle models that must go whatever the memory says: the policy's cap on loaded models."""
+    if policy.max_loaded is None or len(others) < policy.max_loaded:
+        return []
+    excess = len(others) - policy.max_loaded + 1
+    if not policy.allow_evict or len(idle) < excess:
+        raise PlacementError(
+            f"{request.name} cannot be loaded: {len(others)} models are loaded (at most "
+            f"{policy.max_loaded}) and {'eviction is off' if not policy.allow_evict else 'too few are idle'}",
+            hint="unload a model, or raise the limit of loaded models",
+        )
+    return idle[:excess]
 
 
 def _reason(inventory: Inventory, layout: Layout) -> str:
