@@ -14,44 +14,24 @@ from rich.table import Table
 
 from .._errors import ForgeError
 from ..client import Message
-from ..config import get_settings
+from ..config import GpuChoice, GpuLayers, get_settings, parse_gpu, parse_gpu_layers
 from ._common import console, err_console
 
 __all__ = ["register"]
 
 
-def _gpu_option(value: str) -> str | int | list[int]:
-    v = value.strip().lower()
-    if v in ("auto", "cpu"):
-        return v
+def _gpu_option(value: str) -> GpuChoice:
     try:
-        parts = [int(p) for p in v.replace(";", ",").split(",") if p.strip()]
-    except ValueError:
-        raise typer.BadParameter(
-            f"{value!r}: use auto, cpu, an index (0) or a list (0,1)", param_hint="--gpu"
-        ) from None
-    if not parts or any(p < 0 for p in parts):
-        raise typer.BadParameter(
-            f"{value!r}: use auto, cpu, an index (0) or a list (0,1)", param_hint="--gpu"
-        )
-    return parts[0] if len(parts) == 1 else parts
+        return parse_gpu(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--gpu") from None
 
 
-def _ngl_option(value: str | None) -> int | str | None:
-    if value is None:
-        return None
-    v = value.strip().lower()
-    if v in ("auto", "all"):
-        return v
+def _ngl_option(value: str | None) -> GpuLayers:
     try:
-        n = int(v)
-    except ValueError:
-        raise typer.BadParameter(
-            f"{value!r}: use a number of layers, auto or all", param_hint="--n-gpu-layers"
-        ) from None
-    if n < -2:
-        raise typer.BadParameter(f"{value!r}: use a number >= 0, auto or all", param_hint="--n-gpu-layers")
-    return n
+        return parse_gpu_layers(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--n-gpu-layers") from None
 
 
 def _sigterm_as_interrupt() -> None:

@@ -10,9 +10,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from ..supervisor import ModelState
+
 __all__ = ["Metrics"]
 
-_STATES = ("unloaded", "loading", "ready", "draining", "stopped", "failed")
+_STATES = tuple(s.value for s in ModelState)
 
 
 class _SupervisorCollector(Collector):
