@@ -126,3 +126,6 @@ def test_foreground_serves_until_ctrl_c(tiny_gguf: Path, env: dict[str, str]) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
