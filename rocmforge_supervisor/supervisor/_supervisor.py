@@ -24,9 +24,10 @@ import anyio.abc
 
 from .._errors import ModelNotFound, ModelRetired, ServiceError, UsageError
 from ..build import locate_llama_server
+from ..client._transport import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig
 from ..hardware import Inventory, detect, refresh_usage
-from ..process import ChildLedger, LlamaServer
+from ..process import ChildLedger
 from ._events import EventBus, EventKind
 from ._launch import LaunchPlan, ModelSpec, build_plan, decide, resolve
 from ._managed import ManagedModel
@@ -136,7 +137,9 @@ class Supervisor:
             raise ModelNotFound(f"model {name!r} is not configured", hint=f"known models: {known}") from None
 
     @asynccontextmanager
-    async def acquire(self, name: str) -> AsyncIterator[LlamaServer]:
+    async def acquire(self, name: str) -> AsyncIterator[Upstream]:
+        """A slot at the model's child for one request, as an :class:`Upstream` (URL, key,
+        liveness): the HTTP layer gets where to send, not the process."""
         for _ in range(3):
             m = self.get(name)  # looked up again after a reload replaced the model
             try:
@@ -145,7 +148,8 @@ class Supervisor:
             except ModelRetired:
                 continue
             try:
-                yield server
+                # The loop ends at this yield (return below), so `server` is never rebound.
+                yield Upstream(server.base_url, server.api_key, is_alive=lambda: server.alive)  # noqa: B023
             except BaseException as exc:
                 if not await ctx.__aexit__(type(exc), exc, exc.__traceback__):
                     raise

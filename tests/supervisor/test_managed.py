@@ -24,7 +24,7 @@ pytestmark = pytest.mark.anyio
 MakeConfig = Callable[..., ForgeConfig]
 
 
-async def _stream(base_url: str, key: str, path: str = "/v1/chat/completions") -> list[str]:
+async def _stream(base_url: str, key: str | None, path: str = "/v1/chat/completions") -> list[str]:
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     async with (
         httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {key}"}) as c,
@@ -38,11 +38,12 @@ async def test_a_request_starts_the_model_and_streams(make_config: MakeConfig, f
     async with running(make_config({"m": {}}), fake_bin) as sup:
         m = sup.get("m")
         assert m.state == ModelState.UNLOADED
-        async with sup.acquire("m") as server:
-            assert m.state == ModelState.READY and m.in_flight == 1
-            lines = await _stream(server.base_url, server.api_key)
+        async with sup.acquire("m") as upstream:
+            assert m.state == ModelState.READY and m.in_flight == 1 and upstream.alive()
+            lines = await _stream(upstream.base_url, upstream.api_key)
             assert lines[-1] == "data: [DONE]" and len(lines) == 4
-            pid = server.pid
+            assert m.server is not None
+            pid = m.server.pid
         status = m.status()
         assert status.pid == pid and status.devices == ["cpu"] and status.estimated_bytes
     assert m.state == ModelState.STOPPED and pid is not None and not alive(pid)
@@ -133,8 +134,9 @@ async def _until_ready(events):  # type: ignore[no-untyped-def]
 async def test_an_idle_model_unloads_after_its_ttl(make_config: MakeConfig, fake_bin: Path) -> None:
     async with running(make_config({"m": {"ttl": 0.3}}), fake_bin) as sup:
         m = sup.get("m")
-        async with sup.acquire("m") as server:
-            pid = server.pid
+        async with sup.acquire("m"):
+            assert m.server is not None
+            pid = m.server.pid
         released = time.monotonic()
         await wait_state(m, ModelState.STOPPED)
         assert time.monotonic() - released >= 0.3
@@ -147,14 +149,14 @@ async def test_unload_drains_the_request_in_flight_first(make_config: MakeConfig
     async with running(cfg, fake_bin) as sup:
         m = sup.get("m")
         async with anyio.create_task_group() as tg:
-            async with sup.acquire("m") as server:
+            async with sup.acquire("m") as upstream:
                 tg.start_soon(m.unload)
                 await wait_state(m, ModelState.DRAINING)
-                lines = await _stream(server.base_url, server.api_key)  # served in full meanwhile
-                assert m.state == ModelState.DRAINING and server.alive
+                lines = await _stream(upstream.base_url, upstream.api_key)  # served in full meanwhile
+                assert m.state == ModelState.DRAINING and upstream.alive()
             await wait_state(m, ModelState.STOPPED)
         assert lines[-1] == "data: [DONE]" and len(lines) == 9
-        assert not server.alive
+        assert not upstream.alive()
 
 
 async def test_a_drain_is_bounded(make_config: MakeConfig, fake_bin: Path) -> None:
