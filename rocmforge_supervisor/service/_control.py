@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from .._errors import ForgeError, ModelNotFound, UsageError
 from ..config import MODEL_NAME
+from ..supervisor import ModelStatus
 from ._errors_http import error_response
 from ._middleware import read_body
 from ._state import GatewayState, request_id, state_of
@@ -41,7 +42,8 @@ def routes() -> list[BaseRoute]:
 async def _control(request: Request, action: Callable[[GatewayState], Awaitable[Any]]) -> Response:
     st = state_of(request)
     try:
-        return JSONResponse(await action(st))
+        result = await action(st)
+        return JSONResponse(result.to_json() if isinstance(result, ModelStatus) else result)
     except ForgeError as exc:
         return error_response(exc, request_id(request))
 
@@ -52,7 +54,7 @@ async def api_models(request: Request) -> Response:
     responses:
       200: {description: "[{name, state, pid, port, devices, restarts, last_error, uptime, memory, …}]"}
     """
-    return JSONResponse({"models": state_of(request).supervisor.status()})
+    return JSONResponse({"models": [s.to_json() for s in state_of(request).supervisor.status()]})
 
 
 async def api_load(request: Request) -> Response:

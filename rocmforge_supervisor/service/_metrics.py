@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from ..supervisor import ModelState
+from ..supervisor import ModelState, ModelStatus
 
 __all__ = ["Metrics"]
 
@@ -18,7 +17,7 @@ _STATES = tuple(s.value for s in ModelState)
 
 
 class _SupervisorCollector(Collector):
-    def __init__(self, status: Callable[[], list[dict[str, Any]]], child_texts: dict[str, str]) -> None:
+    def __init__(self, status: Callable[[], list[ModelStatus]], child_texts: dict[str, str]) -> None:
         self._status = status
         self._child_texts = child_texts
 
@@ -34,10 +33,10 @@ class _SupervisorCollector(Collector):
         waiting = GaugeMetricFamily("forge_model_waiting", "requests in the model's queue", labels=["model"])
         for r in rows:
             for s in _STATES:
-                state.add_metric([r["name"], s], 1.0 if r["state"] == s else 0.0)
-            restarts.add_metric([r["name"]], float(r["restarts"]))
-            in_flight.add_metric([r["name"]], float(r["in_flight"]))
-            waiting.add_metric([r["name"]], float(r["waiting"]))
+                state.add_metric([r.name, s], 1.0 if r.state == s else 0.0)
+            restarts.add_metric([r.name], float(r.restarts))
+            in_flight.add_metric([r.name], float(r.in_flight))
+            waiting.add_metric([r.name], float(r.waiting))
         yield from (state, restarts, in_flight, waiting)
         yield from self._children()
 
@@ -60,7 +59,7 @@ class _SupervisorCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, status: Callable[[], list[dict[str, Any]]]) -> None:
+    def __init__(self, status: Callable[[], list[ModelStatus]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.child_texts: dict[str, str] = {}
         labels = ["model"]

@@ -252,7 +252,7 @@ async def _models(request: Request) -> Response:
     st = state_of(request)
     created = int(st.supervisor.started_at)
     data = [
-        {"id": s["name"], "object": "model", "created": created, "owned_by": "rocmforge", "state": s["state"]}
+        {"id": s.name, "object": "model", "created": created, "owned_by": "rocmforge", "state": s.state.value}
         for s in st.supervisor.status()
     ]
     return JSONResponse({"object": "list", "data": data})

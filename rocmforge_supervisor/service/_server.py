@@ -269,7 +269,7 @@ async def _reload_quietly(reload: Callable[[], Any]) -> None:
 
 
 def _status_line(supervisor: Supervisor) -> str:
-    rows = supervisor.statuses()
+    rows = supervisor.status()
     ready = sum(1 for r in rows if r.state == ModelState.READY)
     failed = [r.name for r in rows if r.state == ModelState.FAILED]
     line = f"{ready}/{len(rows)} models ready"

@@ -158,29 +158,24 @@ class Supervisor:
             return
         raise ServiceError(f"model {name!r} is being reconfigured", hint="retry in a moment")
 
-    # The control API's answers are the wire form of ModelStatus (``to_json()``); the typed
-    # statuses are :meth:`statuses`.
-
-    async def load(self, name: str) -> dict[str, Any]:
+    async def load(self, name: str) -> ModelStatus:
         """Load (and wait until ready). Resets a failed model's breaker."""
         m = self.get(name)
         m.reset()
         await m.wait_ready(self._start)
-        return m.status().to_json()
+        return m.status()
 
-    async def unload(self, name: str) -> dict[str, Any]:
+    async def unload(self, name: str) -> ModelStatus:
         m = self.get(name)
         await m.unload()
         self._record_children()
-        return m.status().to_json()
+        return m.status()
 
-    def statuses(self) -> list[ModelStatus]:
+    def status(self) -> list[ModelStatus]:
+        """Every model's status; the control API sends each one's ``to_json()``."""
         return [m.status() for m in self.models.values()]
 
-    def status(self) -> list[dict[str, Any]]:
-        return [s.to_json() for s in self.statuses()]
-
-    async def add_model(self, name: str, path: Path) -> dict[str, Any]:
+    async def add_model(self, name: str, path: Path) -> ModelStatus:
         """Register a model by path (the HTTP layer checked it is under model_dirs) and load it."""
         if name in self.models:
             raise UsageError(
