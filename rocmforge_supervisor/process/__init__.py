@@ -2,10 +2,11 @@
 
 from ._env import clean_child_env
 from ._groups import kill_process_group
-from ._instance import InstanceSpec, InstanceState, LlamaServer, describe_returncode, unwrap_group
+from ._instance import LlamaServer
 from ._ledger import ChildLedger
 from ._logs import LogRing, classify_failure
 from ._ports import free_port, port_is_free
+from ._spec import InstanceSpec, InstanceState, describe_returncode, unwrap_group
 
 __all__ = [
     "ChildLedger",

@@ -1,6 +1,6 @@
 """One llama-server child: spawn, drain, watch, know when it is ready or why not, stop.
 
-This module is the only place that sends signals to a child. Its life is an async context::
+Only ``process/`` signals a child (here; the stale sweep in ``_ledger``). Its life is an async context::
 
     async with LlamaServer(spec) as server:     # spawned and ready (or StartFailed, child gone)
         ...server.base_url, server.api_key...
@@ -28,100 +28,30 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
 
 import anyio
 import anyio.abc
 import httpx
 
-from .._argv import redact, server_argv
+from .._argv import redact
 from .._errors import StartFailed, UsageError
 from ._env import clean_child_env
 from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
 from ._ports import free_port, port_is_free
+from ._spec import START_HINTS, InstanceSpec, InstanceState, describe_returncode, unwrap_group
 
 log = logging.getLogger("rocmforge.process")
 
-__all__ = ["InstanceSpec", "InstanceState", "LlamaServer", "describe_returncode", "unwrap_group"]
+__all__ = ["LlamaServer"]
 
-InstanceState = Literal["new", "starting", "loading", "ready", "stopping", "exited"]
-
-_HINTS = {
-    "file_not_found": "check the model path",
-    "invalid_model": "the file is not a loadable GGUF: re-download it or check `forge inspect`",
-    "unsupported": "this llama-server does not know the model's architecture: update llama.cpp or use another model",
-    "oom": "not enough device memory: lower --ctx-size or --n-gpu-layers, or use a smaller quant",
-    "bind": "the port is in use: choose another --port or leave it unset",
-    "timeout": "the load stalled: check the log; raise the stall timeout for very large models",
-    "bad_args": "an extra llama-server argument was rejected: check `args` / the flags you passed",
-    "cancelled": "it was stopped on request",
-    "crashed": "see the log lines above",
-}
 _SHIM = (
     "import ctypes,os,signal,sys;"
     "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL);"
     "os.getppid()==int(sys.argv[1]) or os._exit(1);"
     "os.execv(sys.argv[2],sys.argv[2:])"
 )
-
-
-def describe_returncode(rc: int | None) -> str:
-    if rc is None:
-        return "still running"
-    if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exited with code {rc}"
-
-
-@dataclass
-class InstanceSpec:
-    """How to run one llama-server. ``None`` values are left to llama-server's own defaults."""
-
-    binary: Path
-    model_path: Path
-    alias: str
-    ctx_size: int | None = None
-    n_gpu_layers: int | str | None = None  # int, "auto", "all"
-    parallel: int | None = None
-    extra_args: Sequence[str] = ()
-    host: str = "127.0.0.1"
-    port: int | None = None  # None: a free one, retried if the bind races
-    mask: Mapping[str, str | None] = field(default_factory=dict)
-    cpu_only: bool = False
-    log_path: Path | None = None
-    state_dir: Path | None = None
-    """For the api-key file and the empty config home: the caller's (``FORGE_STATE_DIR``, the
-    service's state dir). None: a private temporary directory, removed when the child is done."""
-    stall_timeout: float = 300.0  # no output at all for this long while loading: give up
-    ready_timeout: float | None = None  # overall cap on loading (None: only the stall timeout)
-    stop_timeout: float = 10.0
-    verbosity: int | None = None
-    parent_env: Mapping[str, str] | None = None
-    line_listeners: Sequence[Callable[[str], object]] = ()
-    bind_retries: int = 3
-
-    def args(self, port: int, api_key_file: Path) -> list[str]:
-        return server_argv(
-            binary=self.binary,
-            model_path=self.model_path,
-            host=self.host,
-            port=port,
-            alias=self.alias,
-            api_key_file=api_key_file,
-            ctx_size=self.ctx_size,
-            cpu_only=self.cpu_only,
-            n_gpu_layers=self.n_gpu_layers,
-            parallel=self.parallel,
-            verbosity=self.verbosity,
-            extra_args=self.extra_args,
-        )
 
 
 class LlamaServer:
@@ -454,7 +384,7 @@ class LlamaServer:
         tail = self.log.tail(15)
         return StartFailed(
             f"llama-server for {self.spec.alias!r} failed to start: {message}",
-            hint=_HINTS.get(reason),
+            hint=START_HINTS.get(reason),
             returncode=self.returncode,
             reason=reason,
             stderr_tail=tail,
@@ -515,10 +445,3 @@ class LlamaServer:
                 await anyio.sleep(0.02)
                 if self.log.total_lines == before:
                     break
-
-
-def unwrap_group(exc: BaseException) -> BaseException:
-    """A start failure inside a task group arrives as an ExceptionGroup of one: hand out the one."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
