@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from .._errors import ForgeError
+from .._units import format_bytes
 from ..client import Message
 from ..config import GpuChoice, GpuLayers, get_settings, parse_gpu, parse_gpu_layers
 from ._common import console, err_console
@@ -63,7 +64,7 @@ def _summary(tm: Any, seconds: float) -> Panel:
     est = getattr(plan.estimate, "total_bytes", None)
     actual = sum(plan.actual.device_totals().values()) if plan.actual else 0
     if est:
-        t.add_row("memory", f"estimated {est / 2**20:.0f} MiB, allocated {actual / 2**20:.0f} MiB")
+        t.add_row("memory", f"estimated {format_bytes(est)}, allocated {format_bytes(actual)}")
     t.add_row("loaded in", f"{seconds:.2f} s (llama-server ready after {server.load_seconds:.2f} s)")
     t.add_row("OpenAI base URL", f"{tm.openai_base_url}")
     t.add_row("API key", f"{server.api_key}  (this child only; send it as: Authorization: Bearer …)")

@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from .._errors import ServiceError
+from .._units import format_bytes
 from ..config import get_settings
 from ._common import console, err_console
 
@@ -114,9 +115,7 @@ def serve(
 
 
 def _fmt_bytes(n: int | None) -> str:
-    if not n:
-        return "-"
-    return f"{n / 2**20:.0f} MiB"
+    return format_bytes(n) if n else "-"
 
 
 def ps(
