@@ -166,6 +166,8 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
                 # Interrupted (Ctrl-C): stop the whole compiler group; the cmake tree stays for a resume.
                 kill_process_group(proc)
                 raise
+            finally:
+                proc.stdout.close()
             if rc != 0:
                 what = "configure" if step is plan.configure else "build"
                 raise BuildError(
