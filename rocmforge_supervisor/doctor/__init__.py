@@ -4,14 +4,6 @@ A package of its own, above build/, process/ and hardware/, because it uses all 
 hardware/ it made hardware reach up into the layers that depend on it.
 """
 
-from ._doctor import Check, DoctorReport, ListedLike, compare_listing, cross_check, load_target, run_doctor
+from ._doctor import Check, DoctorReport, compare_listing, load_target, run_doctor
 
-__all__ = [
-    "Check",
-    "DoctorReport",
-    "ListedLike",
-    "compare_listing",
-    "cross_check",
-    "load_target",
-    "run_doctor",
-]
+__all__ = ["Check", "DoctorReport", "compare_listing", "load_target", "run_doctor"]
