@@ -129,12 +129,21 @@ class Supervisor:
             known = ", ".join(sorted(self.models)) or "none configured"
             raise ModelNotFound(f"model {name!r} is not configured", hint=f"known models: {known}") from None
 
+    def load_wait(self, name: str) -> float:
+        """Seconds a request waits for a loading model before a 503: the model's, else the server's."""
+        mc = self.get(name).config
+        own = getattr(mc, "load_wait", None)
+        if own is not None:
+            return float(own)
+        return float(getattr(getattr(self.config, "server", None), "load_wait", 30.0))
+
     @asynccontextmanager
-    async def acquire(self, name: str) -> AsyncIterator[LlamaServer]:
+    async def acquire(self, name: str, *, load_wait: float | None = None) -> AsyncIterator[LlamaServer]:
+        """A slot at the model's child; ``load_wait`` bounds the wait for a load (None: unbounded)."""
         for _ in range(3):
             m = self.get(name)  # looked up again after a reload replaced the model
             try:
-                ctx = m.acquire(self._start)
+                ctx = m.acquire(self._start, load_wait)
                 server = await ctx.__aenter__()
             except ModelRetired:
                 continue
@@ -311,6 +320,7 @@ class Supervisor:
             log_path=self.log_dir / f"{m.name}.log",
             state_dir=self.state_dir,
             stall_timeout=self.policy.load_stall_timeout,
+            ready_timeout=self.policy.load_deadline(info.file_size_bytes),
             stop_timeout=self.policy.stop_timeout,
             verbosity=CHILD_VERBOSITY,
             line_listeners=[tracker.feed, self._log_forwarder(m.name)],
