@@ -14,9 +14,7 @@ import json
 import logging
 import re
 import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,17 +29,20 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._errors import ForgeError, ModelNotFound, ServerUnavailable, UsageError
-from ..client._textmodel import RETRYABLE
+from .._errors import ForgeError, ModelNotFound, UsageError
+from ..settings import ForgeSettings
 from ..supervisor import Supervisor
-from ._errors_http import error_body, error_response, sse_error_chunk
+from ._errors_http import error_response, shape_error
+from ._forward import forward_routes, open_upstream, read_body
 from ._metrics import Metrics
+from ._ollama import OllamaBackend, model_list, ollama_routes
+from ._ollama_meta import local_model_path
+from ._routes import dialect_for_path
 
 __all__ = ["GatewayState", "create_app"]
 
 log = logging.getLogger("rocmforge.gateway")
 
-_PASS_HEADERS = ("content-type",)
 _PUBLIC_PATHS = frozenset({"/health"})
 _MODEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -59,7 +60,10 @@ class GatewayState:
         model_dirs: list[Path],
         reload: Callable[[], Awaitable[dict[str, Any]]] | None = None,
         cors_origins: list[str] | None = None,
+        sse_keepalive: float = 5.0,
+        settings: ForgeSettings | None = None,
     ) -> None:
+        self.sse_keepalive = sse_keepalive
         self.cors_origins = list(cors_origins or [])
         self.supervisor = supervisor
         self.api_key = api_key
@@ -71,6 +75,11 @@ class GatewayState:
             timeout=httpx.Timeout(None, connect=5.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=2.0),
             trust_env=False,
+        )
+        self.ollama_backend = OllamaBackend(
+            supervisor,
+            forward=lambda name, method, path, body, rid: open_upstream(self, name, method, path, body, rid),
+            resolve_path=lambda ref: local_model_path(ref, settings),
         )
 
 
@@ -113,8 +122,11 @@ class _RequestContext:
             auth = headers.get(b"authorization", b"")
             token = auth[7:] if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
             if not hmac.compare_digest(token, self._key):
+                dialect = dialect_for_path(scope["path"])
                 resp = JSONResponse(
-                    error_body("missing or invalid API key", "authentication_error", "invalid_api_key"),
+                    shape_error(
+                        dialect, 401, "missing or invalid API key", "authentication_error", "invalid_api_key"
+                    ),
                     status_code=401,
                     headers={"WWW-Authenticate": "Bearer"},
                 )
@@ -129,7 +141,13 @@ class _RequestContext:
             # A web page must not drive the local service (CSRF): browsers send Origin on such
             # requests; tools (curl, SDKs) do not.
             resp = JSONResponse(
-                error_body("cross-origin request refused", "permission_error", "forbidden_origin"),
+                shape_error(
+                    dialect_for_path(scope["path"]),
+                    403,
+                    "cross-origin request refused",
+                    "permission_error",
+                    "forbidden_origin",
+                ),
                 status_code=403,
             )
             await resp(scope, receive, send_with_id)
@@ -137,7 +155,12 @@ class _RequestContext:
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.state.max_body_bytes:
             resp = JSONResponse(
-                error_body(f"request body over {self.state.max_body_bytes} bytes", "invalid_request_error"),
+                shape_error(
+                    dialect_for_path(scope["path"]),
+                    413,
+                    f"request body over {self.state.max_body_bytes} bytes",
+                    "invalid_request_error",
+                ),
                 status_code=413,
             )
             await resp(scope, receive, send_with_id)
@@ -155,189 +178,17 @@ def _rid(request: Request) -> str | None:
     return rid
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise UsageError(f"request body over {limit} bytes", hint="send a smaller request")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-# -- OpenAI-compatible routes --------------------------------------------------------------------
-
-
-async def _proxy(request: Request) -> Response:
-    st = _state(request)
-    rid = _rid(request)
-    endpoint = request.url.path
-    received = time.perf_counter()
-    try:
-        body = await _read_body(request, st.max_body_bytes)
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            raise UsageError("the request body is not valid JSON", hint="send a JSON object") from None
-        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
-            raise UsageError('the request has no "model" field', hint="name one of GET /v1/models")
-        name: str = payload["model"]
-        stream = bool(payload.get("stream"))
-        st.supervisor.get(name)  # 404 before queueing
-    except ForgeError as exc:
-        st.metrics.errors.labels("-", type(exc).__name__).inc()
-        return error_response(exc, rid)
-
-    stack = AsyncExitStack()
-    try:
-        server = await stack.enter_async_context(st.supervisor.acquire(name))
-        upstream = await _send_upstream(st, server, endpoint, body, rid)
-    except ForgeError as exc:
-        await stack.aclose()
-        st.metrics.requests.labels(name, endpoint, "error").inc()
-        st.metrics.errors.labels(name, type(exc).__name__).inc()
-        return error_response(exc, rid)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await stack.aclose()
-        raise
-
-    headers = {k: v for k, v in upstream.headers.items() if k.lower() in _PASS_HEADERS}
-    if rid:
-        headers["X-Request-ID"] = rid
-    if not stream or upstream.status_code != 200:
-        try:
-            content = await upstream.aread()
-        except httpx.HTTPError as exc:
-            content = json.dumps(
-                error_body(f"model {name!r} failed mid-response: {exc}", "server_error")
-            ).encode()
-            upstream_status = 502
-        else:
-            upstream_status = upstream.status_code
-        finally:
-            await upstream.aclose()
-            await stack.aclose()
-        st.metrics.ttft.labels(name).observe(time.perf_counter() - received)
-        st.metrics.duration.labels(name).observe(time.perf_counter() - received)
-        st.metrics.requests.labels(name, endpoint, str(upstream_status)).inc()
-        if upstream_status == 200:
-            _count_usage(st, name, content)
-        return Response(content, status_code=upstream_status, headers=headers)
-
-    async def passthrough() -> AsyncIterator[bytes]:
-        first = True
-        tail = b""
-        status = "200"
-        try:
-            async for chunk in upstream.aiter_raw():
-                if first:
-                    st.metrics.ttft.labels(name).observe(time.perf_counter() - received)
-                    first = False
-                tail = (tail + chunk)[-4096:]
-                yield chunk
-            if b"[DONE]" not in tail and b'"error"' not in tail:
-                raise httpx.RemoteProtocolError("the stream ended without [DONE]")
-        except httpx.HTTPError as exc:
-            status = "502"
-            st.metrics.errors.labels(name, "stream_broken").inc()
-            message = f"model {name!r} stopped mid-stream ({exc}); it is being restarted"
-            log.warning("request %s: %s", rid, message, extra={"model": name, "request_id": rid})
-            yield sse_error_chunk(message)
-        finally:
-            await release()
-            st.metrics.duration.labels(name).observe(time.perf_counter() - received)
-            st.metrics.requests.labels(name, endpoint, status).inc()
-            _count_usage(st, name, tail)
-
-    released = False
-
-    async def release() -> None:
-        """Close the upstream (llama-server stops generating) and give the slot back — once,
-        shielded; from the stream's end, or from the response if the stream never started."""
-        nonlocal released
-        if released:
-            return
-        released = True
-        with anyio.CancelScope(shield=True):
-            await upstream.aclose()
-            await stack.aclose()
-
-    headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return _ReleasingStream(
-        passthrough(), release, status_code=200, headers=headers, media_type="text/event-stream"
-    )
-
-
-class _ReleasingStream(StreamingResponse):
-    """A StreamingResponse that runs ``release`` however the response ends — also when the client
-    went away before the body iterator ever started (its own ``finally`` then never runs)."""
-
-    def __init__(
-        self, content: AsyncIterator[bytes], release: Callable[[], Awaitable[None]], **kw: Any
-    ) -> None:
-        super().__init__(content, **kw)
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._release()
-
-
-async def _send_upstream(
-    st: GatewayState, server: Any, path: str, body: bytes, rid: str | None
-) -> httpx.Response:
-    headers = {
-        "Authorization": f"Bearer {server.api_key}",
-        "Content-Type": "application/json",
-    }
-    if rid:
-        headers["X-Request-ID"] = rid
-    url = f"{server.base_url}{path}"
-    for attempt in (1, 2):
-        req = st.upstream.build_request("POST", url, content=body, headers=headers)
-        try:
-            return await st.upstream.send(req, stream=True)
-        except RETRYABLE as exc:
-            if attempt == 2 or not server.alive:
-                raise ServerUnavailable(
-                    f"the model's llama-server did not answer: {exc}", hint="it is being restarted; retry"
-                ) from exc
-    raise AssertionError("unreachable")
-
-
-def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
-    """Token counters from the last usage object in the response (cheap: only the tail is read)."""
-    i = tail.rfind(b'"usage"')
-    if i < 0:
-        return
-    try:
-        start = tail.index(b"{", i)
-        usage, _ = json.JSONDecoder().raw_decode(tail[start:].decode("utf-8", "replace"))
-    except ValueError:
-        return
-    if isinstance(usage, dict):
-        st.metrics.tokens_in.labels(name).inc(float(usage.get("prompt_tokens", 0) or 0))
-        st.metrics.tokens_out.labels(name).inc(float(usage.get("completion_tokens", 0) or 0))
+# -- OpenAI-compatible listing (the forwarded routes are in _forward, the Ollama API in _ollama) --
 
 
 async def _models(request: Request) -> Response:
+    # OpenAI's list, plus what clients use to size and pick models: context_length (what one
+    # request can use), capabilities (Ollama's words) and state. Extra keys keep the shape.
+    # (No docstring: the OpenAPI generator reads endpoint docstrings as YAML.)
     st = _state(request)
-    data = []
-    for s in st.supervisor.status():
-        data.append(
-            {
-                "id": s["name"],
-                "object": "model",
-                "created": int(st.supervisor.started_at),
-                "owned_by": "rocmforge",
-                "state": s["state"],
-            }
-        )
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse(
+        {"object": "list", "data": await model_list(st.ollama_backend, st.supervisor.started_at)}
+    )
 
 
 # -- health, readiness, metrics ------------------------------------------------------------------
@@ -430,7 +281,7 @@ async def api_add(request: Request) -> Response:
 
     async def add(st: GatewayState) -> Any:
         try:
-            body = json.loads(await _read_body(request, 65536))
+            body = json.loads(await read_body(request, 65536))
             name, path = str(body["name"]), Path(str(body["path"]))
         except (ValueError, KeyError, TypeError):
             raise UsageError('body must be {"name": ..., "path": ...}', hint="send JSON") from None
@@ -540,9 +391,8 @@ def create_app(state: GatewayState, *, cors_origins: list[str] | None = None) ->
         Route("/ready", _ready, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
         Route("/v1/models", _models, methods=["GET"]),
-        Route("/v1/chat/completions", _proxy, methods=["POST"]),
-        Route("/v1/completions", _proxy, methods=["POST"]),
-        Route("/v1/embeddings", _proxy, methods=["POST"]),
+        *forward_routes(),
+        *ollama_routes(),
         Route("/api/models", api_models, methods=["GET"]),
         Route("/api/models", api_add, methods=["POST"]),
         Route("/api/models/{name}/load", api_load, methods=["POST"]),
@@ -560,4 +410,5 @@ def create_app(state: GatewayState, *, cors_origins: list[str] | None = None) ->
         )
     app = Starlette(routes=routes, middleware=middleware)
     app.state.gateway = state
+    app.state.ollama = state.ollama_backend
     return app

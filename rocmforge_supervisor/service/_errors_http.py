@@ -74,7 +74,10 @@ def shape_error(
 ) -> dict[str, object]:
     """The error body a client of ``dialect`` parses, from the one map's (status, type, code)."""
     if dialect == "anthropic":
-        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+        return {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message},
+        }
     if dialect == "ollama":
         return {"error": message}
     return error_body(message, err_type, code)

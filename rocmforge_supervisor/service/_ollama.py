@@ -44,10 +44,10 @@ from ._ollama_convert import (
     native_piece,
     now_iso,
 )
-from ._ollama_meta import ModelCard, card_for, ps_entry, show_entry, tag_entry
+from ._ollama_meta import ModelCard, capabilities, card_for, ps_entry, show_entry, tag_entry
 from ._routes import resolve_name
 
-__all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "ollama_routes"]
+__all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "model_list", "ollama_routes"]
 
 #: The Ollama version reported by ``/api/version``. Clients gate features on it (VS Code Copilot
 #: refuses servers that look older than it needs: NoLlama#9); this is the Ollama API behaviour
@@ -92,7 +92,7 @@ def _model(b: OllamaBackend, body: dict[str, Any]) -> str:
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         raise UsageError('the request has no "model" field', hint="name one of GET /api/tags")
-    name = resolve_name(name, b.supervisor.models)  # type: ignore[arg-type]
+    name = resolve_name(name, b.supervisor.models)
     b.supervisor.get(name)  # ModelNotFound → 404 before anything waits
     return name
 
@@ -135,6 +135,36 @@ async def _served_ctx(b: OllamaBackend, name: str, rid: str | None) -> int | Non
     return None
 
 
+def _args(b: OllamaBackend, name: str) -> list[str]:
+    """The child's extra llama-server arguments (as started, else as configured)."""
+    m = b.supervisor.get(name)
+    if m.prepared is not None:
+        return list(m.prepared.spec.extra_args)
+    return list(getattr(m.config, "args", []) or [])
+
+
+async def model_list(b: OllamaBackend, created: float) -> list[dict[str, Any]]:
+    """``/v1/models``' entries: OpenAI's keys plus ``context_length``, ``capabilities``, ``state``."""
+    data = []
+    for name, m in list(b.supervisor.models.items()):
+        card = await _card(b, name)
+        entry: dict[str, Any] = {
+            "id": name,
+            "object": "model",
+            "created": int(created),
+            "owned_by": "rocmforge",
+            "state": m.state.value,
+        }
+        ctx = await _served_ctx(b, name, None)
+        if card is not None:
+            entry["context_length"] = ctx or card.trained_ctx
+            entry["capabilities"] = capabilities(card, _args(b, name))
+        elif ctx:
+            entry["context_length"] = ctx
+        data.append(entry)
+    return data
+
+
 # -- listings ---------------------------------------------------------------------------------------
 
 
@@ -154,8 +184,10 @@ async def api_show(request: Request) -> Response:
         name = _model(b, await _body(request))
         card = await _card(b, name)
         if card is None:
-            raise ModelNotFound(f"model {name!r} has no local file yet", hint=f"load it first: forge load {name}")
-        args = list(b.supervisor.get(name).prepared.spec.extra_args) if b.supervisor.get(name).prepared else list(getattr(b.supervisor.get(name).config, "args", []) or [])
+            raise ModelNotFound(
+                f"model {name!r} has no local file yet", hint=f"load it first: forge load {name}"
+            )
+        args = _args(b, name)
         ctx = await _served_ctx(b, name, _rid(request))
     except ForgeError as exc:
         return error_response(exc, _rid(request), "ollama")
@@ -215,7 +247,9 @@ async def _generation(request: Request, *, generate: bool, embed: str | None = N
         else:
             target = chat_target(body, name)
         _keep_alive(b, name, target.keep_alive)
-        empty = not embed and not (body.get("messages") if not generate else (body.get("prompt") or body.get("suffix")))
+        empty = not embed and not (
+            body.get("messages") if not generate else (body.get("prompt") or body.get("suffix"))
+        )
         if empty:  # Ollama's idiom: no prompt = load the model (or unload it with keep_alive 0)
             return await _load_or_unload(b, name, target, generate, rid)
         if target.num_ctx is not None:
@@ -238,7 +272,9 @@ def _keep_alive(b: OllamaBackend, name: str, seconds: float | None) -> None:
     m.ttl_hint = 0.0 if seconds < 0 else max(seconds, 0.01)
 
 
-async def _load_or_unload(b: OllamaBackend, name: str, target: Target, generate: bool, rid: str | None) -> Response:
+async def _load_or_unload(
+    b: OllamaBackend, name: str, target: Target, generate: bool, rid: str | None
+) -> Response:
     if target.keep_alive is not None and target.keep_alive == 0:
         await b.supervisor.unload(name)
         reason = "unload"

@@ -95,7 +95,9 @@ def _options(body: dict[str, Any], payload: dict[str, Any]) -> int | None:
             payload[_OPTIONS[key]] = value
         elif key == "num_predict":
             if not isinstance(value, int) or isinstance(value, bool):
-                raise UsageError('"options.num_predict" must be an integer', hint="e.g. 128, or -1 for no limit")
+                raise UsageError(
+                    '"options.num_predict" must be an integer', hint="e.g. 128, or -1 for no limit"
+                )
             if value >= 0:
                 payload["max_tokens"] = value  # -1 (no limit) and -2 (fill the context): leave unset
         elif key not in ("num_ctx", *_LOAD_OPTIONS):
@@ -123,7 +125,10 @@ def _format(fmt: Any, payload: dict[str, Any], *, native: bool) -> None:
     elif fmt == "json":
         payload["response_format"] = {"type": "json_object"}
     else:
-        payload["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": schema}}
+        payload["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "format", "schema": schema},
+        }
 
 
 def keep_alive_seconds(value: Any) -> float | None:
@@ -155,7 +160,9 @@ def _images(images: Any) -> list[dict[str, Any]]:
 
 def _message(m: Any) -> dict[str, Any]:
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise UsageError('each of "messages" must be an object with a "role"', hint='{"role": "user", "content": "…"}')
+        raise UsageError(
+            'each of "messages" must be an object with a "role"', hint='{"role": "user", "content": "…"}'
+        )
     out: dict[str, Any] = {"role": m["role"]}
     content = m.get("content") or ""
     images = _images(m.get("images"))
@@ -186,7 +193,9 @@ def _think(think: Any, payload: dict[str, Any]) -> None:
     if think is None:
         return
     if not isinstance(think, bool | str):
-        raise UsageError('"think" must be true, false or "low" / "medium" / "high"', hint='e.g. "think": true')
+        raise UsageError(
+            '"think" must be true, false or "low" / "medium" / "high"', hint='e.g. "think": true'
+        )
     enabled = think if isinstance(think, bool) else think.lower() not in ("", "false", "none")
     payload.setdefault("chat_template_kwargs", {})["enable_thinking"] = enabled
     if isinstance(think, str) and enabled:
@@ -234,7 +243,9 @@ def generate_target(body: dict[str, Any], model: str) -> Target:
     if body.get("system"):
         messages.append({"role": "system", "content": body["system"]})
     messages.append({"role": "user", "content": prompt, "images": body.get("images")})
-    chat = {k: body[k] for k in ("options", "format", "think", "keep_alive", "stream") if k in body}
+    chat: dict[str, Any] = {
+        k: body[k] for k in ("options", "format", "think", "keep_alive", "stream") if k in body
+    }
     target = chat_target({**chat, "messages": messages}, model)
     target.keep_alive = keep
     return target
@@ -249,12 +260,21 @@ def embed_target(body: dict[str, Any], model: str, *, legacy: bool) -> Target:
     elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         inputs = value
     else:
-        raise UsageError(f'"{key}" must be a string' + ("" if legacy else " or a list of strings"), hint='e.g. "input": "hello"')
+        raise UsageError(
+            f'"{key}" must be a string' + ("" if legacy else " or a list of strings"),
+            hint='e.g. "input": "hello"',
+        )
     payload: dict[str, Any] = {"model": model, "input": inputs}
     if body.get("dimensions"):
         payload["dimensions"] = body["dimensions"]
     num_ctx = _options(body, {})
-    return Target("/v1/embeddings", payload, num_ctx, keep_alive_seconds(body.get("keep_alive")), kind="embeddings" if legacy else "embed")
+    return Target(
+        "/v1/embeddings",
+        payload,
+        num_ctx,
+        keep_alive_seconds(body.get("keep_alive")),
+        kind="embeddings" if legacy else "embed",
+    )
 
 
 # -- replies ----------------------------------------------------------------------------------------
@@ -380,7 +400,9 @@ class ChatStream:
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             for frag in delta.get("tool_calls") or []:
-                slot = self._calls.setdefault(int(frag.get("index", 0)), {"function": {"name": "", "arguments": ""}})
+                slot = self._calls.setdefault(
+                    int(frag.get("index", 0)), {"function": {"name": "", "arguments": ""}}
+                )
                 if frag.get("id"):
                     slot["id"] = frag["id"]
                 fn = frag.get("function") or {}

@@ -23,12 +23,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .._errors import ForgeError
+from ..models._catalog import embedded_models, ensure_embedded
 from ..models._gguf import inspect_gguf, read_gguf_keys
+from ..settings import ForgeSettings, get_settings
 
-__all__ = ["ModelCard", "card_for", "ps_entry", "show_entry", "tag_entry"]
+__all__ = ["ModelCard", "capabilities", "card_for", "local_model_path", "ps_entry", "show_entry", "tag_entry"]
 
 #: Architectures llama.cpp treats as encoders (embedding only, no text generation).
-_EMBED_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "t5encoder", "modern-bert", "neo-bert"})
+_EMBED_ARCHS = frozenset(
+    {
+        "bert",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "t5encoder",
+        "modern-bert",
+        "neo-bert",
+    }
+)
 _FIM_KEYS = ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id")
 _TEMPLATE_KEY = "tokenizer.chat_template"
 
@@ -62,6 +76,20 @@ def _param_size(n: int, label: str | None) -> str:
         if n >= scale:
             return f"{n / scale:.1f}{unit}"
     return str(n)
+
+
+def local_model_path(ref: str, settings: ForgeSettings | None) -> Path | None:
+    """A configured model's file when it is on disk (an existing path or an embedded model);
+    None for a hub reference not fetched yet — a listing must never start a download."""
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return path.absolute()
+    if ref in embedded_models():
+        try:
+            return ensure_embedded(ref, settings or get_settings())
+        except ForgeError:
+            return None
+    return None
 
 
 def card_for(path: Path) -> ModelCard:
@@ -108,7 +136,13 @@ def capabilities(card: ModelCard, args: list[str]) -> list[str]:
 
 def _details(card: ModelCard | None) -> dict[str, Any]:
     if card is None:
-        return {"format": "gguf", "family": "", "families": [], "parameter_size": "", "quantization_level": ""}
+        return {
+            "format": "gguf",
+            "family": "",
+            "families": [],
+            "parameter_size": "",
+            "quantization_level": "",
+        }
     return {
         "parent_model": "",
         "format": "gguf",

@@ -15,6 +15,7 @@ Ollama clients ``{"error":"…"}``, everyone else OpenAI's ``{"error":{"message"
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -139,11 +140,13 @@ async def _form_field(request: Request, body: bytes, field: str) -> object:
         async with Request(request.scope, replay).form() as form:
             value = form.get(field)
     except (AssertionError, ValueError, KeyError) as exc:
-        raise UsageError(f"the form body could not be parsed: {exc}", hint="send multipart/form-data") from None
+        raise UsageError(
+            f"the form body could not be parsed: {exc}", hint="send multipart/form-data"
+        ) from None
     return value if isinstance(value, str) else None
 
 
-def resolve_name(name: str, known: set[str] | dict[str, object]) -> str:
+def resolve_name(name: str, known: Collection[str]) -> str:
     """Ollama clients name models ``NAME:latest``; the service knows them as ``NAME``."""
     if name in known:
         return name

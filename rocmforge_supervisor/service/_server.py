@@ -99,6 +99,14 @@ async def run_service(
     api_key = server_cfg.api_key.get_secret_value() if server_cfg.api_key is not None else None
     supervisor = Supervisor(config, settings)
     sock = _bind(server_cfg.host, server_cfg.port)
+    sockets = [sock]
+    if server_cfg.ollama_port is not None:
+        # Ollama clients look on 11434: the same app (every route, same auth) on a second socket.
+        try:
+            sockets.append(_bind(server_cfg.host, server_cfg.ollama_port))
+        except ServiceError:
+            sock.close()
+            raise
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     base_url = f"http://{url_host}:{port}"
@@ -130,6 +138,8 @@ async def run_service(
         model_dirs=[Path(p) for p in (*server_cfg.model_dirs, *settings.model_dirs)],
         reload=reload if load_config is not None else None,
         cors_origins=list(server_cfg.cors_origins),
+        sse_keepalive=server_cfg.sse_keepalive,
+        settings=settings,
     )
     app = create_app(state, cors_origins=list(server_cfg.cors_origins))
     uv = _Uvicorn(
@@ -153,7 +163,7 @@ async def run_service(
 
                 async def serve_gateway() -> None:
                     try:
-                        await uv.serve([sock])
+                        await uv.serve(sockets)
                     finally:
                         gateway_done.set()
 
@@ -164,6 +174,7 @@ async def run_service(
                         "url": base_url,
                         "pid": os.getpid(),
                         "config": str(config_path) if config_path else None,
+                        "ollama_port": sockets[1].getsockname()[1] if len(sockets) > 1 else None,
                     },
                 )
                 if on_listening is not None:
@@ -188,7 +199,8 @@ async def run_service(
                     await gateway_done.wait()
                 tg.cancel_scope.cancel()
     finally:
-        sock.close()
+        for s in sockets:
+            s.close()
         with anyio.CancelScope(shield=True):
             await state.upstream.aclose()
         info = read_service_info(supervisor.state_dir)

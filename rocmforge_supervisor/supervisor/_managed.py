@@ -423,7 +423,7 @@ class ManagedModel:
             eta = round(max(1.0, self.load_seconds - elapsed), 1)
         return {"state": self.state.value, "progress": progress, "eta_seconds": eta}
 
-    async def _wait_ready_within(
+    async def wait_ready_within(
         self, start: Callable[[ManagedModel], None], load_wait: float | None
     ) -> LlamaServer:
         """:meth:`wait_ready`, but at most ``load_wait`` s; then :class:`ModelLoading` (→ 503).
@@ -459,7 +459,7 @@ class ManagedModel:
         self.waiting += 1
         try:
             while True:
-                server = await self._wait_ready_within(start, load_wait)
+                server = await self.wait_ready_within(start, load_wait)
                 slots = self._slots
                 await slots.acquire()
                 # The wait for a slot can be long: the child may have died, or the model may be

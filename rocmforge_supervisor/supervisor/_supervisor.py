@@ -157,6 +157,17 @@ class Supervisor:
             return
         raise ServiceError(f"model {name!r} is being reconfigured", hint="retry in a moment")
 
+    async def wait_loaded(self, name: str, *, load_wait: float | None) -> None:
+        """Start the model if needed and wait until it is ready, at most ``load_wait`` seconds
+        (then :class:`ModelLoading`; the load goes on in the supervisor's task group)."""
+        for _ in range(3):
+            try:
+                await self.get(name).wait_ready_within(self._start, load_wait)
+                return
+            except ModelRetired:
+                continue
+        raise ServiceError(f"model {name!r} is being reconfigured", hint="retry in a moment")
+
     async def load(self, name: str) -> dict[str, Any]:
         """Load (and wait until ready). Resets a failed model's breaker."""
         m = self.get(name)

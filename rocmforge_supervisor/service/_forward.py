@@ -1,0 +1,312 @@
+"""Forward one request to the llama-server of the model it names: every route in ``FORWARDED``.
+
+The body goes through unchanged and the reply comes back unchanged, streams chunk by chunk
+(``aiter_raw``), so every dialect llama-server speaks (OpenAI, Anthropic, Responses, native) works
+with its own clients. What the gateway adds: finding the model (``_routes``), waiting for its load
+(at most ``load_wait``, then 503 + Retry-After + progress), a slot in its queue, keep-alive
+comments while a stream waits (``_keepalive``), its own errors in the route's dialect, metrics.
+
+The upstream pool expires idle connections after 2 s — llama-server closes them after 5 s — and a
+request that failed before any byte came back is sent once more on a fresh connection, so clients
+never see a stale keep-alive.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from .._errors import ForgeError, ServerUnavailable, UsageError
+from ..client._textmodel import RETRYABLE
+from ._errors_http import error_response, shape_error
+from ._keepalive import KeepAliveStream, Opened, sse_error_event
+from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
+
+if TYPE_CHECKING:
+    from ._app import GatewayState
+
+__all__ = ["forward_routes", "open_upstream", "read_body"]
+
+log = logging.getLogger("rocmforge.gateway")
+
+_PASS_HEADERS = ("content-type",)
+
+#: What the last event of a complete stream contains, per route: a stream that ends without it
+#: was cut (the child died), and the client is told so with an error event.
+_END_MARKERS: dict[str, bytes] = {
+    "/v1/chat/completions": b"[DONE]",
+    "/chat/completions": b"[DONE]",
+    "/v1/completions": b"[DONE]",
+    "/v1/audio/transcriptions": b"[DONE]",
+    "/audio/transcriptions": b"[DONE]",
+    "/v1/messages": b"message_stop",
+    "/v1/responses": b"response.completed",
+    "/responses": b"response.completed",
+    "/completion": b'"stop":true',
+    "/completions": b'"stop":true',
+    "/infill": b'"stop":true',
+}
+
+
+def _state(request: Request) -> GatewayState:
+    st: GatewayState = request.app.state.gateway
+    return st
+
+
+def _rid(request: Request) -> str | None:
+    rid: str | None = request.scope.get("state", {}).get("request_id")
+    return rid
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise UsageError(f"request body over {limit} bytes", hint="send a smaller request")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _wants_stream(body: bytes, content_type: str) -> bool:
+    if "json" not in content_type and not body.startswith(b"{"):
+        return b'name="stream"\r\n\r\ntrue' in body  # a multipart form field
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(payload, dict) and payload.get("stream") is True
+
+
+@asynccontextmanager
+async def open_upstream(
+    st: GatewayState,
+    name: str,
+    method: str,
+    path: str,
+    body: bytes,
+    rid: str | None,
+    *,
+    content_type: str = "application/json",
+) -> AsyncIterator[httpx.Response]:
+    """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
+    streaming response to one request; both released on exit."""
+    async with st.supervisor.acquire(name, load_wait=st.supervisor.load_wait(name)) as server:
+        headers = {"Authorization": f"Bearer {server.api_key}", "Content-Type": content_type}
+        if rid:
+            headers["X-Request-ID"] = rid
+        url = f"{server.base_url}{path}"
+        upstream: httpx.Response | None = None
+        for attempt in (1, 2):
+            req = st.upstream.build_request(method, url, content=body or None, headers=headers)
+            try:
+                upstream = await st.upstream.send(req, stream=True)
+                break
+            except RETRYABLE as exc:
+                if attempt == 2 or not server.alive:
+                    raise ServerUnavailable(
+                        f"the model's llama-server did not answer: {exc}", hint="it is being restarted; retry"
+                    ) from exc
+        assert upstream is not None
+        try:
+            yield upstream
+        finally:
+            with anyio.CancelScope(shield=True):
+                await upstream.aclose()
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _nothing() -> None:
+    return None
+
+
+class _Forwarder:
+    """One forwarded request: open the upstream, relay it, count it."""
+
+    def __init__(self, st: GatewayState, route: ForwardRoute, name: str, rid: str | None) -> None:
+        self.st = st
+        self.route = route
+        self.name = name
+        self.rid = rid
+        self.received = time.perf_counter()
+
+    def _error(self, exc: ForgeError) -> Opened:
+        self.st.metrics.errors.labels(self.name, type(exc).__name__).inc()
+        self.st.metrics.requests.labels(self.name, self.route.path, "error").inc()
+        resp = error_response(exc, self.rid, self.route.dialect)
+        headers = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-length",)}
+        return Opened(resp.status_code, headers, _once(bytes(resp.body)), _nothing, stream=False)
+
+    async def open(self, path: str, body: bytes, content_type: str) -> Opened:
+        stack = AsyncExitStack()
+        try:
+            upstream = await stack.enter_async_context(
+                open_upstream(
+                    self.st, self.name, self.route.method, path, body, self.rid, content_type=content_type
+                )
+            )
+        except ForgeError as exc:
+            await stack.aclose()
+            return self._error(exc)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
+            raise
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() in _PASS_HEADERS}
+        if self.rid:
+            headers["X-Request-ID"] = self.rid
+        stream = upstream.status_code == 200 and upstream.headers.get("content-type", "").startswith(
+            "text/event-stream"
+        )
+        if not stream:
+            try:
+                content = await upstream.aread()
+                status = upstream.status_code
+            except httpx.HTTPError as exc:
+                content = json.dumps(
+                    shape_error(
+                        self.route.dialect,
+                        502,
+                        f"model {self.name!r} failed mid-response: {exc}",
+                        "server_error",
+                    )
+                ).encode()
+                status = 502
+            finally:
+                await stack.aclose()
+            self._count(str(status), content if status == 200 else b"")
+            return Opened(status, headers, _once(content), _nothing, stream=False)
+        relay = self._relay(upstream)
+
+        async def close() -> None:
+            await relay.aclose()  # its finally counts the request, even when the client left
+            await stack.aclose()
+
+        return Opened(200, headers, relay, close, stream=True)
+
+    async def _relay(self, upstream: httpx.Response) -> AsyncGenerator[bytes, None]:
+        first = True
+        tail = b""
+        status = "200"
+        marker = _END_MARKERS.get(self.route.path)
+        try:
+            async for chunk in upstream.aiter_raw():
+                if first:
+                    self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
+                    first = False
+                tail = (tail + chunk)[-4096:]
+                yield chunk
+            if marker is not None and marker not in tail and b'"error"' not in tail:
+                raise httpx.RemoteProtocolError(f"the stream ended without {marker.decode()}")
+        except httpx.HTTPError as exc:
+            status = "502"
+            self.st.metrics.errors.labels(self.name, "stream_broken").inc()
+            message = f"model {self.name!r} stopped mid-stream ({exc}); it is being restarted"
+            log.warning(
+                "request %s: %s", self.rid, message, extra={"model": self.name, "request_id": self.rid}
+            )
+            body = json.dumps(shape_error(self.route.dialect, 502, message, "server_error", 502)).encode()
+            yield sse_error_event(self.route.dialect, body)
+        finally:
+            self._count(status, tail)
+
+    def _count(self, status: str, tail: bytes) -> None:
+        m = self.st.metrics
+        m.duration.labels(self.name).observe(time.perf_counter() - self.received)
+        m.requests.labels(self.name, self.route.path, status).inc()
+        if status == "200":
+            _count_usage(self.st, self.name, tail)
+
+
+def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
+    """Token counters from the last usage object in the response (cheap: only the tail is read)."""
+    i = tail.rfind(b'"usage"')
+    if i < 0:
+        return
+    try:
+        start = tail.index(b"{", i)
+        usage, _ = json.JSONDecoder().raw_decode(tail[start:].decode("utf-8", "replace"))
+    except ValueError:
+        return
+    if isinstance(usage, dict):
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0))
+        completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
+        st.metrics.tokens_in.labels(name).inc(float(prompt or 0))
+        st.metrics.tokens_out.labels(name).inc(float(completion or 0))
+
+
+def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
+    dialect: Dialect = route.dialect
+
+    async def forward(request: Request) -> Any:
+        st = _state(request)
+        rid = _rid(request)
+        content_type = request.headers.get("content-type", "application/json")
+        try:
+            body = await read_body(request, st.max_body_bytes) if route.method == "POST" else b""
+            name = resolve_name(await model_from_request(route, request, body), st.supervisor.models)
+            st.supervisor.get(name)  # 404 before queueing
+            stream = route.method == "POST" and _wants_stream(body, content_type)
+            if stream and st.sse_keepalive > 0:
+                # The load wait ends in a real 503 (Retry-After, progress), so it comes first;
+                # only then may the response be committed to 200 and kept alive.
+                await st.supervisor.wait_loaded(name, load_wait=st.supervisor.load_wait(name))
+        except ForgeError as exc:
+            st.metrics.errors.labels("-", type(exc).__name__).inc()
+            return error_response(exc, rid, dialect)
+        fwd = _Forwarder(st, route, name, rid)
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        if stream and st.sse_keepalive > 0:
+            extra = {"X-Request-ID": rid} if rid else {}
+            return KeepAliveStream(
+                lambda: fwd.open(path, body, content_type),
+                interval=st.sse_keepalive,
+                dialect=dialect,
+                headers=extra,
+            )
+        opened = await fwd.open(path, body, content_type)
+        return _OpenedResponse(opened)
+
+    return forward
+
+
+class _OpenedResponse(Response):
+    """An :class:`Opened` as a plain response: whole, or streamed and released however it ends."""
+
+    def __init__(self, opened: Opened) -> None:
+        super().__init__(status_code=opened.status, headers=opened.headers)
+        self.opened = opened
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        o = self.opened
+        try:
+            if not o.stream:
+                body = b"".join([c async for c in o.body])
+                await Response(body, status_code=o.status, headers=o.headers)(scope, receive, send)
+                return
+            headers = {**o.headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            await StreamingResponse(o.body, status_code=200, headers=headers, media_type="text/event-stream")(
+                scope, receive, send
+            )
+        finally:
+            with anyio.CancelScope(shield=True):
+                await o.close()
+
+
+def forward_routes() -> list[Route]:
+    """Starlette routes for every forwarded llama-server route (one endpoint per route)."""
+    return [Route(r.path, _endpoint(r), methods=[r.method], include_in_schema=False) for r in FORWARDED]
