@@ -308,9 +308,9 @@ async def _send(b: OllamaBackend, name: str, target: Target, rid: str | None, *,
     async def lines() -> AsyncIterator[bytes]:
         try:
             async for obj in _translate_stream(up, name, target, started, generate):
-                yield json.dumps(obj).encode() + b"\n"
+                yield json.dumps(obj, separators=(",", ":")).encode() + b"\n"
         except httpx.HTTPError as exc:
-            yield json.dumps({"error": f"model {name!r} stopped mid-stream: {exc}"}).encode() + b"\n"
+            yield json.dumps({"error": f"model {name!r} stopped mid-stream: {exc}"}, separators=(",", ":")).encode() + b"\n"
         finally:
             with anyio.CancelScope(shield=True):
                 await stack.aclose()

@@ -290,7 +290,8 @@ def _stats(timings: dict[str, Any] | None, usage: dict[str, Any] | None, started
     return {
         "total_duration": int((time.perf_counter() - started) * 1e9),
         "load_duration": 0,
-        "prompt_eval_count": int(t.get("prompt_n", u.get("prompt_tokens", 0)) or 0),
+        # usage counts the whole prompt; timings.prompt_n only the part not found in the cache
+        "prompt_eval_count": int(u.get("prompt_tokens") or (t.get("prompt_n", 0) + t.get("cache_n", 0)) or 0),
         "prompt_eval_duration": _ns(t.get("prompt_ms")),
         "eval_count": int(t.get("predicted_n", u.get("completion_tokens", 0)) or 0),
         "eval_duration": _ns(t.get("predicted_ms")),
@@ -350,7 +351,7 @@ def generate_reply(data: dict[str, Any], model: str, started: float) -> dict[str
         "response": data.get("content") or "",
         "done": True,
         "done_reason": "length" if data.get("stop_type") == "limit" else "stop",
-        **_stats(data.get("timings"), None, started),
+        **_stats(data.get("timings"), {"prompt_tokens": data.get("tokens_evaluated")}, started),
     }
 
 
