@@ -265,11 +265,13 @@ async def _generation(request: Request, *, generate: bool, embed: str | None = N
 
 
 def _keep_alive(b: OllamaBackend, name: str, seconds: float | None) -> None:
-    """``keep_alive`` is a TTL hint: the model's own ``ttl`` in forge.toml, when set, wins."""
-    if seconds is None:
-        return
+    """``keep_alive`` is a TTL hint, set by each request as in Ollama (a request without one
+    clears it); the model's own ``ttl`` in forge.toml, when set, wins. Negative: never unload."""
     m = b.supervisor.get(name)
-    m.ttl_hint = 0.0 if seconds < 0 else max(seconds, 0.01)
+    if seconds is None or seconds < 0:
+        m.ttl_hint = None
+    else:
+        m.ttl_hint = max(seconds, 0.01)
 
 
 async def _load_or_unload(
@@ -277,6 +279,7 @@ async def _load_or_unload(
 ) -> Response:
     if target.keep_alive is not None and target.keep_alive == 0:
         await b.supervisor.unload(name)
+        b.supervisor.get(name).ttl_hint = None  # the unload is done; the next load starts afresh
         reason = "unload"
     else:
         async with b.supervisor.acquire(name, load_wait=b.supervisor.load_wait(name)):
@@ -310,7 +313,12 @@ async def _send(b: OllamaBackend, name: str, target: Target, rid: str | None, *,
             async for obj in _translate_stream(up, name, target, started, generate):
                 yield json.dumps(obj, separators=(",", ":")).encode() + b"\n"
         except httpx.HTTPError as exc:
-            yield json.dumps({"error": f"model {name!r} stopped mid-stream: {exc}"}, separators=(",", ":")).encode() + b"\n"
+            yield (
+                json.dumps(
+                    {"error": f"model {name!r} stopped mid-stream: {exc}"}, separators=(",", ":")
+                ).encode()
+                + b"\n"
+            )
         finally:
             with anyio.CancelScope(shield=True):
                 await stack.aclose()

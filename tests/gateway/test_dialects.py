@@ -141,7 +141,9 @@ def test_tokenize_detokenize_round_trip_and_apply_template(svc: Service) -> None
 
 def test_infill_on_a_fim_model_and_its_error_on_one_without(svc: Service) -> None:
     with _http(svc) as c:
-        ok = c.post("/infill", json={"model": "chat", "input_prefix": "the", "input_suffix": "water", "n_predict": 3})
+        ok = c.post(
+            "/infill", json={"model": "chat", "input_prefix": "the", "input_suffix": "water", "n_predict": 3}
+        )
         assert ok.status_code == 200 and ok.json()["tokens_predicted"] == 3
         no = c.post("/infill", json={"model": "plain", "input_prefix": "a", "input_suffix": "b"})
     assert no.status_code == 501

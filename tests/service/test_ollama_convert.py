@@ -132,7 +132,19 @@ def test_chat_reply_and_stream_tool_calls_are_whole_objects() -> None:
     assert reply["done"] is True and reply["done_reason"] == "stop"
 
     s = ChatStream("m", started)
-    s.feed({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": '{"a"'}}]}}]})
+    s.feed(
+        {
+            "choices": [
+                {
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 0, "id": "c", "function": {"name": "f", "arguments": '{"a"'}}
+                        ]
+                    }
+                }
+            ]
+        }
+    )
     s.feed({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 2}"}}]}}]})
     lines = s.feed({"choices": [{"delta": {"content": "ok"}, "finish_reason": "length"}]})
     assert lines[0]["message"]["content"] == "ok" and lines[0]["done"] is False
