@@ -1,9 +1,14 @@
-"""The one place where typed errors become HTTP statuses and error bodies.
+"""The one map from typed errors to HTTP: status, the error body, and the SSE error chunk.
 
-One map (:func:`status_for`) from typed error to status and OpenAI type; the body's *shape* then
-follows the route's API dialect (:data:`~._routes.Dialect`): OpenAI's ``{"error":{message,type,…}}``,
-Anthropic's ``{"type":"error","error":{type,message}}`` (the anthropic SDK reads ``error.type``),
-or Ollama's ``{"error":"message"}`` (the ollama client reads a string).
+Every error at the edge — the middleware's (auth, Origin, body size), the routes', the
+supervisor's and the upstream transport's — arrives here as a :class:`ForgeError`; nothing else in
+``service/`` picks a status. One condition, one status: a body over the limit is 413 whether its
+``Content-Length`` said so or it was counted while read.
+
+The body's *shape* follows the route's API dialect (:data:`~._routes.Dialect`): OpenAI's
+``{"error":{message,type,…}}``, Anthropic's ``{"type":"error","error":{type,message}}`` (the
+anthropic SDK reads ``error.type``), or Ollama's ``{"error":"message"}`` (the ollama client reads a
+string). The status, type and code come from :func:`status_for` whatever the shape.
 """
 
 from __future__ import annotations
@@ -14,15 +19,19 @@ from starlette.responses import JSONResponse
 
 from .._errors import (
     ConfigError,
+    Forbidden,
     ForgeError,
     InstanceError,
     ModelLoading,
     ModelNotFound,
+    PayloadTooLarge,
     PlacementError,
     QueueFull,
     RequestRejected,
     ServerUnavailable,
     ServiceError,
+    StreamError,
+    Unauthorized,
     UsageError,
 )
 from ._routes import Dialect
@@ -44,6 +53,12 @@ _ANTHROPIC_TYPES = {
 
 def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
     """(HTTP status, OpenAI error type, OpenAI error code) for a typed error."""
+    if isinstance(exc, Unauthorized):
+        return 401, "authentication_error", "invalid_api_key"
+    if isinstance(exc, Forbidden):
+        return 403, "permission_error", "forbidden_origin"
+    if isinstance(exc, PayloadTooLarge):
+        return 413, "invalid_request_error", "request_too_large"
     if isinstance(exc, ModelNotFound):
         return 404, "invalid_request_error", "model_not_found"
     if isinstance(exc, QueueFull):
@@ -62,6 +77,8 @@ def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
         return 503, "unavailable_error", exc.reason
     if isinstance(exc, (ServiceError, ServerUnavailable)):
         return 503, "unavailable_error", None
+    if isinstance(exc, StreamError):
+        return 502, "server_error", "upstream_broken"
     return 502, "server_error", None
 
 
@@ -94,12 +111,19 @@ def error_response(
     if isinstance(exc, ModelLoading):
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))
         body["loading"] = exc.loading
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
     if request_id:
         headers["X-Request-ID"] = request_id
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def sse_error_chunk(message: str, err_type: str = "server_error", code: int = 502) -> bytes:
-    """Once a stream has started, an error can only be a chunk: the same shape llama-server sends."""
-    payload = {"error": {"code": code, "message": message, "type": err_type}}
+def sse_error_chunk(exc: ForgeError, dialect: Dialect = "openai") -> bytes:
+    """Once a stream has started, an error can only be an event: the shape llama-server sends —
+    ``data: {"error":…}`` for OpenAI routes, ``event: error`` + Anthropic's body for /v1/messages."""
+    status, err_type, _ = status_for(exc)
+    if dialect == "anthropic":
+        body = shape_error("anthropic", status, str(exc), err_type)
+        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
+    payload = {"error": {"code": status, "message": str(exc), "type": err_type}}
     return b"data: " + json.dumps(payload).encode() + b"\n\n"

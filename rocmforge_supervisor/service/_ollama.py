@@ -26,7 +26,7 @@ import anyio
 import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from .._errors import ForgeError, ModelNotFound, RequestRejected, UsageError
@@ -47,7 +47,7 @@ from ._ollama_convert import (
 from ._ollama_meta import ModelCard, capabilities, card_for, ps_entry, show_entry, tag_entry
 from ._routes import resolve_name
 
-__all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "model_list", "ollama_routes"]
+__all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "model_list", "routes"]
 
 #: The Ollama version reported by ``/api/version``. Clients gate features on it (VS Code Copilot
 #: refuses servers that look older than it needs: NoLlama#9); this is the Ollama API behaviour
@@ -399,7 +399,7 @@ async def _translate_stream(
         yield chat.finish()
 
 
-def ollama_routes() -> list[Route]:
+def routes() -> list[BaseRoute]:
     """The Ollama API's routes (the app puts an :class:`OllamaBackend` in ``app.state.ollama``)."""
     return [
         Route("/api/version", api_version, methods=["GET"], include_in_schema=False),

@@ -26,7 +26,8 @@ import anyio.abc
 import psutil
 
 from .._errors import ModelNotFound, ServiceError, UsageError
-from ..process import InstanceSpec, LlamaServer
+from ..client._transport import Upstream
+from ..process import InstanceSpec
 from ..settings import ForgeSettings
 from ._events import EventBus
 from ._managed import ManagedModel, ModelRetired, ModelState, Prepared, SupervisionPolicy
@@ -138,8 +139,10 @@ class Supervisor:
         return float(getattr(getattr(self.config, "server", None), "load_wait", 30.0))
 
     @asynccontextmanager
-    async def acquire(self, name: str, *, load_wait: float | None = None) -> AsyncIterator[LlamaServer]:
-        """A slot at the model's child; ``load_wait`` bounds the wait for a load (None: unbounded)."""
+    async def acquire(self, name: str, *, load_wait: float | None = None) -> AsyncIterator[Upstream]:
+        """A slot at the model's child for one request, as an :class:`Upstream` (URL, key,
+        liveness): the HTTP layer gets where to send, not the process. ``load_wait`` bounds the
+        wait for a load (then :class:`ModelLoading`); None waits as long as the load takes."""
         for _ in range(3):
             m = self.get(name)  # looked up again after a reload replaced the model
             try:
@@ -148,7 +151,8 @@ class Supervisor:
             except ModelRetired:
                 continue
             try:
-                yield server
+                # The loop ends at this yield (return below), so `server` is never rebound.
+                yield Upstream(server.base_url, server.api_key, is_alive=lambda: server.alive)  # noqa: B023
             except BaseException as exc:
                 if not await ctx.__aexit__(type(exc), exc, exc.__traceback__):
                     raise

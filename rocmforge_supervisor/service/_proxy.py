@@ -1,14 +1,17 @@
-"""Forward one request to the llama-server of the model it names: every route in ``FORWARDED``.
+"""The model routes: forward a request to the llama-server of the model it names.
 
-The body goes through unchanged and the reply comes back unchanged, streams chunk by chunk
-(``aiter_raw``), so every dialect llama-server speaks (OpenAI, Anthropic, Responses, native) works
-with its own clients. What the gateway adds: finding the model (``_routes``), waiting for its load
-(at most ``load_wait``, then 503 + Retry-After + progress), a slot in its queue, keep-alive
-comments while a stream waits (``_keepalive``), its own errors in the route's dialect, metrics.
+One generic path for every route in the table :data:`~._routes.FORWARDED` (every model route of
+the pinned llama-server; a new one is a line there) — find the model (JSON ``model``, a multipart
+form field, or ``?model=``) → wait for its load, at most ``load_wait`` (then 503 + Retry-After +
+progress) → ``supervisor.acquire`` (a slot, as an :class:`Upstream`) → ``client/_transport``
+(retry on a stale keep-alive, httpx errors typed) → stream through or buffer → release.
 
-The upstream pool expires idle connections after 2 s — llama-server closes them after 5 s — and a
-request that failed before any byte came back is sent once more on a fresh connection, so clients
-never see a stale keep-alive.
+Nothing is translated: the body goes through unchanged and the reply comes back unchanged, streams
+chunk by chunk (``aiter_raw``), so every dialect llama-server speaks (OpenAI, Anthropic, Responses,
+native) works with its own clients. Only the tail of a stream is kept, for the usage counters and
+to notice a stream that ended without its last event; a child that dies mid-stream ends the
+client's stream with an error event in the route's dialect. Streams that wait for their first
+token get keep-alive comments (``_keepalive``); the gateway's own errors take the route's dialect.
 """
 
 from __future__ import annotations
@@ -18,24 +21,24 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import httpx
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
 
-from .._errors import ForgeError, ServerUnavailable, UsageError
-from ..client._textmodel import RETRYABLE
-from ._errors_http import error_response, shape_error
-from ._keepalive import KeepAliveStream, Opened, sse_error_event
+from .._errors import ForgeError, StreamError
+from ..client._transport import asend
+from ._errors_http import error_response, sse_error_chunk
+from ._keepalive import KeepAliveStream, Opened
+from ._middleware import read_body
+from ._ollama import model_list
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
+from ._state import GatewayState, request_id, state_of
 
-if TYPE_CHECKING:
-    from ._app import GatewayState
-
-__all__ = ["forward_routes", "open_upstream", "read_body"]
+__all__ = ["FORWARDED", "open_upstream", "routes"]
 
 log = logging.getLogger("rocmforge.gateway")
 
@@ -56,27 +59,6 @@ _END_MARKERS: dict[str, bytes] = {
     "/completions": b'"stop":true',
     "/infill": b'"stop":true',
 }
-
-
-def _state(request: Request) -> GatewayState:
-    st: GatewayState = request.app.state.gateway
-    return st
-
-
-def _rid(request: Request) -> str | None:
-    rid: str | None = request.scope.get("state", {}).get("request_id")
-    return rid
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise UsageError(f"request body over {limit} bytes", hint="send a smaller request")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _wants_stream(body: bytes, content_type: str) -> bool:
@@ -101,29 +83,19 @@ async def open_upstream(
     content_type: str = "application/json",
 ) -> AsyncIterator[httpx.Response]:
     """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
-    streaming response to one request; both released on exit."""
-    async with st.supervisor.acquire(name, load_wait=st.supervisor.load_wait(name)) as server:
-        headers = {"Authorization": f"Bearer {server.api_key}", "Content-Type": content_type}
+    streaming response to one request; both released on exit. Also the Ollama API's way in."""
+    async with st.supervisor.acquire(name, load_wait=st.supervisor.load_wait(name)) as upstream:
+        headers = {"Content-Type": content_type}
         if rid:
             headers["X-Request-ID"] = rid
-        url = f"{server.base_url}{path}"
-        upstream: httpx.Response | None = None
-        for attempt in (1, 2):
-            req = st.upstream.build_request(method, url, content=body or None, headers=headers)
-            try:
-                upstream = await st.upstream.send(req, stream=True)
-                break
-            except RETRYABLE as exc:
-                if attempt == 2 or not server.alive:
-                    raise ServerUnavailable(
-                        f"the model's llama-server did not answer: {exc}", hint="it is being restarted; retry"
-                    ) from exc
-        assert upstream is not None
+        response = await asend(
+            st.upstream, upstream, method, path, content=body, headers=upstream.headers(headers)
+        )
         try:
-            yield upstream
+            yield response
         finally:
             with anyio.CancelScope(shield=True):
-                await upstream.aclose()
+                await response.aclose()
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
@@ -137,12 +109,14 @@ async def _nothing() -> None:
 class _Forwarder:
     """One forwarded request: open the upstream, relay it, count it."""
 
-    def __init__(self, st: GatewayState, route: ForwardRoute, name: str, rid: str | None) -> None:
+    def __init__(
+        self, st: GatewayState, route: ForwardRoute, name: str, rid: str | None, received: float
+    ) -> None:
         self.st = st
         self.route = route
         self.name = name
         self.rid = rid
-        self.received = time.perf_counter()
+        self.received = received
 
     def _error(self, exc: ForgeError) -> Opened:
         self.st.metrics.errors.labels(self.name, type(exc).__name__).inc()
@@ -177,17 +151,11 @@ class _Forwarder:
                 content = await upstream.aread()
                 status = upstream.status_code
             except httpx.HTTPError as exc:
-                content = json.dumps(
-                    shape_error(
-                        self.route.dialect,
-                        502,
-                        f"model {self.name!r} failed mid-response: {exc}",
-                        "server_error",
-                    )
-                ).encode()
-                status = 502
+                self.st.metrics.errors.labels(self.name, "stream_broken").inc()
+                return self._error(StreamError(f"model {self.name!r} failed mid-response: {exc}"))
             finally:
-                await stack.aclose()
+                with anyio.CancelScope(shield=True):
+                    await stack.aclose()
             self._count(str(status), content if status == 200 else b"")
             return Opened(status, headers, _once(content), _nothing, stream=False)
         relay = self._relay(upstream)
@@ -211,16 +179,18 @@ class _Forwarder:
                 tail = (tail + chunk)[-4096:]
                 yield chunk
             if marker is not None and marker not in tail and b'"error"' not in tail:
-                raise httpx.RemoteProtocolError(f"the stream ended without {marker.decode()}")
-        except httpx.HTTPError as exc:
+                raise StreamError(f"the stream ended without {marker.decode()}")
+        except (StreamError, httpx.HTTPError) as exc:
             status = "502"
             self.st.metrics.errors.labels(self.name, "stream_broken").inc()
-            message = f"model {self.name!r} stopped mid-stream ({exc}); it is being restarted"
-            log.warning(
-                "request %s: %s", self.rid, message, extra={"model": self.name, "request_id": self.rid}
+            broken = StreamError(
+                f"model {self.name!r} stopped mid-stream ({exc.__cause__ or exc})",
+                hint="it is being restarted",
             )
-            body = json.dumps(shape_error(self.route.dialect, 502, message, "server_error", 502)).encode()
-            yield sse_error_event(self.route.dialect, body)
+            log.warning(
+                "request %s: %s", self.rid, broken, extra={"model": self.name, "request_id": self.rid}
+            )
+            yield sse_error_chunk(broken, self.route.dialect)
         finally:
             self._count(status, tail)
 
@@ -253,8 +223,9 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
     dialect: Dialect = route.dialect
 
     async def forward(request: Request) -> Any:
-        st = _state(request)
-        rid = _rid(request)
+        st = state_of(request)
+        rid = request_id(request)
+        received = time.perf_counter()
         content_type = request.headers.get("content-type", "application/json")
         try:
             body = await read_body(request, st.max_body_bytes) if route.method == "POST" else b""
@@ -268,7 +239,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         except ForgeError as exc:
             st.metrics.errors.labels("-", type(exc).__name__).inc()
             return error_response(exc, rid, dialect)
-        fwd = _Forwarder(st, route, name, rid)
+        fwd = _Forwarder(st, route, name, rid, received)
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         if stream and st.sse_keepalive > 0:
             extra = {"X-Request-ID": rid} if rid else {}
@@ -281,6 +252,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         opened = await fwd.open(path, body, content_type)
         return _OpenedResponse(opened)
 
+    forward.__name__ = f"forward_{route.path.strip('/').replace('/', '_').replace('-', '_')}"
     return forward
 
 
@@ -307,6 +279,16 @@ class _OpenedResponse(Response):
                 await o.close()
 
 
-def forward_routes() -> list[Route]:
-    """Starlette routes for every forwarded llama-server route (one endpoint per route)."""
-    return [Route(r.path, _endpoint(r), methods=[r.method], include_in_schema=False) for r in FORWARDED]
+def routes() -> list[BaseRoute]:
+    """``GET /v1/models`` and one endpoint per forwarded llama-server route."""
+    out: list[BaseRoute] = [Route("/v1/models", _models, methods=["GET"])]
+    out += [Route(r.path, _endpoint(r), methods=[r.method], include_in_schema=False) for r in FORWARDED]
+    return out
+
+
+async def _models(request: Request) -> Response:
+    """OpenAI's list shape, each model with ``state``, ``context_length`` and ``capabilities``."""
+    st = state_of(request)
+    return JSONResponse(
+        {"object": "list", "data": await model_list(request.app.state.ollama, st.supervisor.started_at)}
+    )
