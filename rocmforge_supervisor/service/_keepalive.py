@@ -100,7 +100,7 @@ class KeepAliveStream:
                 with anyio.move_on_after(self.interval):
                     await opened.wait()
                 if opened.is_set() and (not opened_box[0].stream or opened_box[0].status != 200):
-                    await self._send_whole(opened_box[0], send)
+                    await self._send_whole(opened_box[0], chunks, send)
                     tg.cancel_scope.cancel()
                     return
                 head = opened_box[0].headers if opened.is_set() else {}
@@ -124,8 +124,10 @@ class KeepAliveStream:
         h.update({k.lower(): v for k, v in self.headers.items()})
         return [(k.encode(), v.encode("latin-1")) for k, v in h.items()]
 
-    async def _send_whole(self, result: Opened, send: Send) -> None:
-        body = b"".join([c async for c in result.body])
+    async def _send_whole(self, result: Opened, chunks: Any, send: Send) -> None:
+        """A complete body (an error, usually) with its own status: the pump reads it into ``chunks``."""
+        async with chunks:
+            body = b"".join([c async for c in chunks])
         headers = {**result.headers, **self.headers, "content-length": str(len(body))}
         await send(
             {
