@@ -1,7 +1,8 @@
 """The Ollama API on the gateway's endpoint (and on ``server.ollama_port``, where clients look).
 
 Routes: ``/api/version``, ``/api/tags``, ``/api/show``, ``/api/ps``, ``/api/chat``,
-``/api/generate``, ``/api/embed``, ``/api/embeddings``; ``/api/create``, ``/api/copy``,
+``/api/generate``, ``/api/embed``, ``/api/embeddings``, ``/api/pull`` (:mod:`._ollama_pull`);
+``/api/create``, ``/api/copy``,
 ``/api/push`` and ``/api/delete`` answer 501 with what to do instead. The control API keeps its
 own paths (``/api/models``, ``/api/events``, ``/api/reload``, ``/api/openapi.json``): Ollama has
 none of them, so both live under ``/api`` without a collision.
@@ -45,6 +46,7 @@ from ._ollama_convert import (
     now_iso,
 )
 from ._ollama_meta import ModelCard, capabilities, card_for, ps_entry, show_entry, tag_entry
+from ._ollama_pull import api_pull
 from ._routes import resolve_name
 
 __all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "model_list", "routes"]
@@ -410,6 +412,7 @@ def routes() -> list[BaseRoute]:
         Route("/api/generate", api_generate, methods=["POST"], include_in_schema=False),
         Route("/api/embed", api_embed, methods=["POST"], include_in_schema=False),
         Route("/api/embeddings", api_embeddings, methods=["POST"], include_in_schema=False),
+        Route("/api/pull", api_pull, methods=["POST"], include_in_schema=False),
         *(
             Route(p, api_unsupported, methods=["POST", "DELETE"], include_in_schema=False)
             for p in ("/api/create", "/api/copy", "/api/push", "/api/delete")

@@ -86,6 +86,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _bind_all(server_cfg: Any) -> list[socket.socket]:
+    """The main socket, and ``ollama_port``'s when set: Ollama clients look on 11434, so the same
+    app (every route, the same auth) listens there too."""
+    sockets = [_bind(server_cfg.host, server_cfg.port)]
+    if server_cfg.ollama_port is not None:
+        try:
+            sockets.append(_bind(server_cfg.host, server_cfg.ollama_port))
+        except ServiceError:
+            sockets[0].close()
+            raise
+    return sockets
+
+
 def _write_info(path: Path, info: ServiceInfo) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".service-")
@@ -106,15 +119,8 @@ async def run_service(
     server_cfg = config.server
     api_key = server_cfg.api_key.get_secret_value() if server_cfg.api_key is not None else None
     supervisor = Supervisor(config, settings)
-    sock = _bind(server_cfg.host, server_cfg.port)
-    sockets = [sock]
-    if server_cfg.ollama_port is not None:
-        # Ollama clients look on 11434: the same app (every route, same auth) on a second socket.
-        try:
-            sockets.append(_bind(server_cfg.host, server_cfg.ollama_port))
-        except ServiceError:
-            sock.close()
-            raise
+    sockets = _bind_all(server_cfg)
+    sock = sockets[0]
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     base_url = f"http://{url_host}:{port}"

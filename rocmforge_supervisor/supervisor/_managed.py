@@ -26,9 +26,10 @@ from typing import Any
 
 import anyio
 
-from .._errors import ForgeError, ModelLoading, PlacementError, QueueFull, ServiceError, StartFailed
+from .._errors import ForgeError, PlacementError, QueueFull, ServiceError, StartFailed
 from ..process import InstanceSpec, LlamaServer, describe_returncode, unwrap_group
 from ._events import EventBus
+from ._loading import wait_ready_within
 
 __all__ = ["ManagedModel", "ModelRetired", "ModelState", "Prepared", "SupervisionPolicy"]
 
@@ -409,42 +410,6 @@ class ManagedModel:
                 continue
             await changed.wait()
 
-    def loading_info(self) -> dict[str, object]:
-        """What a client waiting on this load is told: ``{state, progress, eta_seconds}``.
-
-        Progress and ETA come from the previous load of this model (its measured duration); with
-        none yet they are None rather than a guess.
-        """
-        elapsed = time.monotonic() - self.loading_since if self.loading_since else 0.0
-        progress: float | None = None
-        eta: float | None = None
-        if self.load_seconds:
-            progress = round(min(0.99, elapsed / self.load_seconds), 3)
-            eta = round(max(1.0, self.load_seconds - elapsed), 1)
-        return {"state": self.state.value, "progress": progress, "eta_seconds": eta}
-
-    async def wait_ready_within(
-        self, start: Callable[[ManagedModel], None], load_wait: float | None
-    ) -> LlamaServer:
-        """:meth:`wait_ready`, but at most ``load_wait`` s; then :class:`ModelLoading` (→ 503).
-
-        The load itself runs in the supervisor's task group, so it goes on when this waiter gives
-        up or its client disconnects; the next request joins it.
-        """
-        if load_wait is None:
-            return await self.wait_ready(start)
-        with anyio.move_on_after(load_wait):
-            return await self.wait_ready(start)
-        info = self.loading_info()
-        eta = info["eta_seconds"]
-        retry = min(30.0, eta) if isinstance(eta, float) else 5.0
-        raise ModelLoading(
-            f"model {self.name!r} is still loading after {load_wait:g} s",
-            retry_after=retry,
-            loading=info,
-            hint="retry after the Retry-After seconds; the load goes on",
-        )
-
     @asynccontextmanager
     async def acquire(
         self, start: Callable[[ManagedModel], None], load_wait: float | None = None
@@ -459,7 +424,7 @@ class ManagedModel:
         self.waiting += 1
         try:
             while True:
-                server = await self.wait_ready_within(start, load_wait)
+                server = await wait_ready_within(self, start, load_wait)
                 slots = self._slots
                 await slots.acquire()
                 # The wait for a slot can be long: the child may have died, or the model may be

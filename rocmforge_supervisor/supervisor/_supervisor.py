@@ -30,6 +30,7 @@ from ..client._transport import Upstream
 from ..process import InstanceSpec
 from ..settings import ForgeSettings
 from ._events import EventBus
+from ._loading import wait_ready_within
 from ._managed import ManagedModel, ModelRetired, ModelState, Prepared, SupervisionPolicy
 
 __all__ = ["Supervisor"]
@@ -166,7 +167,7 @@ class Supervisor:
         (then :class:`ModelLoading`; the load goes on in the supervisor's task group)."""
         for _ in range(3):
             try:
-                await self.get(name).wait_ready_within(self._start, load_wait)
+                await wait_ready_within(self.get(name), self._start, load_wait)
                 return
             except ModelRetired:
                 continue

@@ -179,3 +179,23 @@ def test_load_and_unload_idiom(tmp_path: Path, tiny_gguf: Path, llama_server_bin
         r = c.post("/api/generate", json={"model": "plain"})
         assert r.json()["done_reason"] == "load"
         assert svc.model("plain")["state"] == "ready"
+
+
+def test_pull_goes_through_forges_hub_pull(tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path) -> None:
+    """No hub is reachable from the test machine: offline mode gives the hub pull's own clear error
+    (as Ollama's error line), and a bad reference is a 400 before anything starts."""
+    config = write_config(
+        tmp_path / "forge.toml", f'[models.plain]\npath = "{tiny_gguf}"\ngpu = "cpu"\nctx_size = 512\n'
+    )
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    with running_service(config, tmp_path / "state", llama_server_bin, extra_env=env) as svc:
+        client = ollama.Client(host=svc.url)
+        with pytest.raises(ollama.ResponseError) as offline:
+            client.pull("hf.co/nobody/nothing-GGUF:Q4_K_M")
+        assert "offline" in offline.value.error and "forge pull" in offline.value.error
+        with httpx.Client(base_url=svc.url, timeout=30) as c:
+            r = c.post("/api/pull", json={"model": "not a reference"})
+            assert r.status_code == 400 and "reference" in r.json()["error"]
+            with c.stream("POST", "/api/pull", json={"model": "nobody/nothing-GGUF:Q4_K_M"}) as s:
+                rows = [json.loads(line) for line in s.iter_lines() if line]
+        assert rows[0] == {"status": "pulling manifest"} and "error" in rows[-1]
