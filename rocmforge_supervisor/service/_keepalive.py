@@ -4,8 +4,9 @@ Reverse proxies and clients with read timeouts cut a stream that is silent for t
 (lemonade#1364); llama-server's own ``:`` ping comes only after 30 s. So while a streamed request
 waits — for a slot in the gateway's queue, for llama-server's response headers, or for the first
 event after them — the client gets ``: keep-alive\\n\\n`` every ``interval`` seconds. A comment is a
-line every SSE parser skips (WHATWG "event stream interpretation"), and it is only ever sent at an
-event boundary, never inside a JSON event.
+line every SSE parser skips (WHATWG "event stream interpretation"), and it is only ever sent before
+the first byte of the body, so never inside a JSON event. After the first chunk the relay is plain
+(llama-server's own ``:`` ping covers later gaps).
 
 The status code stays honest where it can: if the upstream answers within the first ``interval``
 (as every validation error does), its real status and body go out unchanged. Only a request that
@@ -139,32 +140,31 @@ class KeepAliveStream:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _relay(self, chunks: Any, opened_box: list[Opened], send: Send) -> None:
-        at_boundary = True
+        """Pings until the first chunk (the first token, or an error); after that a plain relay
+        (llama-server's own ``:`` ping covers later gaps, and no timer runs per chunk)."""
+        chunk = b""
         async with chunks:
             while True:
-                got = False
                 with anyio.move_on_after(self.interval):
                     try:
                         chunk = await chunks.receive()
-                        got = True
                     except anyio.EndOfStream:
-                        break
-                if not got:
-                    if at_boundary:
-                        await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
-                    continue
-                result = opened_box[0]
-                if result.status != 200 or not result.stream:
-                    # Committed to 200 already: the error becomes the dialect's SSE error event.
-                    rest = chunk + b"".join([c async for c in chunks])
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": sse_error_event(self.dialect, rest),
-                            "more_body": True,
-                        }
-                    )
+                        chunk = b""
                     break
+                await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+            result = opened_box[0] if opened_box else None
+            if chunk and result is not None and (result.status != 200 or not result.stream):
+                # Committed to 200 already: the error becomes the dialect's SSE error event.
+                rest = chunk + b"".join([c async for c in chunks])
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": sse_error_event(self.dialect, rest),
+                        "more_body": True,
+                    }
+                )
+            elif chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                at_boundary = chunk.endswith((b"\n\n", b"\r\n\r\n"))
+                async for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

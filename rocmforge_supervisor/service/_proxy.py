@@ -61,16 +61,6 @@ _END_MARKERS: dict[str, bytes] = {
 }
 
 
-def _wants_stream(body: bytes, content_type: str) -> bool:
-    if "json" not in content_type and not body.startswith(b"{"):
-        return b'name="stream"\r\n\r\ntrue' in body  # a multipart form field
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(payload, dict) and payload.get("stream") is True
-
-
 @asynccontextmanager
 async def open_upstream(
     st: GatewayState,
@@ -229,9 +219,9 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         content_type = request.headers.get("content-type", "application/json")
         try:
             body = await read_body(request, st.max_body_bytes) if route.method == "POST" else b""
-            name = resolve_name(await model_from_request(route, request, body), st.supervisor.models)
+            asked, stream = await model_from_request(route, request, body)
+            name = resolve_name(asked, st.supervisor.models)
             st.supervisor.get(name)  # 404 before queueing
-            stream = route.method == "POST" and _wants_stream(body, content_type)
             if stream and st.sse_keepalive > 0:
                 # The load wait ends in a real 503 (Retry-After, progress), so it comes first;
                 # only then may the response be committed to 200 and kept alive.

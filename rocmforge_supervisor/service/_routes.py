@@ -96,33 +96,34 @@ def dialect_for_path(path: str) -> Dialect:
     return "openai"
 
 
-async def model_from_request(route: ForwardRoute, request: Request, body: bytes) -> str:
-    """The model a forwarded request names; :class:`UsageError` (400) when it names none."""
-    name: object = None
+async def model_from_request(route: ForwardRoute, request: Request, body: bytes) -> tuple[str, bool]:
+    """The model a forwarded request names and whether it asks for a stream (the body is parsed
+    once); :class:`UsageError` (400) when it names no model."""
     if route.model_from == "query":
         name = request.query_params.get("model")
         if not name:
             raise UsageError(
                 f"GET {route.path} needs ?model=NAME", hint="name one of GET /v1/models, e.g. ?model=gemma"
             )
-        return str(name)
+        return name, False
     if route.model_from == "form":
-        name = await _form_field(request, body, "model")
+        fields = await _form_fields(request, body, ("model", "stream"))
+        found, stream = fields["model"], fields["stream"] == "true"
     else:
         try:
             payload = json.loads(body)
         except ValueError:
             raise UsageError("the request body is not valid JSON", hint="send a JSON object") from None
-        if isinstance(payload, dict):
-            name = payload.get("model")
-    if not isinstance(name, str) or not name:
+        found = payload.get("model") if isinstance(payload, dict) else None
+        stream = isinstance(payload, dict) and payload.get("stream") is True
+    if not isinstance(found, str) or not found:
         where = "form field" if route.model_from == "form" else "field"
         raise UsageError(f'the request has no "model" {where}', hint="name one of GET /v1/models")
-    return name
+    return found, stream
 
 
-async def _form_field(request: Request, body: bytes, field: str) -> object:
-    """A field of a multipart or urlencoded body that was already read into ``body``.
+async def _form_fields(request: Request, body: bytes, names: tuple[str, ...]) -> dict[str, str | None]:
+    """Text fields of a multipart or urlencoded body that was already read into ``body``.
 
     Parsed by starlette's form parser (python-multipart) over a replay of the bytes, so the
     original body is forwarded unchanged.
@@ -138,12 +139,12 @@ async def _form_field(request: Request, body: bytes, field: str) -> object:
 
     try:
         async with Request(request.scope, replay).form() as form:
-            value = form.get(field)
+            values = {n: form.get(n) for n in names}
     except (AssertionError, ValueError, KeyError) as exc:
         raise UsageError(
             f"the form body could not be parsed: {exc}", hint="send multipart/form-data"
         ) from None
-    return value if isinstance(value, str) else None
+    return {n: v if isinstance(v, str) else None for n, v in values.items()}
 
 
 def resolve_name(name: str, known: Collection[str]) -> str:
