@@ -9,6 +9,7 @@ comes from a real fault: the child is SIGSTOPped while the request waits, then S
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -257,3 +258,28 @@ def test_a_quick_error_on_a_stream_keeps_its_real_status(keepalive_svc: Service)
     with httpx.Client(base_url=keepalive_svc.url, timeout=30) as c:
         r = c.post("/v1/chat/completions", json={**CHAT, "stream": True, "temperature": "hot"})
     assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
+
+
+def test_an_error_after_the_keep_alive_commit_is_an_sse_error_event(keepalive_svc: Service) -> None:
+    """The child is SIGKILLed while the stream waits (already committed to 200 by the comments):
+    the client gets an SSE error event, not a hang and not a broken connection."""
+    svc = keepalive_svc
+    pid = svc.model("tiny")["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with (
+            httpx.Client(base_url=svc.url, timeout=30) as c,
+            c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
+        ):
+            assert r.status_code == 200  # committed: the child was silent past the first interval
+            body = r.iter_raw()
+            first = next(body)  # a comment, while the child is still stopped
+            os.kill(pid, signal.SIGKILL)
+            data = first + b"".join(body)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert data.startswith(b": keep-alive\n\n")
+    event = data.rstrip().rsplit(b"\n\n", 1)[-1]
+    assert event.startswith(b"data: {") and b'"error"' in event and b"[DONE]" not in data
+    wait_for(lambda: svc.model("tiny")["state"] == "ready", timeout=60, what="the restart")
