@@ -36,13 +36,15 @@ from ..client._textmodel import RETRYABLE
 from ..supervisor import Supervisor
 from ._errors_http import error_body, error_response, sse_error_chunk
 from ._metrics import Metrics
+from ._page import PAGE_PATHS, page_routes
+from ._status_api import status_routes
 
 __all__ = ["GatewayState", "create_app"]
 
 log = logging.getLogger("rocmforge.gateway")
 
 _PASS_HEADERS = ("content-type",)
-_PUBLIC_PATHS = frozenset({"/health"})
+_PUBLIC_PATHS = frozenset({"/health"}) | PAGE_PATHS
 _MODEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -551,6 +553,8 @@ def create_app(state: GatewayState, *, cors_origins: list[str] | None = None) ->
         Route("/api/reload", api_reload, methods=["POST"]),
         Route("/api/events", api_events, methods=["GET"]),
         Route("/api/openapi.json", api_openapi, methods=["GET"], include_in_schema=False),
+        *status_routes(state.supervisor, state.upstream),
+        *page_routes(),
     ]
     middleware = [Middleware(_RequestContext, state=state)]
     if cors_origins:
