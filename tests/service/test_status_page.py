@@ -24,6 +24,7 @@ from tests.support.browser import (
     chromium,
     full_page_screenshot,
     model_row,
+    prefer_color_scheme,
     row_state,
     severe_console_errors,
     wait_until,
@@ -92,9 +93,13 @@ def _tab_to(driver: WebDriver, selector: str, limit: int = 60) -> None:
 
 @pytest.mark.slow
 def test_status_page_live_actions_crash_and_chat(
-    tmp_path: Path, gemma_path: Path, llama_server_bin: Path
+    tmp_path: Path, gemma_path: Path, tiny_gguf: Path, llama_server_bin: Path
 ) -> None:
     cfg = _config(tmp_path, gemma_path, "gemma", parallel=2, ttl=900)
+    with cfg.open("a") as f:  # a second model whose child refuses its arguments: a failed row
+        f.write(
+            f'[models.broken]\npath = "{tiny_gguf}"\ngpu = "cpu"\npreload = true\nargs = ["--no-such-flag"]\n'
+        )
     with (
         running_service(cfg, tmp_path / "state", llama_server_bin) as svc,
         chromium(tmp_path / "profile") as d,
@@ -111,6 +116,12 @@ def test_status_page_live_actions_crash_and_chat(
         wait_until(d, lambda d: "held by gemma" in d.find_element(By.ID, "devices").text, "the CPU bar")
         assert d.find_elements(By.CSS_SELECTOR, 'li[data-device="cpu"] .bar .seg.ours')
         assert "no TTL" not in cell(d, "gemma", "TTL left")
+
+        # The failed model: its reason and the child's last stderr lines, in its row.
+        wait_until(d, lambda d: row_state(d, "broken") == "failed", "the failed row")
+        failure = model_row(d, "broken").find_element(By.CSS_SELECTOR, ".failure")
+        assert "bad_args" in failure.text
+        assert "--no-such-flag" in failure.find_element(By.CSS_SELECTOR, "pre.stderr").text
 
         # The log tail follows the child's log.
         model_row(d, "gemma").find_element(By.CSS_SELECTOR, "details.log summary").click()
@@ -135,11 +146,21 @@ def test_status_page_live_actions_crash_and_chat(
         lengths = d.execute_script("return window.__reply")
         assert len(set(lengths)) >= 3, f"the reply did not stream: {lengths}"
 
+        # Screenshots (the log panel closed: the failed row's stderr block already shows one).
+        d.execute_script(
+            "arguments[0].open = false", model_row(d, "gemma").find_element(By.CSS_SELECTOR, "details.log")
+        )
+        prefer_color_scheme(d, "light")
         full_page_screenshot(d, tmp_path / "status-desktop.png", 1440)
-        if os.environ.get("FORGE_PAGE_SCREENSHOT"):
+        if os.environ.get("FORGE_PAGE_SCREENSHOT"):  # how docs/status-page.png is made
             shutil.copy(tmp_path / "status-desktop.png", os.environ["FORGE_PAGE_SCREENSHOT"])
         full_page_screenshot(d, tmp_path / "status-phone.png", 390)
         assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+        prefer_color_scheme(d, "dark")
+        full_page_screenshot(d, tmp_path / "status-phone-dark.png", 390)
+        full_page_screenshot(d, tmp_path / "status-desktop-dark.png", 1440)
+        background = d.execute_script("return getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(15, 18, 22)", background  # the dark palette is in use
         d.set_window_size(1440, 1000)
 
         # Unload with the keyboard: Tab to the button, Enter. The row says stopped; the child is gone.

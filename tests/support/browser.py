@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import base64
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--no-first-run",
     "--disable-dev-shm-usage",
+    "--hide-scrollbars",
 )
 
 
@@ -93,16 +95,26 @@ def cell(driver: WebDriver, name: str, label: str) -> str:
 
 
 def full_page_screenshot(driver: WebDriver, path: Path, width: int) -> Path:
-    """The whole page at ``width`` CSS pixels (the window grows to the page's height)."""
+    """The whole page laid out ``width`` CSS pixels wide, captured beyond the viewport (CDP)."""
     driver.set_window_size(width, 900)
-    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
-    driver.set_window_size(width, min(height + 100, 6000))
+    driver.execute_script("window.scrollTo(0, 0)")
     # Two animation frames: the resize has been laid out and painted.
     driver.execute_async_script(
         "const done = arguments[0]; requestAnimationFrame(() => requestAnimationFrame(done));"
     )
-    driver.save_screenshot(str(path))
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 8000), "scale": 1}
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+    )
+    path.write_bytes(base64.b64decode(shot["data"]))
     return path
+
+
+def prefer_color_scheme(driver: WebDriver, scheme: str) -> None:
+    """Emulate the OS's light or dark preference (the page follows prefers-color-scheme)."""
+    feature = {"name": "prefers-color-scheme", "value": scheme}
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [feature]})
 
 
 def severe_console_errors(driver: WebDriver, allow: tuple[str, ...] = ()) -> list[str]:

@@ -90,7 +90,7 @@ class ModelRow {
     setText(this.restarts, String(s.restarts));
     this.restarts.className = s.restarts > 0 ? "warn" : "";
     const limit = s.max_concurrency ? ` / ${s.max_concurrency}` : "";
-    setText(this.requests, `${s.in_flight}${limit} running · ${s.waiting} queued`);
+    setText(this.requests, `${s.in_flight}${limit} running\n${s.waiting} queued`);
     const rate = tps?.tokens_per_second;
     setText(this.tps, rate === null || rate === undefined ? "–" : rate.toFixed(1));
     setText(this.ttl, s.ttl ? (s.ttl_left === null ? `off (${duration(s.ttl)})` : duration(s.ttl_left)) : "no TTL");
