@@ -36,7 +36,7 @@ from ..client._textmodel import RETRYABLE
 from ..supervisor import Supervisor
 from ._errors_http import error_body, error_response, sse_error_chunk
 from ._metrics import Metrics
-from ._page import PAGE_PATHS, page_routes
+from ._page import PAGE_PATHS, page_routes, same_origin
 from ._status_api import status_routes
 
 __all__ = ["GatewayState", "create_app"]
@@ -127,6 +127,7 @@ class _RequestContext:
             origin is not None
             and scope["method"] not in ("GET", "HEAD", "OPTIONS")
             and not self._origin_ok(origin)
+            and not same_origin(scope, origin.decode("latin-1"), keyed=self._key is not None)
         ):
             # A web page must not drive the local service (CSRF): browsers send Origin on such
             # requests; tools (curl, SDKs) do not.

@@ -9,7 +9,9 @@ origin only, no inline script or style, no frames.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
@@ -17,7 +19,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["CSP", "PAGE_PATHS", "page_routes"]
+__all__ = ["CSP", "PAGE_PATHS", "page_routes", "same_origin"]
 
 STATIC = Path(__file__).with_name("static")
 _ASSETS = "/ui"
@@ -38,6 +40,26 @@ _HEADERS = [
 PAGE_PATHS = frozenset(
     {"/", *(f"{_ASSETS}/{p.relative_to(STATIC).as_posix()}" for p in STATIC.rglob("*") if p.is_file())}
 )
+
+
+def same_origin(scope: Scope, origin: str, *, keyed: bool) -> bool:
+    """The request comes from a page of this very service (the status page opened at a LAN
+    address), so it is no cross-site request.
+
+    The Host header is the browser's, and a DNS-rebinding page can make its own name point here:
+    so a host *name* only counts when an API key guards the service (that page has no key); an IP
+    address cannot be rebound and always counts.
+    """
+    host = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
+    if not host or origin != f"{scope.get('scheme', 'http')}://{host}":
+        return False
+    if keyed:
+        return True
+    try:
+        ipaddress.ip_address((urlsplit(origin).hostname or "").strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 class _SecurityHeaders:

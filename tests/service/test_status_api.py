@@ -84,5 +84,10 @@ def test_devices_throughput_and_status_fields(
             done.set()
             worker.join(timeout=60)
 
-        # The page's files are public (they hold no data); the data is not when a key is set.
-        assert c.get("/").status_code == 200
+        # Without a key, a same-origin request counts only by IP address: a host name could be a
+        # DNS-rebinding page's own.
+        port = svc.url.rsplit(":", 1)[1]
+        rebound = {"Host": f"rebind.example:{port}", "Origin": f"http://rebind.example:{port}"}
+        assert c.post("/api/models/broken/unload", headers=rebound).status_code == 403
+        by_ip = {"Host": f"127.0.0.2:{port}", "Origin": f"http://127.0.0.2:{port}"}
+        assert c.post("/api/models/broken/unload", headers=by_ip).status_code == 200

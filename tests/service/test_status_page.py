@@ -233,6 +233,11 @@ def test_status_page_asks_for_the_api_key(tmp_path: Path, tiny_gguf: Path, llama
             f"{svc.url}/api/models/tiny/load", headers={**svc.headers, "Origin": "http://evil.example"}
         )
         assert r.status_code == 403
+        # The page opened at a LAN name (same origin) may act: the key guards against rebinding.
+        port = svc.url.rsplit(":", 1)[1]
+        lan = {**svc.headers, "Host": f"gpubox.lan:{port}", "Origin": f"http://gpubox.lan:{port}"}
+        assert httpx.post(f"{svc.url}/api/models/tiny/load", headers=lan, timeout=60).status_code == 200
+        wait_until(d, lambda d: row_state(d, "tiny") == "ready", "ready after the LAN-origin load")
 
         full_page_screenshot(d, tmp_path / "status-phone-key.png", 390)
         d.find_element(By.ID, "logout").click()

@@ -1,4 +1,4 @@
-// A tiny element builder: text always goes in as text (no innerHTML anywhere on this page).
+// A tiny element builder: text always goes in as text, never parsed as HTML.
 
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
