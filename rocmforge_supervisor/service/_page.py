@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["CSP", "PAGE_PATHS", "page_routes", "same_origin"]
+__all__ = ["CSP", "PAGE_PATHS", "routes", "same_origin"]
 
 STATIC = Path(__file__).with_name("static")
 _ASSETS = "/ui"
@@ -84,7 +84,7 @@ async def _index(request: Request) -> Response:
     return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8", headers=headers)
 
 
-def page_routes() -> list[BaseRoute]:
+def routes() -> list[BaseRoute]:
     return [
         Route("/", _index, methods=["GET", "HEAD"], include_in_schema=False),
         Mount(_ASSETS, app=_SecurityHeaders(StaticFiles(directory=STATIC)), name="ui"),

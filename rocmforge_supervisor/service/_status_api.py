@@ -21,8 +21,9 @@ from starlette.routing import BaseRoute, Route
 
 from ..hardware import Device, Inventory, refresh_usage
 from ..supervisor import Supervisor
+from ._state import state_of
 
-__all__ = ["ThroughputSampler", "held_by_models", "status_routes"]
+__all__ = ["ThroughputSampler", "held_by_models", "routes"]
 
 #: Below this interval a sample returns the previous rate (several open pages share one sampler).
 _MIN_INTERVAL = 0.4
@@ -147,29 +148,38 @@ def _parse_slots(rows: list[Any]) -> dict[int, tuple[int, int]]:
     return out
 
 
-def status_routes(supervisor: Supervisor, upstream: httpx.AsyncClient) -> list[BaseRoute]:
-    sampler = ThroughputSampler(upstream)
+def _sampler(request: Request) -> ThroughputSampler:
+    """One per app, made on first use (several open pages share it)."""
+    sampler: ThroughputSampler | None = getattr(request.app.state, "throughput", None)
+    if sampler is None:
+        sampler = request.app.state.throughput = ThroughputSampler(state_of(request).upstream)
+    return sampler
 
-    async def api_devices(request: Request) -> Response:
-        """
-        summary: Every device with total / used / free memory and what our children hold on it.
-        responses:
-          200: {description: "{devices: [{key, name, usable, skip_reason, total_bytes, used_bytes, free_bytes, ours_bytes, models}], notes}"}
-          503: {description: the service is still detecting devices}
-        """
-        if supervisor.inventory is None:
-            return JSONResponse({"devices": [], "notes": ["still detecting devices"]}, status_code=503)
-        inventory = await anyio.to_thread.run_sync(refresh_usage, supervisor.inventory, supervisor.settings)
-        return JSONResponse(devices_json(inventory, held_by_models(supervisor)))
 
-    async def api_throughput(request: Request) -> Response:
-        """
-        summary: Live tokens/s per model, from the child's /slots (tokens decoded since the last sample).
-        responses:
-          200: {description: "{models: {name: {tokens_per_second, busy_slots, slots}}}"}
-        """
-        return JSONResponse({"models": await sampler.sample(supervisor)})
+async def api_devices(request: Request) -> Response:
+    """
+    summary: Every device with total / used / free memory and what our children hold on it.
+    responses:
+      200: {description: "{devices: [{key, name, usable, skip_reason, total_bytes, used_bytes, free_bytes, ours_bytes, models}], notes}"}
+      503: {description: the service is still detecting devices}
+    """
+    supervisor = state_of(request).supervisor
+    if supervisor.inventory is None:
+        return JSONResponse({"devices": [], "notes": ["still detecting devices"]}, status_code=503)
+    inventory = await anyio.to_thread.run_sync(refresh_usage, supervisor.inventory, supervisor.settings)
+    return JSONResponse(devices_json(inventory, held_by_models(supervisor)))
 
+
+async def api_throughput(request: Request) -> Response:
+    """
+    summary: Live tokens/s per model, from the child's /slots (tokens decoded since the last sample).
+    responses:
+      200: {description: "{models: {name: {tokens_per_second, busy_slots, slots}}}"}
+    """
+    return JSONResponse({"models": await _sampler(request).sample(state_of(request).supervisor)})
+
+
+def routes() -> list[BaseRoute]:
     return [
         Route("/api/devices", api_devices, methods=["GET"]),
         Route("/api/throughput", api_throughput, methods=["GET"]),
