@@ -56,7 +56,7 @@ def test_devices_throughput_and_status_fields(
         assert c.get("/api/throughput").json()["models"]["tiny"]["tokens_per_second"] in (0.0, None)
 
         # A long generation in the background: the live rate goes above zero while it runs.
-        body = {"model": "tiny", "prompt": "Once", "max_tokens": 1500, "stream": True}
+        body = {"model": "tiny", "prompt": "Once", "max_tokens": 1500, "stream": True, "ignore_eos": True}
         done = threading.Event()
 
         def generate() -> None:
