@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import fnmatch
+import tomllib
+from pathlib import Path
 from typing import Any
 
 from rocmforge_supervisor.service._page import CSP, PAGE_PATHS, STATIC, same_origin
@@ -40,3 +43,15 @@ def test_the_page_has_no_inline_script_or_style() -> None:
     assert html.count("<script") == 1 and 'src="/ui/app.js"' in html
     for js in STATIC.glob("*.js"):
         assert "innerHTML" not in js.read_text(), js.name  # text goes in as text
+
+
+def test_every_page_file_is_package_data() -> None:
+    """An installed package must carry the page: every file under static/ matches a package-data glob."""
+    root = Path(__file__).resolve().parents[2]
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["rocmforge_supervisor"]
+    package = root / "rocmforge_supervisor"
+    for f in STATIC.rglob("*"):
+        if f.is_file():
+            rel = f.relative_to(package).as_posix()
+            assert any(fnmatch.fnmatch(rel, g) and rel.count("/") == g.count("/") for g in globs), rel

@@ -201,7 +201,16 @@ def test_status_page_live_actions_crash_and_chat(
 def test_status_page_asks_for_the_api_key(tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path) -> None:
     key = "page-test-key-0123456789"
     cfg = _config(tmp_path, tiny_gguf, "tiny")
-    env = {"FORGE_API_KEY": key}
+    # Discovery reads a recorded machine (a 7800 XT and a 780M iGPU): the Devices panel shows a GPU
+    # bar and the skipped iGPU with its reason. The model itself runs on the CPU.
+    machine = Path(__file__).parents[1] / "fixtures" / "sysfs" / "apu780m_rx7800xt"
+    env = {
+        "FORGE_API_KEY": key,
+        "FORGE_SYSFS_ROOT": str(machine / "sys"),
+        "FORGE_DEV_ROOT": str(machine / "dev"),
+        "FORGE_USE_AMDSMI": "0",
+        "FORGE_USE_NVML": "0",
+    }
     with (
         running_service(cfg, tmp_path / "state", llama_server_bin, api_key=key, extra_env=env) as svc,
         chromium(tmp_path / "profile", 390, 844) as d,
@@ -224,6 +233,13 @@ def test_status_page_asks_for_the_api_key(tmp_path: Path, tiny_gguf: Path, llama
         assert d.execute_script("return sessionStorage.getItem('forge.apiKey')") == key
         assert d.get_cookies() == []
         assert key not in d.current_url
+
+        devices = d.find_element(By.ID, "devices")
+        wait_until(d, lambda d: "780M" in devices.text, "the GPUs in the Devices panel")
+        assert d.find_elements(By.CSS_SELECTOR, 'li[data-device="amd:0"] .bar')
+        igpu = devices.find_element(By.CSS_SELECTOR, 'li[data-device="amd:1"]')
+        assert "iGPU" in igpu.text and "skipped: integrated GPU" in igpu.text, igpu.text
+        assert not igpu.find_elements(By.CSS_SELECTOR, ".bar")
 
         # State changes work with the key (Bearer header; same-origin Origin is accepted)…
         model_row(d, "tiny").find_element(By.CSS_SELECTOR, 'button[data-action="unload"]').click()

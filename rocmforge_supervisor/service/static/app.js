@@ -82,6 +82,18 @@ async function loop(gen, everyMs, fn) {
   }
 }
 
+let refreshQueued = false;
+
+/** One models refresh for a burst of events (a reconnect replays up to 200 at once). */
+function scheduleRefresh() {
+  if (refreshQueued) return;
+  refreshQueued = true;
+  setTimeout(() => {
+    refreshQueued = false;
+    refreshModels().catch(() => {}); // the poll loop reports failures
+  }, 100);
+}
+
 async function followEvents(gen) {
   let delay = 500;
   while (gen === generation) {
@@ -91,11 +103,12 @@ async function followEvents(gen) {
       const r = await request("/api/events?replay=1", { signal: abort.signal });
       setConn("live", "live");
       delay = 500;
+      timeline.clear(); // the replay brings the history again (and a restarted service counts anew)
       for await (const ev of sse(r)) {
         if (gen !== generation) break;
         const data = JSON.parse(ev.data);
         timeline.add(data);
-        if (data.model !== "*") refreshModels().catch(() => {});
+        if (data.model !== "*") scheduleRefresh();
       }
     } catch (err) {
       if (err instanceof AuthError) return onAuthError();

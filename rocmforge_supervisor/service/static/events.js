@@ -35,7 +35,7 @@ export class Timeline {
   }
 
   add(ev) {
-    if (this.seen.has(ev.seq)) return; // a reconnect replays the history
+    if (this.seen.has(ev.seq)) return; // never twice, whatever the stream repeats
     this.seen.add(ev.seq);
     const [what, detail] = describe(ev);
     const item = h(

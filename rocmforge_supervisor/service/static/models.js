@@ -89,7 +89,7 @@ class ModelRow {
     setText(this.uptime, duration(s.uptime));
     setText(this.restarts, String(s.restarts));
     this.restarts.className = s.restarts > 0 ? "warn" : "";
-    const limit = s.max_concurrency ? ` / ${s.max_concurrency}` : "";
+    const limit = s.max_concurrency ? `/${s.max_concurrency}` : "";
     setText(this.requests, `${s.in_flight}${limit} running\n${s.waiting} queued`);
     const rate = tps?.tokens_per_second;
     setText(this.tps, rate === null || rate === undefined ? "–" : rate.toFixed(1));
