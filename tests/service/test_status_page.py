@@ -145,6 +145,7 @@ def test_status_page_live_actions_crash_and_chat(
         assert reply.strip()
         lengths = d.execute_script("return window.__reply")
         assert len(set(lengths)) >= 3, f"the reply did not stream: {lengths}"
+        wait_until(d, lambda d: cell(d, "gemma", "Requests").startswith("0/"), "the chat's slot given back")
 
         # Screenshots (the log panel closed: the failed row's stderr block already shows one).
         d.execute_script(

@@ -70,13 +70,18 @@ export async function postJSON(path, body) {
 /** Yields decoded text chunks of a streaming response body. */
 export async function* textChunks(response) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let ended = false;
   try {
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) return;
+      if (done) {
+        ended = true;
+        return;
+      }
       yield value;
     }
   } finally {
+    if (!ended) reader.cancel().catch(() => {}); // the caller stopped early: close the response
     reader.releaseLock();
   }
 }
