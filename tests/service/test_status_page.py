@@ -92,6 +92,7 @@ def _tab_to(driver: WebDriver, selector: str, limit: int = 60) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # three loads and a generation of the real model, in a browser
 def test_status_page_live_actions_crash_and_chat(
     tmp_path: Path, gemma_path: Path, tiny_gguf: Path, llama_server_bin: Path
 ) -> None:
