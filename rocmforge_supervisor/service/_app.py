@@ -18,7 +18,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
 
-from . import _control, _observe, _ollama, _proxy
+from . import _control, _observe, _ollama, _page, _proxy, _status_api
 from ._middleware import RequestContext
 from ._ollama_meta import local_model_path
 from ._state import GatewayState
@@ -39,6 +39,7 @@ def create_app(
         *_ollama.routes(),
         *extra_routes,
     ]
+    routes += [*_status_api.routes(), *_page.routes()]  # the status page at / and its data
     middleware = [Middleware(RequestContext, state=state)]
     origins = cors_origins if cors_origins is not None else state.cors_origins
     if origins:
