@@ -24,7 +24,7 @@ import anyio.abc
 import uvicorn
 
 from .._errors import ConfigError, ForcedExit, ForgeError, ServiceError
-from ..config import ForgeConfig, ForgeSettings
+from ..config import ForgeConfig, ForgeSettings, ServerConfig
 from ..process import unwrap_group
 from ..supervisor import ModelState, Supervisor
 from ._app import GatewayState, create_app
@@ -88,6 +88,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _bind_all(server_cfg: ServerConfig) -> list[socket.socket]:
+    """The main socket, and ``ollama_port``'s when set: Ollama clients look on 11434, so the same
+    app (every route, the same auth) listens there too."""
+    sockets = [_bind(server_cfg.host, server_cfg.port)]
+    if server_cfg.ollama_port is not None:
+        try:
+            sockets.append(_bind(server_cfg.host, server_cfg.ollama_port))
+        except ServiceError:
+            sockets[0].close()
+            raise
+    return sockets
+
+
 def _write_info(path: Path, info: ServiceInfo) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".service-")
@@ -111,7 +124,8 @@ async def run_service(
     ``settings`` are the ones ``config`` was loaded with (kept for the CLI's call).
     """
     supervisor = Supervisor(config)
-    sock = _bind(config.server.host, config.server.port)
+    sockets = _bind_all(config.server)
+    sock = sockets[0]
     host, port = sock.getsockname()[:2]
     base_url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     info_path = service_info_path(supervisor.state_dir)
@@ -126,13 +140,20 @@ async def run_service(
 
                 async def serve_gateway() -> None:
                     try:
-                        await uv.serve([sock])
+                        await uv.serve(sockets)
                     finally:
                         gateway_done.set()
 
                 tg.start_soon(serve_gateway)
                 config_file = str(config_path) if config_path else None
-                _write_info(info_path, {"url": base_url, "pid": os.getpid(), "config": config_file})
+                ollama_port = sockets[1].getsockname()[1] if len(sockets) > 1 else None
+                written = {
+                    "url": base_url,
+                    "pid": os.getpid(),
+                    "config": config_file,
+                    "ollama_port": ollama_port,
+                }
+                _write_info(info_path, written)
                 if on_listening is not None:
                     on_listening(base_url)
                 tg.start_soon(_announce_ready, supervisor, notifier)
@@ -147,7 +168,8 @@ async def run_service(
             raise inner from None
         raise
     finally:
-        sock.close()
+        for s in sockets:
+            s.close()
         with anyio.CancelScope(shield=True):
             await state.upstream.aclose()
         info = read_service_info(supervisor.state_dir)
@@ -168,6 +190,8 @@ def _gateway(
         model_dirs=config.model_dirs,
         reload=reload,
         cors_origins=list(server_cfg.cors_origins),
+        sse_keepalive=server_cfg.sse_keepalive,
+        settings=config.settings,
     )
     app = create_app(state, cors_origins=list(server_cfg.cors_origins))
     uv = _Uvicorn(

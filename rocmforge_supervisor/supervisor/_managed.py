@@ -25,8 +25,9 @@ from ..config import ModelConfig, SupervisorConfig
 from ..process import LlamaServer, describe_returncode, unwrap_group
 from ._events import EventBus, EventKind
 from ._launch import LaunchPlan
+from ._loading import wait_ready_within
 from ._placement import LoadedModel
-from ._status import Breaker, ModelState, ModelStatus, check_transition
+from ._status import Breaker, ModelState, ModelStatus, check_transition, model_status
 
 __all__ = ["ManagedModel", "PlanFn"]
 
@@ -73,6 +74,7 @@ class ManagedModel:
         self.last_used = time.monotonic()
         self.ready_since: float | None = None
         self.load_seconds: float | None = None
+        self.loading_since: float | None = None
         self._slots = anyio.Semaphore(self.max_concurrency)
         self._changed = anyio.Event()
         self._stop_requested = False
@@ -88,6 +90,8 @@ class ManagedModel:
         #: Why the breaker opened: placement, oom, timeout, invalid, crash_loop, internal, …
         self.failure_kind: str | None = None
         self.on_ready: list[Callable[[ManagedModel], None]] = []
+        #: Idle seconds a client asked for (Ollama's ``keep_alive``); the config's ``ttl`` wins.
+        self.ttl_hint: float | None = None
 
     # -- configuration that may change in place on reload --------------------------------------
 
@@ -101,7 +105,8 @@ class ManagedModel:
 
     @property
     def ttl(self) -> float:
-        return self.config.ttl
+        """The configured ``ttl``; without one, a client's hint (Ollama's ``keep_alive``)."""
+        return float(self.config.ttl or self.ttl_hint or 0)
 
     def update_limits(self, config: ModelConfig) -> None:
         """A reload that changed only ttl/queue/max_concurrency: keep the child, change the limits."""
@@ -146,27 +151,7 @@ class ManagedModel:
         changed.set()
 
     def status(self) -> ModelStatus:
-        server, plan = self.server, self.plan
-        alive = server is not None and server.alive
-        ready = self.ready_since is not None and self.state == ModelState.READY
-        return ModelStatus(
-            name=self.name,
-            state=self.state,
-            since=self.state_since,
-            path=self.config.path,
-            pid=server.pid if server is not None and alive else None,
-            port=server.port if server is not None and alive else None,
-            devices=plan.devices if plan else [],
-            restarts=self.restarts,
-            last_error=self.last_error,
-            uptime=time.monotonic() - self.ready_since if ready and self.ready_since else None,
-            in_flight=self.in_flight,
-            waiting=self.waiting,
-            load_seconds=self.load_seconds,
-            estimated_bytes=plan.estimated_bytes if plan else {},
-            actual_bytes=plan.actual.device_totals() if plan else {},
-            log_path=str(plan.spec.log_path) if plan and plan.spec.log_path else None,
-        )
+        return model_status(self)
 
     def as_loaded(self) -> LoadedModel | None:
         """This model as placement counts it, or None when it holds no memory."""
@@ -230,6 +215,7 @@ class ManagedModel:
         """Step 1: the launch plan (placement may evict others); None when it cannot be made."""
         if self.state != ModelState.LOADING:
             self._set_state(ModelState.LOADING, restarts=self.restarts)
+        self.loading_since = time.monotonic()
         try:
             return await self._plan(self)
         except ForgeError as exc:
@@ -249,8 +235,7 @@ class ManagedModel:
                 await tg.start(server.run)
                 self._on_ready(server)
                 tg.start_soon(self._watch_health, server)
-                if self.ttl > 0:
-                    tg.start_soon(self._watch_ttl)
+                tg.start_soon(self._watch_ttl)
                 await server.exited.wait()
                 tg.cancel_scope.cancel()
         except BaseException as exc:
@@ -360,6 +345,9 @@ class ManagedModel:
 
     async def _watch_ttl(self) -> None:
         while True:
+            if self.ttl <= 0:  # no ttl (yet): a client's keep_alive hint may set one later
+                await anyio.sleep(1.0)
+                continue
             idle_for = time.monotonic() - self.last_used
             if self.in_flight == 0 and self.waiting == 0 and idle_for >= self.ttl:
                 self._events.publish(self.name, EventKind.TTL, idle_seconds=idle_for)
@@ -414,7 +402,9 @@ class ManagedModel:
             await changed.wait()
 
     @asynccontextmanager
-    async def acquire(self, start: Callable[[ManagedModel], None]) -> AsyncIterator[LlamaServer]:
+    async def acquire(
+        self, start: Callable[[ManagedModel], None], load_wait: float | None = None
+    ) -> AsyncIterator[LlamaServer]:
         """A slot at the child for one request: waits for load and for the concurrency limit."""
         if self.waiting >= self.queue_limit:
             raise QueueFull(
@@ -425,7 +415,7 @@ class ManagedModel:
         self.waiting += 1
         try:
             while True:
-                server = await self.wait_ready(start)
+                server = await wait_ready_within(self, start, load_wait)
                 slots = self._slots
                 await slots.acquire()
                 # The wait for a slot can be long: the child may have died, or the model may be

@@ -20,9 +20,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["TRANSITIONS", "Breaker", "IllegalTransition", "ModelState", "ModelStatus", "check_transition"]
+if TYPE_CHECKING:
+    from ._managed import ManagedModel
+
+__all__ = [
+    "TRANSITIONS",
+    "Breaker",
+    "IllegalTransition",
+    "ModelState",
+    "ModelStatus",
+    "check_transition",
+    "model_status",
+]
 
 
 class ModelState(StrEnum):
@@ -100,6 +111,15 @@ class ModelStatus:
     estimated_bytes: dict[str, int] = field(default_factory=dict)
     actual_bytes: dict[str, int] = field(default_factory=dict)
     log_path: str | None = None
+    # For the status page: why it failed, what the child said last, when TTL unloads it.
+    failure_kind: str | None = None
+    last_stderr: list[str] = field(default_factory=list)
+    log_last: list[str] = field(default_factory=list)
+    ttl: float | None = None
+    ttl_left: float | None = None
+    max_concurrency: int = 0
+    queue_limit: int = 0
+    requests_total: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -121,4 +141,54 @@ class ModelStatus:
                 "actual_bytes": dict(self.actual_bytes),
             },
             "log_path": self.log_path,
+            "failure_kind": self.failure_kind,
+            "last_stderr": list(self.last_stderr),
+            "log_last": list(self.log_last),
+            "ttl": self.ttl,
+            "ttl_left": self.ttl_left,
+            "max_concurrency": self.max_concurrency,
+            "queue_limit": self.queue_limit,
+            "requests_total": self.requests_total,
         }
+
+
+def model_status(m: ManagedModel) -> ModelStatus:
+    """What the control API reports of ``m`` now."""
+    server, plan = m.server, m.plan
+    alive = server is not None and server.alive
+    ready = m.ready_since is not None and m.state == ModelState.READY
+    return ModelStatus(
+        failure_kind=m.failure_kind,
+        last_stderr=m.last_stderr[-15:],
+        log_last=server.log.tail(1)[-1:] if server else [],
+        ttl=m.ttl or None,
+        ttl_left=_ttl_left(m),
+        max_concurrency=m.max_concurrency,
+        queue_limit=m.queue_limit,
+        requests_total=m.requests_total,
+        name=m.name,
+        state=m.state,
+        since=m.state_since,
+        path=m.config.path,
+        pid=server.pid if server is not None and alive else None,
+        port=server.port if server is not None and alive else None,
+        devices=plan.devices if plan else [],
+        restarts=m.restarts,
+        last_error=m.last_error,
+        uptime=time.monotonic() - m.ready_since if ready and m.ready_since else None,
+        in_flight=m.in_flight,
+        waiting=m.waiting,
+        load_seconds=m.load_seconds,
+        estimated_bytes=plan.estimated_bytes if plan else {},
+        actual_bytes=plan.actual.device_totals() if plan else {},
+        log_path=str(plan.spec.log_path) if plan and plan.spec.log_path else None,
+    )
+
+
+def _ttl_left(m: ManagedModel) -> float | None:
+    """Seconds until the TTL unloads an idle ready model; the full TTL while it is busy."""
+    if m.ttl <= 0 or m.state != ModelState.READY:
+        return None
+    if m.in_flight or m.waiting:
+        return m.ttl
+    return max(0.0, m.ttl - (time.monotonic() - m.last_used))

@@ -88,4 +88,12 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "path": "/m.gguf",
         "memory": {"estimated_bytes": {"cpu": 1}, "actual_bytes": {}},
         "log_path": None,
+        "failure_kind": None,
+        "last_stderr": [],
+        "log_last": [],
+        "ttl": None,
+        "ttl_left": None,
+        "max_concurrency": 0,
+        "queue_limit": 0,
+        "requests_total": 0,
     }
