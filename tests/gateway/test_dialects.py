@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import anthropic
@@ -65,8 +66,10 @@ def _http(svc: Service) -> httpx.Client:
     return httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
 
 
-def test_anthropic_sdk_messages_stream_count_tokens_with_x_api_key(svc: Service) -> None:
-    client = anthropic.Anthropic(base_url=svc.url, api_key=KEY, max_retries=0)  # sends x-api-key
+def test_anthropic_sdk_messages_stream_count_tokens_with_x_api_key(svc: Service, closing: ExitStack) -> None:
+    client = closing.enter_context(
+        anthropic.Anthropic(base_url=svc.url, api_key=KEY, max_retries=0)
+    )  # sends x-api-key
     # What Claude Code sends besides messages: a system prompt and metadata (lemonade#2662).
     msg = client.messages.create(
         model="chat",
@@ -90,12 +93,12 @@ def test_anthropic_sdk_messages_stream_count_tokens_with_x_api_key(svc: Service)
     assert count.input_tokens > 0
 
 
-def test_anthropic_errors_are_sdk_status_errors(svc: Service) -> None:
-    client = anthropic.Anthropic(base_url=svc.url, api_key=KEY, max_retries=0)
+def test_anthropic_errors_are_sdk_status_errors(svc: Service, closing: ExitStack) -> None:
+    client = closing.enter_context(anthropic.Anthropic(base_url=svc.url, api_key=KEY, max_retries=0))
     with pytest.raises(anthropic.NotFoundError) as nf:
         client.messages.create(model="nope", max_tokens=5, messages=[{"role": "user", "content": "x"}])
     assert nf.value.body["type"] == "error" and nf.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
-    bad = anthropic.Anthropic(base_url=svc.url, api_key="wrong", max_retries=0)
+    bad = closing.enter_context(anthropic.Anthropic(base_url=svc.url, api_key="wrong", max_retries=0))
     with pytest.raises(anthropic.AuthenticationError) as auth:
         bad.messages.create(model="chat", max_tokens=5, messages=[{"role": "user", "content": "x"}])
     assert auth.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
@@ -110,8 +113,8 @@ def test_anthropic_errors_are_sdk_status_errors(svc: Service) -> None:
     assert "temperature" in str(upstream.value)
 
 
-def test_openai_sdk_responses_stream_and_not(svc: Service) -> None:
-    client = openai.OpenAI(base_url=f"{svc.url}/v1", api_key=KEY, max_retries=0)
+def test_openai_sdk_responses_stream_and_not(svc: Service, closing: ExitStack) -> None:
+    client = closing.enter_context(openai.OpenAI(base_url=f"{svc.url}/v1", api_key=KEY, max_retries=0))
     r = client.responses.create(model="chat", input="Hello", max_output_tokens=5)
     assert r.status == "completed" and r.output_text
     events = list(client.responses.create(model="chat", input="Hello", max_output_tokens=4, stream=True))
@@ -188,8 +191,10 @@ def test_transcriptions_take_the_model_from_the_multipart_form(svc: Service) -> 
     assert none.status_code == 400 and "model" in none.json()["error"]["message"]
 
 
-def test_v1_models_keeps_the_openai_shape_and_adds_context_and_capabilities(svc: Service) -> None:
-    client = openai.OpenAI(base_url=f"{svc.url}/v1", api_key=KEY, max_retries=0)
+def test_v1_models_keeps_the_openai_shape_and_adds_context_and_capabilities(
+    svc: Service, closing: ExitStack
+) -> None:
+    client = closing.enter_context(openai.OpenAI(base_url=f"{svc.url}/v1", api_key=KEY, max_retries=0))
     models = {m.id: m for m in client.models.list().data}
     assert set(models) == {"chat", "plain"}
     chat = models["chat"].model_dump()
@@ -199,8 +204,8 @@ def test_v1_models_keeps_the_openai_shape_and_adds_context_and_capabilities(svc:
     assert "embedding" in models["plain"].model_dump()["capabilities"]
 
 
-def test_chat_with_tools_streams_on_a_tool_template(svc: Service) -> None:
-    client = openai.OpenAI(base_url=f"{svc.url}/v1", api_key=KEY, max_retries=0)
+def test_chat_with_tools_streams_on_a_tool_template(svc: Service, closing: ExitStack) -> None:
+    client = closing.enter_context(openai.OpenAI(base_url=f"{svc.url}/v1", api_key=KEY, max_retries=0))
     chunks = list(
         client.chat.completions.create(
             model="chat",
