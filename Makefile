@@ -5,17 +5,24 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 FORGE  := $(BIN)/forge
 STAMP  := $(VENV)/.installed-stamp
+DEV_STAMP := $(VENV)/.dev-stamp
 
-.PHONY: setup venv llama-server model run test test-fast lint bench clean
+.PHONY: setup venv dev llama-server model run test test-fast lint bench clean
 
-setup: venv llama-server model ## venv + package, llama-server built (cached), default model assembled
+setup: venv llama-server model ## venv + package, llama-server built (cached), default model fetched
 
+# `make run` needs the package only; the test tools and the tests' second model come with `dev`.
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[demo,dev]'
+	$(BIN)/python -m pip install -q -e .
 	@touch $(STAMP)
+
+dev: $(DEV_STAMP)
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[demo,dev]'
+	@touch $(DEV_STAMP)
 
 llama-server: venv
 	$(FORGE) build
@@ -28,15 +35,15 @@ PORT ?= 8080
 run: setup ## the main job: forge serve with the embedded default model preloaded, until Ctrl-C
 	$(FORGE) serve --config examples/forge.toml --port $(PORT)
 
-lint: venv
+lint: dev
 	$(BIN)/ruff check rocmforge_supervisor tests scripts
 	$(BIN)/ruff format --check rocmforge_supervisor tests scripts
 	$(BIN)/mypy
 
-test: setup lint ## the whole suite, against the real llama-server
+test: setup dev lint ## the whole suite, against the real llama-server
 	$(BIN)/pytest -q
 
-bench: setup ## the benchmarks (numbers, not pass/fail): see scripts/bench/
+bench: setup dev ## the benchmarks (numbers, not pass/fail): see scripts/bench/
 	$(BIN)/python scripts/bench/bench_detect.py
 	$(BIN)/python scripts/bench/bench_sse.py
 	$(BIN)/python scripts/bench/bench_instance.py
