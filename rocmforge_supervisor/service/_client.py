@@ -42,13 +42,7 @@ class ServiceClient:
                 hint="is `forge serve` running?",
             ) from exc
         if r.status_code >= 400:
-            try:
-                msg = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                msg = r.text.strip()[:300]
-            err = ServiceError(msg)
-            err.exit_code = 2 if r.status_code in (400, 404) else 1
-            raise err
+            raise _error_from(r)
         return r.json()
 
     def models(self) -> list[dict[str, Any]]:
@@ -87,10 +81,24 @@ class ServiceClient:
             with self._http.stream("GET", f"/api/models/{name}/logs", params=params) as r:
                 if r.status_code >= 400:
                     r.read()
-                    raise ServiceError(r.text.strip()[:300])
+                    raise _error_from(r)
                 yield from r.iter_lines()
         except httpx.HTTPError as exc:
             raise ServiceError(f"log stream from {self.base_url} broke: {exc}") from exc
+
+
+def _error_from(r: httpx.Response) -> ServiceError:
+    """One error path for every control-API call: the message of the JSON error body (not the
+    body itself), exit code 2 for what the user asked wrongly (unknown model, bad request)."""
+    try:
+        body = r.json()
+        msg = body["error"]["message"] if isinstance(body.get("error"), dict) else str(body["error"])
+        hint = body["error"].get("hint") if isinstance(body.get("error"), dict) else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        msg, hint = r.text.strip()[:300] or f"HTTP {r.status_code}", None
+    err = ServiceError(msg, hint=hint if isinstance(hint, str) else None)
+    err.exit_code = 2 if r.status_code in (400, 404, 409, 422) else 1
+    return err
 
 
 def find_service(

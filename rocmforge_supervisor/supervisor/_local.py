@@ -41,6 +41,7 @@ class LoadOptions:
     parallel: int | None = None
     gpu: GpuChoice = "auto"
     port: int | None = None
+    api_key: str | None = None  # None: a new random one; "": none (the child binds loopback only)
     alias: str | None = None
     args: Sequence[str] = ()
     stall_timeout: float = 300.0
@@ -111,6 +112,7 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
         parallel=options.parallel if options.parallel is not None else decision.parallel,
         extra_args=extra,
         port=options.port,
+        api_key=options.api_key,
         mask=mask,
         cpu_only=cpu_only,
         log_path=log_path,
