@@ -193,10 +193,11 @@ def test_a_task_started_by_a_request_forgets_its_id_when_the_request_ends(out: T
 
     async def main() -> None:
         with anyio.fail_after(10):
-            request_over, logged = anyio.Event(), anyio.Event()
+            request_over, logged, first = anyio.Event(), anyio.Event(), anyio.Event()
 
             async def long_lived() -> None:  # e.g. a model's supervision task
                 log.info("while the request runs")
+                first.set()
                 await request_over.wait()
                 log.info("stopping llama-server")
                 logged.set()
@@ -205,8 +206,7 @@ def test_a_task_started_by_a_request_forgets_its_id_when_the_request_ends(out: T
                 request_id_var.set("req-1")
                 log.info("handling")
                 tg.start_soon(long_lived)  # copies this context
-                await anyio.sleep(0)  # let it log while the request is still running
-                await anyio.sleep(0)
+                await first.wait()  # it logs while the request is still running
 
             async with anyio.create_task_group() as tg:
                 async with anyio.create_task_group() as req:
