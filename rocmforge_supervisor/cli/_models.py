@@ -113,7 +113,7 @@ def _estimate_table(est: MemoryEstimate) -> Table:
 
 def inspect(
     model: str = typer.Argument(
-        ..., help="A .gguf path, an embedded name (gemma-3-270m) or hf:org/repo:QUANT."
+        ..., help="A .gguf path, an embedded name (smollm2-135m, gemma-3-270m) or hf:org/repo:QUANT."
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     ctx_size: int = typer.Option(0, "--ctx-size", "-c", help="Context for the estimate (0: trained)."),
