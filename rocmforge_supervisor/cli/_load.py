@@ -196,6 +196,8 @@ def load(
     """
     _sigterm_as_interrupt()
     key = _key_option(api_key, no_api_key)
+    # A port or key of its own is about this command's child: the service has its own.
+    private = private or port is not None or key is not None
     if not private:
         if prompt is None:
             from ._serve import load_via_service

@@ -76,6 +76,17 @@ def test_bad_gguf_and_hub_reference_with_brackets(tmp_path: Path, env: dict[str,
     assert r.returncode == 2 and "[bold]org/[x]repo" in r.stderr, r.stderr
 
 
+def test_option_values_with_brackets(tiny_gguf: Path, env: dict[str, str]) -> None:
+    for args, needle in (
+        (["load", str(tiny_gguf), "--gpu", "[/]", "-p", "x"], "'[/]'"),
+        (["inspect", str(tiny_gguf), "--cache-type-k", "[/]q8"], "'[/]q8'"),
+        (["inspect", str(tiny_gguf), "--gpu", "[bold]amd:0"], "'[bold]amd:0'"),
+    ):
+        r = run(*args, env=env)
+        _ok(r)
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
 def test_config_errors_keep_their_brackets(tmp_path: Path, env: dict[str, str]) -> None:
     d = tmp_path / "[/]conf"
     d.mkdir(parents=True)
