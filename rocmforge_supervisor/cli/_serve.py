@@ -79,7 +79,7 @@ def connect_service(
 def usage_examples(url: str, model: str, *, keyed: bool) -> list[str]:
     """What ``forge serve`` prints to try it: a curl and an OpenAI-SDK program, both complete
     enough to paste into a shell as they are (ASCII only, a key that works, a ``max_tokens``)."""
-    question = "What is the capital of France?"
+    question = "What is the capital of France? Answer in one word."
     body = json.dumps({"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": question}]})
     auth = ' -H "Authorization: Bearer $FORGE_API_KEY"' if keyed else ""
     # Without a key the service accepts any bearer token; the SDK insists on one, so give it one.
