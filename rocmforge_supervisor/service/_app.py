@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
 
-from . import _control, _observe, _proxy
+from . import _control, _observe, _page, _proxy, _status_api
 from ._middleware import RequestContext
 from ._state import GatewayState
 
@@ -30,6 +30,7 @@ def create_app(
     extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     routes: list[BaseRoute] = [*_observe.routes(), *_proxy.routes(), *_control.routes(), *extra_routes]
+    routes += [*_status_api.routes(), *_page.routes()]  # the status page at / and its data
     middleware = [Middleware(RequestContext, state=state)]
     origins = cors_origins if cors_origins is not None else state.cors_origins
     if origins:

@@ -186,7 +186,24 @@ class ManagedModel:
                 "actual_bytes": actual or {},
             },
             "log_path": str(prepared.spec.log_path) if prepared and prepared.spec.log_path else None,
+            # For the status page: why it failed, what the child said last, when TTL unloads it.
+            "failure_kind": self.failure_kind,
+            "last_stderr": self.last_stderr[-15:],
+            "log_last": server.log.tail(1)[-1:] if server else [],
+            "ttl": self.ttl or None,
+            "ttl_left": self._ttl_left(),
+            "max_concurrency": self.max_concurrency,
+            "queue_limit": self.queue_limit,
+            "requests_total": self.requests_total,
         }
+
+    def _ttl_left(self) -> float | None:
+        """Seconds until the TTL unloads an idle ready model; the full TTL while it is busy."""
+        if self.ttl <= 0 or self.state != ModelState.READY:
+            return None
+        if self.in_flight or self.waiting:
+            return self.ttl
+        return max(0.0, self.ttl - (time.monotonic() - self.last_used))
 
     # -- the child's life ----------------------------------------------------------------------
 
