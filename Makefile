@@ -12,16 +12,18 @@ DEV_STAMP := $(VENV)/.dev-stamp
 setup: venv llama-server model ## venv + package, llama-server built (cached), default model fetched
 
 # `make run` needs the package only; the test tools and the tests' second model come with `dev`.
+# -qq: errors only. setuptools prints an "Editable installation" warning box on every editable
+# install (not about our pyproject: tests/test_packaging.py checks that ours prints none).
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -qq -e .
 	@touch $(STAMP)
 
 dev: $(DEV_STAMP)
 $(DEV_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[demo,dev]'
+	$(BIN)/python -m pip install -qq -e '.[demo,dev]'
 	@touch $(DEV_STAMP)
 
 llama-server: venv
