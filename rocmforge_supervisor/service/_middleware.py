@@ -19,6 +19,7 @@ from .._errors import Forbidden, ForgeError, PayloadTooLarge, Unauthorized
 from ._errors_http import error_response
 from ._logging import request_id_var
 from ._page import PAGE_PATHS, same_origin
+from ._routes import dialect_for_path
 from ._state import GatewayState
 
 __all__ = ["RequestContext", "read_body"]
@@ -54,7 +55,7 @@ class RequestContext:
         try:
             self._check(scope, headers)
         except ForgeError as exc:
-            await error_response(exc)(scope, receive, send_with_id)
+            await error_response(exc, dialect=dialect_for_path(scope["path"]))(scope, receive, send_with_id)
             return
         await self.app(scope, receive, send_with_id)
 
