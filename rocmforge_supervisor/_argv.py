@@ -132,7 +132,7 @@ def server_argv(
     host: str,
     port: int,
     alias: str,
-    api_key_file: Path,
+    api_key_file: Path | None,
     ctx_size: int | None,
     cpu_only: bool,
     n_gpu_layers: int | str | None,
@@ -147,11 +147,12 @@ def server_argv(
         "--host", host,
         "--port", str(port),
         "--alias", alias,
-        "--api-key-file", str(api_key_file),
         "--metrics",
         "--no-webui",
         "--log-colors", "off",
     ]  # fmt: skip
+    if api_key_file is not None:  # None: no key at all (a loopback-only child)
+        a += ["--api-key-file", str(api_key_file)]
     if ctx_size is not None:
         a += ["--ctx-size", str(ctx_size)]
     if cpu_only:

@@ -63,7 +63,7 @@ class LlamaServer:
         self.port: int | None = None
         self.pid: int | None = None
         self.returncode: int | None = None
-        self.api_key = secrets.token_urlsafe(24)
+        self.api_key = spec.api_key if spec.api_key is not None else secrets.token_urlsafe(24)
         self.log = LogRing(spec.log_path)
         for listener in spec.line_listeners:
             self.log.subscribe(listener)

@@ -65,6 +65,7 @@ class InstanceSpec:
     parent_env: Mapping[str, str] | None = None
     line_listeners: Sequence[Callable[[str], object]] = ()
     bind_retries: int = 3
+    api_key: str | None = None  # None: a new random key per start; "": no key (loopback only)
 
     def args(self, port: int, api_key_file: Path) -> list[str]:
         return server_argv(
@@ -73,7 +74,7 @@ class InstanceSpec:
             host=self.host,
             port=port,
             alias=self.alias,
-            api_key_file=api_key_file,
+            api_key_file=api_key_file if self.api_key != "" else None,
             ctx_size=self.ctx_size,
             cpu_only=self.cpu_only,
             n_gpu_layers=self.n_gpu_layers,

@@ -29,6 +29,7 @@ from ..build import locate_llama_server
 from ..client import TextModel
 from ..config import ForgeSettings, GpuChoice, GpuLayers, get_settings, parse_gpu, parse_gpu_layers
 from ..hardware import detect
+from ..models import embedded_models
 from ..process import LlamaServer, describe_returncode, unwrap_group
 from ._launch import LaunchPlan, ModelSpec, build_plan, decide, resolve
 
@@ -44,6 +45,7 @@ class LoadOptions:
     parallel: int | None = None
     gpu: GpuChoice | Sequence[int | str] = "auto"
     port: int | None = None
+    api_key: str | None = None  # None: a new random one; "": none (the child binds loopback only)
     alias: str | None = None
     args: Sequence[str] = ()
     stall_timeout: float = 300.0
@@ -84,7 +86,8 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
     resolved = resolve(spec, settings)  # bad magic / truncated / wrong version: refused before any spawn
     binary = locate_llama_server(settings).path
     inventory = detect(settings)
-    alias = options.alias or resolved.path.stem
+    # An embedded model is known by its short name (what `forge chat`/the service call it).
+    alias = options.alias or (str(model) if str(model) in embedded_models() else resolved.path.stem)
     decision = decide(spec, alias, resolved, inventory)
     return build_plan(
         spec,
@@ -97,6 +100,7 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
         log_path=options.log_path or settings.logs_dir / f"{alias.replace('/', '_')}.log",
         state_dir=settings.state_dir,
         port=options.port,
+        api_key=options.api_key,
         stall_timeout=options.stall_timeout,
         ready_timeout=options.ready_timeout,
         stop_timeout=options.stop_timeout,
