@@ -171,6 +171,9 @@ def test_foreground_port_and_key_are_the_users(tiny_gguf: Path, env: dict[str, s
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def test_api_key_options_are_checked(tiny_gguf: Path, env: dict[str, str]) -> None:
