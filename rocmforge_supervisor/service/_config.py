@@ -223,7 +223,7 @@ class SupervisorConfig(_Section):
 
 #: ModelConfig fields that do not change the running child: a reload that only touches these
 #: keeps the child (see :meth:`ForgeConfig.model_fingerprint`).
-_NOT_IN_FINGERPRINT = frozenset({"ttl", "max_concurrency", "queue", "preload"})
+_NOT_IN_FINGERPRINT = frozenset({"ttl", "max_concurrency", "queue", "preload", "max_tokens"})
 
 
 class ModelConfig(_Section):
@@ -246,6 +246,12 @@ class ModelConfig(_Section):
     """Requests allowed to wait; beyond this the gateway answers 429."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
+    embeddings: bool = False
+    """Serve ``/v1/embeddings``: starts llama-server with ``--embeddings`` and, unless ``args``
+    choose one, ``--pooling mean`` (OpenAI-shaped embeddings need a pooled vector)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Default ``max_tokens`` for chat/completions requests that send none (None: to the end of
+    the slot's context)."""
 
     @property
     def effective_max_concurrency(self) -> int:

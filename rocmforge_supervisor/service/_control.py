@@ -14,13 +14,15 @@ from typing import Any
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .._errors import ForgeError, ModelNotFound, UsageError
+from .._errors import ForgeError, InvalidRequest, ModelNotFound, UsageError
 from ._errors_http import error_response
+from ._live import LiveStream
 from ._middleware import read_body
 from ._state import GatewayState, request_id, state_of
+from ._validate import parse_object
 
 __all__ = ["routes"]
 
@@ -45,7 +47,7 @@ async def _control(request: Request, action: Callable[[GatewayState], Awaitable[
     try:
         return JSONResponse(await action(st))
     except ForgeError as exc:
-        return error_response(exc, request_id(request))
+        return error_response(exc, request_id(request), dialect="control")
 
 
 async def api_models(request: Request) -> Response:
@@ -88,11 +90,13 @@ async def api_add(request: Request) -> Response:
     """
 
     async def add(st: GatewayState) -> Any:
-        try:
-            body = json.loads(await read_body(request, 65536))
-            name, path = str(body["name"]), Path(str(body["path"]))
-        except (ValueError, KeyError, TypeError):
-            raise UsageError('body must be {"name": ..., "path": ...}', hint="send JSON") from None
+        body = parse_object(await read_body(request, 65536))
+        for key in ("name", "path"):
+            if not isinstance(body.get(key), str):
+                raise InvalidRequest(
+                    f'field {key!r} must be a string: send {{"name": ..., "path": ...}}', param=key
+                )
+        name, path = str(body["name"]), Path(str(body["path"]))
         if not _MODEL_NAME.fullmatch(name):
             raise UsageError(
                 f"model name {name!r} is not valid", hint="use letters, digits, '.', '_' and '-'"
@@ -146,7 +150,9 @@ async def api_events(request: Request) -> Response:
                     continue
                 yield f"event: {ev.kind}\ndata: {json.dumps(ev.to_json())}\n\n".encode()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return LiveStream(
+        events(), st.closing, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 async def api_logs(request: Request) -> Response:
@@ -159,12 +165,14 @@ async def api_logs(request: Request) -> Response:
     try:
         m = st.supervisor.get(request.path_params["name"])
     except ForgeError as exc:
-        return error_response(exc, request_id(request))
+        return error_response(exc, request_id(request), dialect="control")
     try:
         n = max(1, int(request.query_params.get("tail", "200")))
     except ValueError:
         return error_response(
-            UsageError("tail must be a number of lines", hint="e.g. ?tail=200"), request_id(request)
+            UsageError("tail must be a number of lines", hint="e.g. ?tail=200"),
+            request_id(request),
+            dialect="control",
         )
     follow = request.query_params.get("follow") in ("1", "true")
     path = m.status().get("log_path")
@@ -183,7 +191,7 @@ async def api_logs(request: Request) -> Response:
                 if ev.model == m.name:
                     yield (str(ev.data.get("line", "")) + "\n").encode()
 
-    return StreamingResponse(tail(), media_type="text/plain")
+    return LiveStream(tail(), st.closing, media_type="text/plain")
 
 
 async def api_openapi(request: Request) -> Response:

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._errors import Forbidden, ForgeError, PayloadTooLarge, Unauthorized
-from ._errors_http import error_response
+from ._errors_http import dialect_for_path, error_response
 from ._logging import request_id_var
 from ._state import GatewayState
 
@@ -53,7 +53,7 @@ class RequestContext:
         try:
             self._check(scope, headers)
         except ForgeError as exc:
-            await error_response(exc)(scope, receive, send_with_id)
+            await error_response(exc, dialect=dialect_for_path(scope["path"]))(scope, receive, send_with_id)
             return
         await self.app(scope, receive, send_with_id)
 

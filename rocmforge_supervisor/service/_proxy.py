@@ -1,9 +1,13 @@
 """The model routes: forward a request to the llama-server of the model it names.
 
-One generic path for every forwarded route — parse (only the ``model`` and ``stream`` fields) →
+One generic path for every forwarded route — parse and check the fields the gateway knows
+(``_validate``: every bad body is a 400 naming the field) →
 ``supervisor.acquire`` (a slot, as an :class:`Upstream`) → ``client/_transport`` (retry on a stale
 keep-alive, httpx errors typed) → stream through or buffer → release. Which gateway paths go to
 which child paths is the table :data:`FORWARDED`; a new llama-server route is a line there.
+The body is forwarded as received, byte for byte — except when the model's config sets a
+``max_tokens`` default and the request names none: that request alone is re-serialized.
+An error answer of the child is mapped by ``_errors_http.upstream_error`` (client faults are 4xx).
 
 Streams are passed through chunk by chunk (``aiter_raw``), never re-parsed: only the tail is kept,
 for the usage counters and to notice a stream that ended without ``[DONE]``. A child that dies
@@ -27,11 +31,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from .._errors import ForgeError, StreamError, UsageError
+from .._errors import ForgeError, InvalidRequest, StreamError
 from ..client._transport import Upstream, asend, map_httpx_errors
-from ._errors_http import error_response, sse_error_chunk
+from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstream_error
 from ._middleware import read_body
 from ._state import GatewayState, request_id, state_of
+from ._validate import check_fields, parse_object
 
 __all__ = ["FORWARDED", "Forward", "routes"]
 
@@ -47,6 +52,8 @@ class Forward:
     path: str
     upstream_path: str | None = None  # the child's path; the same as ``path`` when None
     methods: tuple[str, ...] = ("POST",)
+    kind: str = ""  # which field checks apply (``_validate.CHECKS``); "" checks only ``model``
+    dialect: str = "openai"  # the error shape (``_errors_http``)
 
     @property
     def target(self) -> str:
@@ -54,15 +61,21 @@ class Forward:
 
 
 FORWARDED: tuple[Forward, ...] = (
-    Forward("/v1/chat/completions"),
-    Forward("/v1/completions"),
-    Forward("/v1/embeddings"),
+    Forward("/v1/chat/completions", kind="chat"),
+    Forward("/v1/completions", kind="completion"),
+    Forward("/v1/embeddings", kind="embedding"),
 )
+#: Route kinds that generate: a model's ``max_tokens`` default applies to them.
+_GENERATES = frozenset({"chat", "completion"})
+_LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
 def routes() -> list[BaseRoute]:
-    """The forwarded routes (:data:`FORWARDED`) and ``GET /v1/models``."""
-    out: list[BaseRoute] = [Route("/v1/models", _models, methods=["GET"])]
+    """The forwarded routes (:data:`FORWARDED`) and ``GET /v1/models[/{id}]``."""
+    out: list[BaseRoute] = [
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _model, methods=["GET"]),
+    ]
     out += [Route(f.path, _forwarder(f), methods=list(f.methods)) for f in FORWARDED]
     return out
 
@@ -77,34 +90,51 @@ class _Call:
     endpoint: str
     request_id: str | None
     received: float
+    dialect: str = "openai"
 
 
 def _forwarder(route: Forward) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         st = state_of(request)
         try:
-            call = await _parse(request, st)
+            call = await _parse(request, st, route)
         except ForgeError as exc:
             st.metrics.errors.labels("-", type(exc).__name__).inc()
-            return error_response(exc, request_id(request))
+            return error_response(exc, request_id(request), dialect=route.dialect)
         return await _forward(st, call, route.target)
 
     endpoint.__name__ = f"forward_{route.path.strip('/').replace('/', '_')}"
     return endpoint
 
 
-async def _parse(request: Request, st: GatewayState) -> _Call:
+async def _parse(request: Request, st: GatewayState, route: Forward) -> _Call:
     received = time.perf_counter()
     body = await read_body(request, st.max_body_bytes)
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        raise UsageError("the request body is not valid JSON", hint="send a JSON object") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
-        raise UsageError('the request has no "model" field', hint="name one of GET /v1/models")
+    payload = parse_object(body)
+    if not isinstance(payload.get("model"), str):
+        raise InvalidRequest(
+            'the request has no "model" field', param="model", hint="name one of GET /v1/models"
+        )
+    check_fields(payload, route.kind)
     name: str = payload["model"]
-    st.supervisor.get(name)  # 404 before queueing
-    return _Call(name, bool(payload.get("stream")), body, request.url.path, request_id(request), received)
+    model = st.supervisor.get(name)  # 404 before queueing
+    default = getattr(model.config, "max_tokens", None)
+    if (
+        default is not None
+        and route.kind in _GENERATES
+        and all(payload.get(k) is None for k in _LENGTH_FIELDS)
+    ):
+        payload["max_tokens"] = default
+        body = json.dumps(payload).encode()  # this request only; all others pass through as sent
+    return _Call(
+        name,
+        bool(payload.get("stream")),
+        body,
+        request.url.path,
+        request_id(request),
+        received,
+        route.dialect,
+    )
 
 
 async def _forward(st: GatewayState, call: _Call, path: str) -> Response:
@@ -121,7 +151,7 @@ async def _forward(st: GatewayState, call: _Call, path: str) -> Response:
         await stack.aclose()
         st.metrics.requests.labels(call.name, call.endpoint, "error").inc()
         st.metrics.errors.labels(call.name, type(exc).__name__).inc()
-        return error_response(exc, call.request_id)
+        return error_response(exc, call.request_id, dialect=call.dialect)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await stack.aclose()
@@ -147,7 +177,7 @@ async def _buffered(
     except StreamError as exc:
         st.metrics.requests.labels(call.name, call.endpoint, "502").inc()
         st.metrics.errors.labels(call.name, "stream_broken").inc()
-        return error_response(exc, call.request_id)
+        return error_response(exc, call.request_id, dialect=call.dialect)
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
@@ -155,10 +185,26 @@ async def _buffered(
     elapsed = time.perf_counter() - call.received
     st.metrics.ttft.labels(call.name).observe(elapsed)
     st.metrics.duration.labels(call.name).observe(elapsed)
+    if response.status_code >= 400:
+        mapped = upstream_error(_upstream_model(st, call.name), response.status_code, content)
+        answer = error_response(mapped, call.request_id, dialect=call.dialect)
+        st.metrics.requests.labels(call.name, call.endpoint, str(answer.status_code)).inc()
+        st.metrics.errors.labels(call.name, type(mapped).__name__).inc()
+        return answer
     st.metrics.requests.labels(call.name, call.endpoint, str(response.status_code)).inc()
     if response.status_code == 200:
         _count_usage(st, call.name, content)
     return Response(content, status_code=response.status_code, headers=_response_headers(call, response))
+
+
+def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
+    """The model's slot geometry as its child was started (for the context error's arithmetic)."""
+    try:
+        prepared = st.supervisor.get(name).prepared
+    except ForgeError:
+        return UpstreamModel(name)
+    spec = prepared.spec if prepared is not None else None
+    return UpstreamModel(name, getattr(spec, "ctx_size", None), getattr(spec, "parallel", None))
 
 
 def _streamed(
@@ -247,12 +293,29 @@ def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
         st.metrics.tokens_out.labels(name).inc(float(usage.get("completion_tokens", 0) or 0))
 
 
+def _model_object(st: GatewayState, row: dict[str, Any]) -> dict[str, Any]:
+    created = int(st.supervisor.started_at)
+    return {
+        "id": row["name"],
+        "object": "model",
+        "created": created,
+        "owned_by": "rocmforge",
+        "state": row["state"],
+    }
+
+
 async def _models(request: Request) -> Response:
     """The configured models, in OpenAI's list shape (with each one's state)."""
     st = state_of(request)
-    created = int(st.supervisor.started_at)
-    data = [
-        {"id": s["name"], "object": "model", "created": created, "owned_by": "rocmforge", "state": s["state"]}
-        for s in st.supervisor.status()
-    ]
+    data = [_model_object(st, s) for s in st.supervisor.status()]
     return JSONResponse({"object": "list", "data": data})
+
+
+async def _model(request: Request) -> Response:
+    """One configured model (OpenAI's retrieve-model); clients check a name with it first."""
+    st = state_of(request)
+    try:
+        row = st.supervisor.get(request.path_params["model_id"]).status()
+    except ForgeError as exc:
+        return error_response(exc, request_id(request))
+    return JSONResponse(_model_object(st, row))

@@ -191,6 +191,7 @@ async def run_service(
                     break
                 # Stop accepting; let in-flight responses finish (bounded by uvicorn's grace),
                 # then cancel the rest: Supervisor.run's shielded cleanup drains and stops every child.
+                state.closing.set()  # endless streams end now, not at the end of the grace period
                 uv.should_exit = True
                 with anyio.move_on_after(supervisor.policy.drain_timeout + 5):
                     await gateway_done.wait()

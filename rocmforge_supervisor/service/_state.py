@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 from starlette.requests import Request
 
@@ -36,6 +37,8 @@ class GatewayState:
         self.model_dirs = [p.resolve() for p in model_dirs]
         self.reload = reload
         self.metrics = Metrics(supervisor.status)
+        #: Set when the service starts stopping: endless responses (events, log follow) end then.
+        self.closing = anyio.Event()
         self.upstream: httpx.AsyncClient = async_pool(httpx.Timeout(None, connect=5.0), max_keepalive=512)
 
 

@@ -9,7 +9,7 @@ llama-server's own ``--fit`` does not silently pick other ones).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ __all__ = [
     "DeviceDecision",
     "decide_devices",
     "decide_for_service",
+    "embedding_args",
     "free_by_device",
     "new_allocation_tracker",
 ]
@@ -146,3 +147,24 @@ def new_allocation_tracker(devices: Iterable[str] = ()) -> Any:
 
     gpus = [d for d in devices if d != "cpu"]
     return AllocationLedger(gpu_keys=gpus or None)
+
+
+#: Architectures whose GGUF names its own pooling (embedding models): forge leaves it alone.
+_POOLED_ARCHITECTURES = frozenset(
+    {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert", "neo-bert",
+     "t5encoder", "gemma-embedding"}
+)  # fmt: skip
+
+
+def embedding_args(model_config: Any, user_args: Sequence[str], architecture: str = "") -> list[str]:
+    """``embeddings = true``: what llama-server needs for OpenAI-shaped ``/v1/embeddings`` at the
+    pinned commit: ``--embeddings``, and a pooled vector. A chat model's default pooling is
+    ``none`` (answered 400 "Pooling type 'none' is not OAI compatible"), so ``--pooling mean``;
+    an embedding model's GGUF carries its own (cls, mean, last), which is kept."""
+    if not getattr(model_config, "embeddings", False):
+        return []
+    flags = {a.split("=", 1)[0] for a in user_args}
+    out = [] if flags & {"--embeddings", "--embedding"} else ["--embeddings"]
+    if "--pooling" not in flags and architecture not in _POOLED_ARCHITECTURES:
+        out += ["--pooling", "mean"]
+    return out

@@ -295,9 +295,14 @@ class Supervisor:
                 inventory = self.inventory
         devices = [inventory.by_key(k) for k in decision.devices]
         from ..models._templates import fallback_chat_template_args
+        from ._placement_glue import embedding_args
 
         user_args = list(getattr(mc, "args", []) or [])
-        extra = [*fallback_chat_template_args(info, user_args), *user_args]
+        extra = [
+            *fallback_chat_template_args(info, user_args),
+            *embedding_args(mc, user_args, str(getattr(info, "architecture", ""))),
+            *user_args,
+        ]
         if decision.tensor_split and len(decision.devices) > 1:
             extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
         tracker = new_allocation_tracker(decision.devices)
