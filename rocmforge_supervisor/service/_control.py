@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .._errors import ForgeError, InvalidRequest, ModelNotFound, UsageError
+from .._errors import ForgeError, InvalidRequest, ModelNotFound, ServiceError, UsageError
 from ._errors_http import error_response
 from ._live import LiveStream
 from ._middleware import read_body
@@ -43,11 +43,26 @@ def routes() -> list[BaseRoute]:
 
 
 async def _control(request: Request, action: Callable[[GatewayState], Awaitable[Any]]) -> Response:
+    """Run one action; a long one (a load waiting for its model) is answered 503 when the service
+    starts stopping, instead of holding the shutdown for the whole drain period."""
     st = state_of(request)
-    try:
-        return JSONResponse(await action(st))
-    except ForgeError as exc:
-        return error_response(exc, request_id(request), dialect="control")
+    outcome: list[Any] = []
+
+    async def run(scope: anyio.CancelScope) -> None:
+        try:
+            outcome.append(await action(st))
+        except ForgeError as exc:
+            outcome.append(exc)
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, tg.cancel_scope)
+        await st.closing.wait()
+        tg.cancel_scope.cancel()
+    result = outcome[0] if outcome else ServiceError("the service is stopping", hint="retry when it is back")
+    if isinstance(result, ForgeError):
+        return error_response(result, request_id(request), dialect="control")
+    return JSONResponse(result)
 
 
 async def api_models(request: Request) -> Response:
