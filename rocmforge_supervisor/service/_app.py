@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from .._errors import RequestRejected, ServerError
-from . import _control, _observe, _proxy
+from . import _control, _observe, _openapi, _proxy
 from ._errors_http import dialect_for_path, error_response
 from ._middleware import RequestContext
 from ._state import GatewayState, request_id
@@ -35,7 +35,13 @@ def create_app(
     cors_origins: list[str] | None = None,
     extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
-    routes: list[BaseRoute] = [*_observe.routes(), *_proxy.routes(), *_control.routes(), *extra_routes]
+    routes: list[BaseRoute] = [
+        *_observe.routes(),
+        *_proxy.routes(),
+        *_control.routes(),
+        *_openapi.routes(),
+        *extra_routes,
+    ]
     middleware = [Middleware(RequestContext, state=state)]
     origins = cors_origins if cors_origins is not None else state.cors_origins
     if origins:

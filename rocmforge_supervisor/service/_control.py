@@ -1,4 +1,4 @@
-"""The control API under ``/api/*``: list, add, load, unload, reload, events, logs, OpenAPI.
+"""The control API under ``/api/*``: list, add, load, unload, reload, events, logs.
 
 Each route asks the supervisor and returns JSON; a typed error becomes a response through
 ``_errors_http`` (via :func:`_control`), never a status picked here.
@@ -38,7 +38,6 @@ def routes() -> list[BaseRoute]:
         Route("/api/models/{name}/logs", api_logs, methods=["GET"]),
         Route("/api/reload", api_reload, methods=["POST"]),
         Route("/api/events", api_events, methods=["GET"]),
-        Route("/api/openapi.json", api_openapi, methods=["GET"], include_in_schema=False),
     ]
 
 
@@ -207,10 +206,3 @@ async def api_logs(request: Request) -> Response:
                     yield (str(ev.data.get("line", "")) + "\n").encode()
 
     return LiveStream(tail(), st.closing, media_type="text/plain")
-
-
-async def api_openapi(request: Request) -> Response:
-    from starlette.schemas import SchemaGenerator
-
-    gen = SchemaGenerator({"openapi": "3.0.0", "info": {"title": "forge control API", "version": "1"}})
-    return JSONResponse(gen.get_schema(routes=request.app.routes))

@@ -144,6 +144,12 @@ async def _forward(st: GatewayState, call: _Call, path: str) -> Response:
         headers["X-Request-ID"] = call.request_id
     try:
         upstream = await stack.enter_async_context(st.supervisor.acquire(call.name))
+        acquired = time.perf_counter()
+        st.metrics.queue_wait.labels(call.name).observe(acquired - call.received)
+        # Observed when the slot is given back (the stack closes at the end of either path).
+        stack.callback(
+            lambda: st.metrics.generation.labels(call.name).observe(time.perf_counter() - acquired)
+        )
         response = await asend(
             st.upstream, upstream, "POST", path, content=call.body, headers=upstream.headers(headers)
         )

@@ -239,3 +239,46 @@ def test_queue_zero_admits_up_to_max_concurrency(
         assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
         assert "max_concurrency = 1, queue = 0" in r.json()["error"]["message"]
         t.join(120)
+
+
+def test_openapi_document_is_valid_and_lists_the_v1_routes(svc: Service) -> None:
+    from openapi_spec_validator import validate
+
+    with svc.client() as c:
+        doc = c.get("/api/openapi.json").json()
+        page = c.get("/api/docs")
+    validate(doc)  # raises on an invalid document
+    paths = doc["paths"]
+    assert "post" in paths["/v1/chat/completions"] and "post" in paths["/v1/embeddings"]
+    assert paths["/v1/models/{model_id}"]["get"]["parameters"][0]["name"] == "model_id"
+    assert "post" in paths["/api/models/{name}/load"] and "get" in paths["/api/events"]
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "/v1/chat/completions" in page.text and "/api/models/{name}/load" in page.text
+    assert "<script" not in page.text and "https://" not in page.text  # nothing from other origins
+
+
+def test_metrics_a_dashboard_needs(svc: Service) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with svc.client() as c:
+        assert c.post("/v1/chat/completions", json=_chat()).status_code == 200
+        text = c.get("/metrics").text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("forge_model_load_seconds_count", model="tiny") == 1
+    assert value("forge_model_load_seconds_sum", model="tiny") > 0
+    assert value("forge_request_queue_seconds_count", model="tiny") >= 1
+    assert value("forge_request_generation_seconds_count", model="tiny") >= 1
+    assert value("forge_model_memory_bytes", model="tiny", device="cpu", kind="estimated") > 0
+    assert value("forge_model_rss_bytes", model="tiny") > 1_000_000
+    total = [v for (n, labels), v in samples.items() if n == "forge_device_memory_total_bytes"]
+    assert total and all(v > 0 for v in total)
+    assert value("process_resident_memory_bytes") > 10_000_000
+    assert ("process_cpu_seconds_total", ()) in samples
