@@ -243,7 +243,7 @@ class ModelConfig(_Section):
     max_concurrency: int | None = Field(default=None, ge=1)
     """Requests in flight at the child; more wait in the queue. Default: ``parallel``, else 4."""
     queue: int = Field(default=64, ge=0)
-    """Requests allowed to wait; beyond this the gateway answers 429."""
+    """Requests allowed to wait beyond ``max_concurrency`` (0: none); past it the gateway answers 429."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
     embeddings: bool = False

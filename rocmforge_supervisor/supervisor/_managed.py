@@ -401,9 +401,8 @@ class ManagedModel:
         # Only what is beyond the in-flight limit waits in the queue: `queue = 0` admits a request
         # while a slot is free (or will be, once the model loads) and refuses only the surplus.
         if self.in_flight + self.waiting >= self.max_concurrency + self.queue_limit:
-            queued = self.in_flight + self.waiting - self.max_concurrency
             raise QueueFull(
-                f"model {self.name!r} has {self.max_concurrency} requests in flight and {queued} "
+                f"model {self.name!r} has {self.in_flight} requests in flight and {self.waiting} "
                 f"waiting (max_concurrency = {self.max_concurrency}, queue = {self.queue_limit})",
                 retry_after=1.0,
                 hint="retry later, or raise the model's queue / max_concurrency",

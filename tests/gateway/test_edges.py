@@ -220,7 +220,7 @@ def test_queue_zero_admits_up_to_max_concurrency(
     with running_service(cfg, tmp_path / "state", llama_server_bin) as svc, svc.client() as c:
         r = c.post("/v1/completions", json={"model": "q0", "prompt": "x", "max_tokens": 1})
         assert r.status_code == 200, r.text  # idle model, queue = 0: not a 429
-        started = threading.Event()
+        started, done = threading.Event(), threading.Event()
 
         def hold() -> None:
             body = {"model": "q0", "prompt": "Tell a long story.", "max_tokens": 200, "stream": True}
@@ -230,15 +230,20 @@ def test_queue_zero_admits_up_to_max_concurrency(
             ):
                 for _ in s.iter_lines():
                     started.set()
+                    if done.is_set():
+                        break  # closing the stream frees the slot: no need to wait for 200 tokens
 
         t = threading.Thread(target=hold)
         t.start()
-        assert started.wait(60)
-        wait_for(lambda: svc.model("q0")["in_flight"] == 1, what="one in flight")
-        r = c.post("/v1/completions", json={"model": "q0", "prompt": "x", "max_tokens": 1})
-        assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
-        assert "max_concurrency = 1, queue = 0" in r.json()["error"]["message"]
-        t.join(120)
+        try:
+            assert started.wait(60)
+            wait_for(lambda: svc.model("q0")["in_flight"] == 1, what="one in flight")
+            r = c.post("/v1/completions", json={"model": "q0", "prompt": "x", "max_tokens": 1})
+            assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
+            assert "max_concurrency = 1, queue = 0" in r.json()["error"]["message"]
+        finally:
+            done.set()
+            t.join(60)
 
 
 def test_openapi_document_is_valid_and_lists_the_v1_routes(svc: Service) -> None:
