@@ -2,7 +2,8 @@
 
 It never spawns or stops processes: it asks the supervisor (acquire / load / unload / reload).
 The jobs live in their own modules — ``_middleware`` (request id, auth, Origin, body size),
-``_proxy`` (the forwarded model routes), ``_control`` (``/api/*``), ``_observe`` (health, ready,
+``_proxy`` (the forwarded model routes), ``_control`` (``/api/*``), ``_ollama`` (the Ollama
+API, also under ``/api/*``: the two sets of paths do not meet), ``_observe`` (health, ready,
 metrics) — and every error becomes HTTP in one place, ``_errors_http``. A module that serves
 routes exposes ``routes()``; :func:`create_app` lists them (more can be passed as ``extra_routes``).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,9 +23,11 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from .._errors import RequestRejected, ServerError
-from . import _control, _observe, _openapi, _proxy
-from ._errors_http import dialect_for_path, error_response
+from . import _control, _observe, _ollama, _openapi, _page, _proxy, _status_api
+from ._errors_http import error_response
 from ._middleware import RequestContext
+from ._ollama_meta import local_model_path
+from ._routes import dialect_for_path
 from ._state import GatewayState, request_id
 
 __all__ = ["GatewayState", "create_app"]
@@ -39,9 +43,11 @@ def create_app(
         *_observe.routes(),
         *_proxy.routes(),
         *_control.routes(),
+        *_ollama.routes(),
         *_openapi.routes(),
         *extra_routes,
     ]
+    routes += [*_status_api.routes(), *_page.routes()]  # the status page at / and its data
     middleware = [Middleware(RequestContext, state=state)]
     origins = cors_origins if cors_origins is not None else state.cors_origins
     if origins:
@@ -52,6 +58,11 @@ def create_app(
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.gateway = state
+    app.state.ollama = _ollama.OllamaBackend(
+        state.supervisor,
+        forward=partial(_proxy.open_upstream, state),
+        resolve_path=partial(local_model_path, settings=state.settings),
+    )
     return app
 
 
@@ -68,10 +79,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     error = RequestRejected(message, hint=hint, status_code=exc.status_code, error_type=kind)
     return error_response(
-        error,
-        request_id(request),
-        dialect=dialect_for_path(request.url.path),
-        headers=dict(exc.headers or {}),
+        error, request_id(request), dialect_for_path(request.url.path), headers=dict(exc.headers or {})
     )
 
 
@@ -79,4 +87,4 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     """A bug: logged with its traceback (by Starlette, after this), answered as JSON, not text."""
     logging.getLogger("rocmforge.gateway").error("internal error on %s: %r", request.url.path, exc)
     error = ServerError(f"internal error: {type(exc).__name__}", hint="see the service log", status_code=500)
-    return error_response(error, request_id(request), dialect=dialect_for_path(request.url.path))
+    return error_response(error, request_id(request), dialect_for_path(request.url.path))

@@ -60,7 +60,7 @@ async def _control(request: Request, action: Callable[[GatewayState], Awaitable[
         tg.cancel_scope.cancel()
     result = outcome[0] if outcome else ServiceError("the service is stopping", hint="retry when it is back")
     if isinstance(result, ForgeError):
-        return error_response(result, request_id(request), dialect="control")
+        return error_response(result, request_id(request))
     return JSONResponse(result)
 
 
@@ -179,14 +179,13 @@ async def api_logs(request: Request) -> Response:
     try:
         m = st.supervisor.get(request.path_params["name"])
     except ForgeError as exc:
-        return error_response(exc, request_id(request), dialect="control")
+        return error_response(exc, request_id(request))
     try:
         n = max(1, int(request.query_params.get("tail", "200")))
     except ValueError:
         return error_response(
             UsageError("tail must be a number of lines", hint="e.g. ?tail=200"),
             request_id(request),
-            dialect="control",
         )
     follow = request.query_params.get("follow") in ("1", "true")
     path = m.status().get("log_path")

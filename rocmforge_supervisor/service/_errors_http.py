@@ -1,22 +1,22 @@
-"""The one map from typed errors to HTTP: status, the body in the caller's dialect, the SSE chunk.
+"""The one map from typed errors to HTTP: status, the error body, and the SSE error chunk.
 
 Every error at the edge — the middleware's (auth, Origin, body size), the routes', the
 supervisor's, the upstream transport's, and llama-server's own error answers (through
-:func:`upstream_error`) — arrives here as a :class:`ForgeError`; nothing else in ``service/``
-picks a status. One condition, one status: a body over the limit is 413 whether its
+:func:`upstream_error`: client faults 4xx with a forge hint, 5xx only when the server failed) —
+arrives here as a :class:`ForgeError`; nothing else in ``service/`` picks a status. One
+condition, one status: a body over the limit is 413 whether its
 ``Content-Length`` said so or it was counted while read.
 
-The body's *shape* depends on the API the request was sent to (its dialect): OpenAI's
-``{"error": {message, type, param, code}}`` on ``/v1``, the control API's on ``/api``. A route
-names its dialect; a path no route matched (404/405) gets the dialect of its prefix. Another API
-plugs in with :func:`register_dialect` (a body builder and, optionally, path prefixes).
+The body's *shape* follows the route's API dialect (:data:`~._routes.Dialect`): OpenAI's
+``{"error":{message,type,…}}``, Anthropic's ``{"type":"error","error":{type,message}}`` (the
+anthropic SDK reads ``error.type``), or Ollama's ``{"error":"message"}`` (the ollama client reads a
+string). The status, type and code come from :func:`status_for` whatever the shape.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
@@ -27,6 +27,7 @@ from .._errors import (
     Forbidden,
     ForgeError,
     InstanceError,
+    ModelLoading,
     ModelNotFound,
     PayloadTooLarge,
     PlacementError,
@@ -39,21 +40,29 @@ from .._errors import (
     Unauthorized,
     UsageError,
 )
+from ._routes import Dialect
 
 __all__ = [
-    "ErrorShape",
     "UpstreamModel",
-    "dialect_for_path",
     "error_body",
     "error_response",
-    "register_dialect",
+    "shape_error",
     "sse_error_chunk",
     "status_for",
     "upstream_error",
 ]
 
-#: Builds a dialect's error body from (error, HTTP status, error type, error code).
-ErrorShape = Callable[[ForgeError, int, str, "str | int | None"], dict[str, object]]
+#: HTTP status → Anthropic's error type (docs.anthropic.com "Errors").
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
@@ -78,6 +87,8 @@ def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
         return exc.status_code or 400, exc.error_type or "invalid_request_error", None
     if isinstance(exc, PlacementError):
         return 503, "insufficient_resources", "does_not_fit"
+    if isinstance(exc, ModelLoading):
+        return 503, "unavailable_error", "model_loading"
     if isinstance(exc, InstanceError):
         return 503, "unavailable_error", exc.reason
     if isinstance(exc, (ServiceError, ServerUnavailable)):
@@ -95,52 +106,54 @@ def error_body(
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
-def _openai_shape(exc: ForgeError, status: int, err_type: str, code: str | int | None) -> dict[str, object]:
-    return error_body(str(exc), err_type, code, getattr(exc, "param", None))
-
-
-_DIALECTS: dict[str, ErrorShape] = {"openai": _openai_shape, "control": _openai_shape}
-_PREFIXES: dict[str, str] = {"/v1/": "openai", "/api/": "control"}
-
-
-def register_dialect(name: str, shape: ErrorShape, prefixes: tuple[str, ...] = ()) -> None:
-    """Add an API's error shape; ``prefixes`` claim the unmatched paths under them (longest wins)."""
-    _DIALECTS[name] = shape
-    for prefix in prefixes:
-        _PREFIXES[prefix] = name
-
-
-def dialect_for_path(path: str) -> str:
-    """The dialect of a path no route claimed (a 404/405, or an error before routing)."""
-    best = ""
-    for prefix in _PREFIXES:
-        if (path.startswith(prefix) or path == prefix.rstrip("/")) and len(prefix) > len(best):
-            best = prefix
-    return _PREFIXES.get(best, "openai")
+def shape_error(
+    dialect: Dialect,
+    status: int,
+    message: str,
+    err_type: str,
+    code: str | int | None = None,
+    param: str | None = None,
+) -> dict[str, object]:
+    """The error body a client of ``dialect`` parses, from the one map's (status, type, code)."""
+    if dialect == "anthropic":
+        return {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message},
+        }
+    if dialect == "ollama":
+        return {"error": message}
+    return error_body(message, err_type, code, param)
 
 
 def error_response(
     exc: ForgeError,
     request_id: str | None = None,
+    dialect: Dialect = "openai",
     *,
-    dialect: str = "openai",
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     status, err_type, code = status_for(exc)
-    out = dict(headers or {})
+    headers = dict(headers or {})
+    body = shape_error(dialect, status, str(exc), err_type, code, getattr(exc, "param", None))
     if isinstance(exc, QueueFull):
-        out["Retry-After"] = str(max(1, round(exc.retry_after)))
+        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    if isinstance(exc, ModelLoading):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+        body["loading"] = exc.loading
     if isinstance(exc, Unauthorized):
-        out["WWW-Authenticate"] = "Bearer"
+        headers["WWW-Authenticate"] = "Bearer"
     if request_id:
-        out["X-Request-ID"] = request_id
-    shape = _DIALECTS.get(dialect, _openai_shape)
-    return JSONResponse(shape(exc, status, err_type, code), status_code=status, headers=out)
+        headers["X-Request-ID"] = request_id
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
-def sse_error_chunk(exc: ForgeError) -> bytes:
-    """Once a stream has started, an error can only be a chunk: the shape llama-server sends."""
+def sse_error_chunk(exc: ForgeError, dialect: Dialect = "openai") -> bytes:
+    """Once a stream has started, an error can only be an event: the shape llama-server sends —
+    ``data: {"error":…}`` for OpenAI routes, ``event: error`` + Anthropic's body for /v1/messages."""
     status, err_type, _ = status_for(exc)
+    if dialect == "anthropic":
+        body = shape_error("anthropic", status, str(exc), err_type)
+        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
     payload = {"error": {"code": status, "message": str(exc), "type": err_type}}
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 

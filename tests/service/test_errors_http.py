@@ -19,9 +19,7 @@ from rocmforge_supervisor._errors import (
 )
 from rocmforge_supervisor.service._errors_http import (
     UpstreamModel,
-    dialect_for_path,
     error_response,
-    register_dialect,
     sse_error_chunk,
     status_for,
     upstream_error,
@@ -125,13 +123,9 @@ def test_a_non_json_upstream_error_keeps_its_text() -> None:
     assert status_for(exc)[0] == 500 and "Internal Server Error" in str(exc)
 
 
-def test_a_dialect_plugs_in_with_its_shape_and_prefix() -> None:
-    def ollama(exc: ForgeError, status: int, err_type: str, code: str | int | None) -> dict[str, object]:
-        return {"error": str(exc)}
+def test_a_field_error_names_its_param_in_the_openai_shape() -> None:
+    from rocmforge_supervisor._errors import InvalidRequest
 
-    register_dialect("test-ollama", ollama, prefixes=("/api/test-chat",))
-    assert dialect_for_path("/api/test-chat") == "test-ollama"
-    assert dialect_for_path("/api/models") == "control"
-    assert dialect_for_path("/v1/nope") == "openai"
-    r = error_response(UsageError("bad"), dialect="test-ollama")
-    assert json.loads(bytes(r.body)) == {"error": "bad"}
+    r = error_response(InvalidRequest("field 'seed' is out of range", param="seed"))
+    assert json.loads(bytes(r.body))["error"]["param"] == "seed"
+    assert json.loads(bytes(error_response(UsageError("bad"), dialect="ollama").body)) == {"error": "bad"}
