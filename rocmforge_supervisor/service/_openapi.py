@@ -95,11 +95,11 @@ def _operation(route: Route, method: str, path: str) -> dict[str, Any]:
 
 
 def document(app_routes: list[BaseRoute]) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of ``app_routes`` (plain :class:`Route`\\ s in the schema)."""
+    """The OpenAPI 3.1 document of ``app_routes`` (every plain :class:`Route`)."""
     paths: dict[str, dict[str, Any]] = {}
     for route in app_routes:
-        if not isinstance(route, Route) or not route.include_in_schema:
-            continue
+        if not isinstance(route, Route):  # every route, include_in_schema or not (that flag
+            continue  # only kept them out of Starlette's YAML generator)
         path = _PARAM.sub(r"{\1}", route.path)
         for method in sorted((route.methods or set()) - {"HEAD"}):
             paths.setdefault(path, {})[method.lower()] = _operation(route, method.lower(), path)
