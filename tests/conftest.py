@@ -31,7 +31,15 @@ def llama_server_bin(forge_settings: ForgeSettings) -> Path:
 
 @pytest.fixture(scope="session")
 def gemma_path(forge_settings: ForgeSettings) -> Path:
-    """The real gemma-3-270m Q4_K_M GGUF (the embedded default model)."""
+    """The real gemma-3-270m Q4_K_M GGUF (the embedded base model: no chat template, SWA layers)."""
+    from rocmforge_supervisor.models import BASE_MODEL, ensure_embedded
+
+    return ensure_embedded(BASE_MODEL, forge_settings)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(forge_settings: ForgeSettings) -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF (the default chat model, with its own template)."""
     from rocmforge_supervisor.models import DEFAULT_MODEL, ensure_embedded
 
     return ensure_embedded(DEFAULT_MODEL, forge_settings)

@@ -13,11 +13,14 @@ network call (a supervisor restarting a model must not depend on huggingface.co 
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from .._errors import ForgeError, HubError, ModelNotFound, UsageError
 from ..settings import ForgeSettings
@@ -377,6 +380,7 @@ def pull(ref: str, settings: ForgeSettings, progress: bool | type[Any] = True) -
     if _offline(settings):
         paths = _resolve_offline(hub_ref, settings)
     else:
+        _check_name_resolves(settings)
         files = _remote_files(hub_ref, settings)
         wanted = select_gguf_files(files, hub_ref)
         paths = _download(hub_ref, wanted, settings, local_only=False, progress=progress)
@@ -412,6 +416,32 @@ def _resolve_offline(ref: HubRef, settings: ForgeSettings) -> list[Path]:
     if paths is None:
         raise _not_cached(ref, settings)
     return paths
+
+
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _check_name_resolves(settings: ForgeSettings) -> None:
+    """Fail at once, in one line, when the hub's name does not resolve (no network, no DNS).
+
+    huggingface-hub retries every failed request five times with backoff, a failed name lookup
+    included: ~24 s of retry lines before the error. A lookup that fails will not succeed a second
+    later, so it is checked once, up front. Behind a proxy the proxy resolves names: no check.
+    """
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return
+    from huggingface_hub import constants
+
+    host = urlsplit(_endpoint(settings) or constants.ENDPOINT).hostname
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise HubError(
+            f"cannot reach {host}: the name does not resolve ({exc.strerror or exc}); no network?",
+            hint="check the network and DNS, or set HF_HUB_OFFLINE=1 to use only the models already cached",
+        ) from exc
 
 
 def _validate(first: Path) -> None:

@@ -99,6 +99,7 @@ class InstanceSpec:
     parent_env: Mapping[str, str] | None = None
     line_listeners: Sequence[Callable[[str], None]] = ()
     bind_retries: int = 3
+    api_key: str | None = None  # None: a new random key per start; "": no key (loopback only)
 
     def args(self, port: int, api_key_file: Path) -> list[str]:
         a = [
@@ -107,11 +108,12 @@ class InstanceSpec:
             "--host", self.host,
             "--port", str(port),
             "--alias", self.alias,
-            "--api-key-file", str(api_key_file),
             "--metrics",
             "--no-webui",
             "--log-colors", "off",
         ]  # fmt: skip
+        if self.api_key != "":
+            a += ["--api-key-file", str(api_key_file)]
         if self.ctx_size is not None:
             a += ["--ctx-size", str(self.ctx_size)]
         if self.cpu_only:
@@ -135,7 +137,7 @@ class LlamaServer:
         self.port: int | None = None
         self.pid: int | None = None
         self.returncode: int | None = None
-        self.api_key = secrets.token_urlsafe(24)
+        self.api_key = spec.api_key if spec.api_key is not None else secrets.token_urlsafe(24)
         self.log = LogRing(spec.log_path)
         for listener in spec.line_listeners:
             self.log.subscribe(listener)

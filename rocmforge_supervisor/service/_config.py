@@ -618,13 +618,15 @@ def _translate(
     key = ".".join(loc)
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     if overrides is not None and loc[1:2] and loc[1] in overrides:
-        where, hint = "config", f"fix the --{loc[1].replace('_', '-')} option"
+        option = f"--{loc[1].replace('_', '-')}"
+        where, hint = f"the {option} option", f"fix the {option} option"
     else:
         where, hint = _where(source, env_keys, loc), _fix_hint(source, env_keys, loc, verb)
     if kind == "insecure_bind":
+        in_file = f" in {source}" if source is not None else ""
         hint = (
-            "set server.api_key (or FORGE_API_KEY); or allow_unauthenticated = true in [server] "
-            "if the network is trusted; or bind 127.0.0.1"
+            f"set api_key in [server]{in_file} (or FORGE_API_KEY); or allow_unauthenticated = true "
+            f"in [server]{in_file} if the network is trusted; or bind 127.0.0.1"
         )
     return ConfigError(f"{where}: {key}: {reason}{more}", key=key, hint=hint)
 

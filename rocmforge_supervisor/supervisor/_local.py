@@ -41,6 +41,7 @@ class LoadOptions:
     parallel: int | None = None
     gpu: GpuChoice = "auto"
     port: int | None = None
+    api_key: str | None = None  # None: a new random one; "": none (the child binds loopback only)
     alias: str | None = None
     args: Sequence[str] = ()
     stall_timeout: float = 300.0
@@ -79,7 +80,7 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
     """Resolve, validate and place; touches no process. Raises a ForgeError on bad input."""
     from ..build import locate_llama_server
     from ..hardware import child_env, detect
-    from ..models import resolve_model_path
+    from ..models import embedded_models, resolve_model_path
     from ..models._gguf import inspect_gguf
     from ._placement_glue import CHILD_VERBOSITY, decide_devices, new_allocation_tracker
 
@@ -92,7 +93,8 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
     devices = [inventory.by_key(k) for k in decision.devices]
     mask = child_env(devices, inventory, settings)
     cpu_only = all(d.vendor == "cpu" for d in devices)
-    alias = options.alias or path.stem
+    # An embedded model is known by its short name (what `forge chat`/the service call it).
+    alias = options.alias or (str(model) if str(model) in embedded_models() else path.stem)
     log_path = options.log_path or settings.logs_dir / f"{alias.replace('/', '_')}.log"
     from ..models._templates import fallback_chat_template_args
 
@@ -111,6 +113,7 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
         parallel=options.parallel if options.parallel is not None else decision.parallel,
         extra_args=extra,
         port=options.port,
+        api_key=options.api_key,
         mask=mask,
         cpu_only=cpu_only,
         log_path=log_path,
