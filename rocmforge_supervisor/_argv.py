@@ -17,6 +17,7 @@ from pathlib import Path
 __all__ = [
     "SIZE_FLAGS",
     "TEMPLATE_FLAGS",
+    "embedding_args",
     "fallback_chat_template_args",
     "is_owned_flag",
     "normalise_flag",
@@ -85,6 +86,12 @@ _TEMPLATE_BY_ARCH = {
     "exaone": "exaone3",
 }
 
+#: Architectures whose GGUF names its own pooling (embedding models): forge leaves it alone.
+_POOLED_ARCHITECTURES = frozenset(
+    {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert", "neo-bert",
+     "t5encoder", "gemma-embedding"}
+)  # fmt: skip
+
 _SECRET_WORDS = ("token", "key", "password", "secret")
 
 
@@ -123,6 +130,20 @@ def fallback_chat_template_args(
         return []
     name = _TEMPLATE_BY_ARCH.get(architecture)
     return ["--no-jinja", "--chat-template", name] if name else []
+
+
+def embedding_args(embeddings: bool, user_args: Sequence[str], architecture: str = "") -> list[str]:
+    """``embeddings = true``: what llama-server needs for OpenAI-shaped ``/v1/embeddings`` at the
+    pinned commit: ``--embeddings``, and a pooled vector. A chat model's default pooling is
+    ``none`` (answered 400 "Pooling type 'none' is not OAI compatible"), so ``--pooling mean``;
+    an embedding model's GGUF carries its own (cls, mean, last), which is kept."""
+    if not embeddings:
+        return []
+    flags = {a.split("=", 1)[0] for a in user_args}
+    out = [] if flags & {"--embeddings", "--embedding"} else ["--embeddings"]
+    if "--pooling" not in flags and architecture not in _POOLED_ARCHITECTURES:
+        out += ["--pooling", "mean"]
+    return out
 
 
 def server_argv(

@@ -15,6 +15,7 @@ error (the input was wrong), 1 for a runtime failure (the input was fine, the wo
     │   ├── ModelNotFound          no such file / short name / hub reference
     │   ├── Unauthorized           the HTTP edge: no or a wrong API key (401)
     │   ├── Forbidden              the HTTP edge: a cross-origin write from a web page (403)
+    │   ├── InvalidRequest         the HTTP edge: a request body field is wrong (400, names it)
     │   └── PayloadTooLarge        the HTTP edge: a request body over the limit (413)
     ├── InvalidModelFile           not a GGUF, truncated, unsupported version (exit 2)
     ├── BuildError                 llama-server could not be built
@@ -53,6 +54,7 @@ __all__ = [
     "HubError",
     "InstanceError",
     "InvalidModelFile",
+    "InvalidRequest",
     "ModelCrashed",
     "ModelLoading",
     "ModelNotFound",
@@ -118,6 +120,14 @@ class Unauthorized(UsageError):
 
 class Forbidden(UsageError):
     """The HTTP edge: a web page (another Origin) tried to drive the local service."""
+
+
+class InvalidRequest(UsageError):
+    """The HTTP edge: the request body is not what the route takes; ``param`` names the field."""
+
+    def __init__(self, message: str, *, param: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.param = param
 
 
 class PayloadTooLarge(UsageError):

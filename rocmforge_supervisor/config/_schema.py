@@ -141,7 +141,7 @@ class SupervisorConfig(_Section):
 
 #: ModelConfig fields that do not change the running child: a reload that only touches these
 #: keeps the child (see :meth:`ForgeConfig.model_fingerprint`).
-_NOT_IN_FINGERPRINT = frozenset({"ttl", "max_concurrency", "queue", "preload", "load_wait"})
+_NOT_IN_FINGERPRINT = frozenset({"ttl", "max_concurrency", "queue", "preload", "load_wait", "max_tokens"})
 
 
 class ModelConfig(_Section):
@@ -161,9 +161,15 @@ class ModelConfig(_Section):
     max_concurrency: int | None = Field(default=None, ge=1)
     """Requests in flight at the child; more wait in the queue. Default: ``parallel``, else 4."""
     queue: int = Field(default=64, ge=0)
-    """Requests allowed to wait; beyond this the gateway answers 429."""
+    """Requests allowed to wait beyond ``max_concurrency`` (0: none); past it the gateway answers 429."""
     load_wait: float | None = Field(default=None, ge=0)
     """This model's ``server.load_wait`` (seconds a request waits for its load)."""
+    embeddings: bool = False
+    """Serve ``/v1/embeddings``: starts llama-server with ``--embeddings`` and, unless ``args``
+    choose one, ``--pooling mean`` (OpenAI-shaped embeddings need a pooled vector)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Default ``max_tokens`` for chat/completions requests that send none (None: to the end of
+    the slot's context)."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
 

@@ -160,6 +160,7 @@ async def run_service(
                 if notifier is not None and notifier.watchdog_interval:
                     tg.start_soon(_watchdog, notifier)
                 await _until_stop(signals, tg, reload, notifier)
+                state.closing.set()  # endless streams end now, not at the end of the grace period
                 forced = await _drain(signals, uv, supervisor, gateway_done)
                 tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:  # a start-up error (no binary…): the CLI prints one line

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._argv import fallback_chat_template_args
+from .._argv import embedding_args, fallback_chat_template_args
 from ..config import ForgeSettings, GpuChoice, GpuLayers, ModelConfig, gpu_layers_for_placement
 from ..hardware import Inventory, child_env
 from ..models import (
@@ -48,6 +48,7 @@ class ModelSpec:
     parallel: int | None = None
     gpu: GpuChoice = "auto"
     args: tuple[str, ...] = ()
+    embeddings: bool = False
 
     @classmethod
     def from_config(cls, mc: ModelConfig) -> ModelSpec:
@@ -58,6 +59,7 @@ class ModelSpec:
             parallel=mc.parallel,
             gpu=mc.gpu,
             args=tuple(mc.args),
+            embeddings=mc.embeddings,
         )
 
 
@@ -142,6 +144,7 @@ def build_plan(
     devices = [inventory.by_key(k) for k in decision.devices]
     info = model.info
     extra = [*fallback_chat_template_args(info.has_chat_template, str(info.architecture), spec.args)]
+    extra += embedding_args(spec.embeddings, spec.args, str(info.architecture))
     extra += spec.args
     if decision.tensor_split and len(decision.devices) > 1:
         extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]

@@ -406,9 +406,12 @@ class ManagedModel:
         self, start: Callable[[ManagedModel], None], load_wait: float | None = None
     ) -> AsyncIterator[LlamaServer]:
         """A slot at the child for one request: waits for load and for the concurrency limit."""
-        if self.waiting >= self.queue_limit:
+        # Only what is beyond the in-flight limit waits in the queue: `queue = 0` admits a request
+        # while a slot is free (or will be, once the model loads) and refuses only the surplus.
+        if self.in_flight + self.waiting >= self.max_concurrency + self.queue_limit:
             raise QueueFull(
-                f"model {self.name!r} has {self.waiting} requests waiting (queue = {self.queue_limit})",
+                f"model {self.name!r} has {self.in_flight} requests in flight and {self.waiting} "
+                f"waiting (max_concurrency = {self.max_concurrency}, queue = {self.queue_limit})",
                 retry_after=1.0,
                 hint="retry later, or raise the model's queue / max_concurrency",
             )
