@@ -2,9 +2,9 @@
 
 ``GET /api/devices`` re-reads used memory (the same cheap refresh placement does) and says, per
 device, how much of it our children hold: what the child's log says it allocated once it is ready,
-the placement estimate before that. ``GET /api/throughput`` samples each ready child's ``/slots``
-(``n_decoded`` per slot) and divides the tokens decoded since the previous sample by the time
-between them: a live rate that also counts requests that did not come through the gateway.
+the placement estimate before that. ``GET /api/throughput`` samples each ready child's token counters
+(``/metrics`` and ``/slots``) and divides the tokens generated since the previous sample by the
+time between them: a live rate that also counts requests that did not come through the gateway.
 """
 
 from __future__ import annotations
@@ -77,12 +77,21 @@ def devices_json(inventory: Inventory, held: dict[str, dict[str, int]]) -> dict[
 @dataclass
 class _Sample:
     at: float
-    slots: dict[int, tuple[int, int]]  # slot id → (task id, tokens decoded)
+    child: int  # the child's pid: a restarted child starts its counters again
+    tokens: int  # tokens generated so far: finished requests + those in flight
 
 
 @dataclass
 class ThroughputSampler:
-    """Tokens/s per model from successive ``/slots`` samples."""
+    """Tokens/s per model from successive samples of the child's own counters.
+
+    A sample is ``llamacpp:tokens_predicted_total`` from ``/metrics`` (tokens of finished
+    requests) plus ``n_decoded`` of the slots still processing (``/slots``). Neither alone is
+    enough: the counter moves only when a request ends, and a slot's ``n_decoded`` reads 0 once it
+    is released — a fast model that starts and finishes a request between two samples showed as
+    0 tokens/s. ``/metrics`` is read first: a request that ends between the two reads is then
+    missing from this sample and counted in the next, never twice.
+    """
 
     client: httpx.AsyncClient
     _last: dict[str, _Sample] = field(default_factory=dict)
@@ -102,50 +111,59 @@ class ThroughputSampler:
                 tg.start_soon(self._one, name, server)
         return {name: self._rate.get(name, {"tokens_per_second": None}) for name in supervisor.models}
 
+    async def _get(self, server: Any, path: str) -> httpx.Response | None:
+        try:
+            r = await self.client.get(
+                f"{server.base_url}{path}",
+                headers={"Authorization": f"Bearer {server.api_key}"},
+                timeout=2.0,
+            )
+        except httpx.HTTPError:
+            return None
+        return r if r.status_code == 200 else None
+
     async def _one(self, name: str, server: Any) -> None:
         prev = self._last.get(name)
         now = time.monotonic()
         if prev is not None and now - prev.at < _MIN_INTERVAL:
             return
+        metrics = await self._get(server, "/metrics")
+        slots = await self._get(server, "/slots")
         try:
-            r = await self.client.get(
-                f"{server.base_url}/slots",
-                headers={"Authorization": f"Bearer {server.api_key}"},
-                timeout=2.0,
-            )
-            rows = r.json() if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            rows = slots.json() if slots is not None else None
+        except ValueError:
             rows = None
         if not isinstance(rows, list):  # --no-slots, or the child is going away
             self._rate[name] = {"tokens_per_second": None}
             return
-        slots = _parse_slots(rows)
-        busy = sum(1 for row in rows if isinstance(row, dict) and row.get("is_processing"))
-        self._last[name] = _Sample(now, slots)
-        if prev is None:
-            self._rate[name] = {"tokens_per_second": 0.0 if busy == 0 else None, "busy_slots": busy}
+        finished = _predicted_total(metrics.text) if metrics is not None else 0
+        busy = [row for row in rows if isinstance(row, dict) and row.get("is_processing")]
+        sample = _Sample(now, int(server.pid or 0), finished + sum(_decoded(row) for row in busy))
+        self._last[name] = sample
+        if prev is None or prev.child != sample.child:
+            self._rate[name] = {"tokens_per_second": 0.0 if not busy else None, "busy_slots": len(busy)}
             return
-        decoded = 0
-        for sid, (task, n) in slots.items():
-            before = prev.slots.get(sid)
-            decoded += n - before[1] if before is not None and before[0] == task else n
-        rate = max(0.0, decoded / (now - prev.at))
-        self._rate[name] = {"tokens_per_second": round(rate, 1), "busy_slots": busy, "slots": len(rows)}
+        rate = max(0.0, (sample.tokens - prev.tokens) / (now - prev.at))
+        self._rate[name] = {"tokens_per_second": round(rate, 1), "busy_slots": len(busy), "slots": len(rows)}
 
 
-def _parse_slots(rows: list[Any]) -> dict[int, tuple[int, int]]:
-    out: dict[int, tuple[int, int]] = {}
-    for row in rows:
-        if not isinstance(row, dict) or not isinstance(row.get("id"), int):
-            continue
-        nxt = row.get("next_token")
-        if isinstance(nxt, list):
-            nxt = nxt[0] if nxt else None
-        n = nxt.get("n_decoded") if isinstance(nxt, dict) else None
-        task = row.get("id_task")
-        if isinstance(n, int) and isinstance(task, int):
-            out[row["id"]] = (task, n)
-    return out
+def _predicted_total(text: str) -> int:
+    """``llamacpp:tokens_predicted_total`` from the child's Prometheus text (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith("llamacpp:tokens_predicted_total "):
+            try:
+                return int(float(line.split()[1]))
+            except (IndexError, ValueError):
+                return 0
+    return 0
+
+
+def _decoded(row: dict[str, Any]) -> int:
+    nxt = row.get("next_token")
+    if isinstance(nxt, list):
+        nxt = nxt[0] if nxt else None
+    n = nxt.get("n_decoded") if isinstance(nxt, dict) else None
+    return n if isinstance(n, int) and n > 0 else 0
 
 
 def _sampler(request: Request) -> ThroughputSampler:

@@ -84,6 +84,24 @@ def test_devices_throughput_and_status_fields(
             done.set()
             worker.join(timeout=60)
 
+        # A request that starts and ends between two samples still counts: a released slot reads
+        # n_decoded 0, so the rate must come from the child's finished-token counter as well.
+        wait_for(
+            lambda: c.get("/api/throughput").json()["models"]["tiny"].get("tokens_per_second") == 0.0,
+            timeout=30,
+            interval=0.5,
+            what="the rate back at zero once the stream is over",
+        )
+        quick = {"model": "tiny", "prompt": "Once", "max_tokens": 64, "ignore_eos": True}
+        assert c.post("/v1/completions", json=quick).json()["usage"]["completion_tokens"] == 64
+        rate = wait_for(
+            lambda: c.get("/api/throughput").json()["models"]["tiny"].get("tokens_per_second") or 0,
+            timeout=30,
+            interval=0.3,
+            what="the finished request in the next rate",
+        )
+        assert rate > 0
+
         # Without a key, a same-origin request counts only by IP address: a host name could be a
         # DNS-rebinding page's own.
         port = svc.url.rsplit(":", 1)[1]
