@@ -4,16 +4,25 @@ from ._env import clean_child_env
 from ._instance import InstanceSpec, InstanceState, LlamaServer, describe_returncode, unwrap_group
 from ._logs import LogRing, classify_failure
 from ._ports import free_port, port_is_free
+from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
+from ._spawn import with_parent_death
 
 __all__ = [
     "InstanceSpec",
     "InstanceState",
     "LlamaServer",
     "LogRing",
+    "RpcWorker",
+    "WorkerEvent",
+    "WorkerSpec",
     "classify_failure",
     "clean_child_env",
     "describe_returncode",
     "free_port",
+    "is_loopback_host",
     "port_is_free",
+    "run_supervised",
     "unwrap_group",
+    "with_parent_death",
+    "worker_specs",
 ]
