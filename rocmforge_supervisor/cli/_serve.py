@@ -59,6 +59,11 @@ def serve(
         None, "--port", min=0, max=65535, help="Override server.port (0 = a free one)."
     ),
     log_format: str | None = typer.Option(None, "--log-format", help="text or json."),
+    check_config: bool = typer.Option(
+        False,
+        "--check-config",
+        help="Only validate the config (file + FORGE_* variables): exit 0, or 2 and the error.",
+    ),
 ) -> None:
     """Run the supervisor: many models behind one OpenAI-compatible endpoint, until SIGTERM/Ctrl-C."""
     from ..service._config import load_config
@@ -73,6 +78,9 @@ def serve(
     }
     if overrides:
         cfg = cfg.with_server(**overrides)
+    if check_config:
+        err_console.print(f"config OK: {cfg.source or 'defaults'} ({len(cfg.models)} models)", markup=False)
+        return
     setup_logging(cfg.server.log_format, settings)
     notifier = SdNotifier.from_settings(settings)
     source = cfg.source

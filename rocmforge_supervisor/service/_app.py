@@ -42,7 +42,8 @@ __all__ = ["GatewayState", "create_app"]
 log = logging.getLogger("rocmforge.gateway")
 
 _PASS_HEADERS = ("content-type",)
-_PUBLIC_PATHS = frozenset({"/health"})
+# Probes (a Kubernetes kubelet, a load balancer) cannot send the key; both answer status only.
+_PUBLIC_PATHS = frozenset({"/health", "/ready"})
 _MODEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
