@@ -2,7 +2,7 @@
 
 from ._env import clean_child_env
 from ._instance import InstanceSpec, InstanceState, LlamaServer, describe_returncode, unwrap_group
-from ._logs import LogRing, classify_failure
+from ._logs import LogRing, classify_failure, crash_cause
 from ._ports import free_port, port_is_free
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
 from ._spawn import with_parent_death
@@ -17,6 +17,7 @@ __all__ = [
     "WorkerSpec",
     "classify_failure",
     "clean_child_env",
+    "crash_cause",
     "describe_returncode",
     "free_port",
     "is_loopback_host",

@@ -58,6 +58,7 @@ _HINTS = {
     "bind": "the port is in use: choose another --port or leave it unset",
     "timeout": "the load stalled: check the log; raise the stall timeout for very large models",
     "bad_args": "an extra llama-server argument was rejected: check `args` / the flags you passed",
+    "rpc_worker": "an RPC worker is down or unreachable: check `forge worker` on that machine",
     "cancelled": "it was stopped on request",
     "crashed": "see the log lines above",
 }

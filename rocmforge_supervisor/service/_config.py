@@ -58,6 +58,7 @@ __all__ = [
     "ModelConfig",
     "ServerConfig",
     "SupervisorConfig",
+    "WorkerConfig",
     "config_search_path",
     "load_config",
 ]
@@ -88,7 +89,9 @@ _OWNED_PREFIXES = ("--log-",)
 
 _SECRET_KEYS = frozenset({"api_key"})
 #: Our own error kinds: their messages already quote the value.
-_CUSTOM_KINDS = frozenset({"gpu_layers", "gpu", "owned_flag", "insecure_bind", "backoff_order"})
+_CUSTOM_KINDS = frozenset(
+    {"gpu_layers", "gpu", "owned_flag", "insecure_bind", "backoff_order", "worker_address"}
+)
 #: Errors raised by a section's model validator, and the key they are about.
 _VALIDATOR_FIELD = {"insecure_bind": "host", "backoff_order": "restart_backoff_max"}
 
@@ -246,6 +249,9 @@ class ModelConfig(_Section):
     """Requests allowed to wait; beyond this the gateway answers 429."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
+    workers: Literal["auto", "never", "only"] = "auto"
+    """RPC workers (``[[workers]]``): ``auto`` uses them when the model does not fit on this machine;
+    ``only`` always places its layers on the workers; ``never`` keeps it on this machine."""
 
     @property
     def effective_max_concurrency(self) -> int:
@@ -278,6 +284,21 @@ def _normalise_flag(arg: str) -> str | None:
 # -- the whole file --------------------------------------------------------------------------------
 
 
+class WorkerConfig(_Section):
+    """``[[workers]]``: one llama.cpp RPC worker (``forge worker`` on another machine)."""
+
+    address: str = Field(min_length=3)
+    """``HOST:PORT``, as `forge worker` prints it."""
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or "," in value:
+            raise _custom("worker_address", f'{value!r} is not HOST:PORT (e.g. "10.0.0.2:50052")')
+        return f"{host}:{int(port)}"
+
+
 class ForgeConfig(BaseSettings):
     """The whole config. Build it with :func:`load_config`; it is immutable.
 
@@ -296,6 +317,7 @@ class ForgeConfig(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
+    workers: list[WorkerConfig] = Field(default_factory=list)
 
     _source: Path | None = PrivateAttr(default=None)
     _default_state_dir: Path | None = PrivateAttr(default=None)
@@ -622,6 +644,8 @@ def _known_keys(parent: tuple[str, ...]) -> list[str]:
         section = SupervisorConfig
     elif len(parent) == 2 and parent[0] == "models":
         section = ModelConfig
+    elif len(parent) == 2 and parent[0] == "workers":
+        section = WorkerConfig
     return list(section.model_fields) if section is not None else []
 
 

@@ -27,8 +27,9 @@ from typing import Any
 import anyio
 
 from .._errors import ForgeError, PlacementError, QueueFull, ServiceError, StartFailed
-from ..process import InstanceSpec, LlamaServer, describe_returncode, unwrap_group
+from ..process import InstanceSpec, LlamaServer, crash_cause, describe_returncode, unwrap_group
 from ._events import EventBus
+from ._remote import WorkersUnavailable
 
 __all__ = ["ManagedModel", "ModelRetired", "ModelState", "Prepared", "SupervisionPolicy"]
 
@@ -69,6 +70,8 @@ class Prepared:
     devices: list[str]
     estimated_bytes: dict[str, int] = field(default_factory=dict)
     actual: Any = None  # an allocation accumulator fed by the child's log lines
+    workers: list[dict[str, object]] = field(default_factory=list)  # RPC workers' shares, if any
+    skipped_workers: dict[str, str] = field(default_factory=dict)  # configured ones left out, and why
 
 
 PrepareFn = Callable[["ManagedModel"], Awaitable[Prepared]]
@@ -172,6 +175,7 @@ class ManagedModel:
             "pid": server.pid if server and server.alive else None,
             "port": server.port if server and server.alive else None,
             "devices": prepared.devices if prepared else [],
+            "workers": prepared.workers if prepared else [],
             "restarts": self.restarts,
             "last_error": self.last_error,
             "uptime": (time.monotonic() - self.ready_since)
@@ -216,6 +220,15 @@ class ManagedModel:
                     self._set_state(ModelState.LOADING, restarts=self.restarts)
                 try:
                     prepared = await self._prepare(self)
+                except WorkersUnavailable as exc:
+                    # Workers down or busy: not a broken model. Wait (backoff) and re-plan.
+                    self.last_error = str(exc)
+                    self._events.publish(self.name, "waiting", reason="workers", message=exc.message)
+                    self._set_state(ModelState.LOADING, waiting_for="workers", retry_in=backoff)
+                    with anyio.move_on_after(backoff):
+                        await self._stop_event.wait()
+                    backoff = min(backoff * 2, self.policy.restart_backoff_max)
+                    continue
                 except ForgeError as exc:
                     self._open_breaker(
                         str(exc), [], kind="placement" if isinstance(exc, PlacementError) else "invalid"
@@ -274,7 +287,8 @@ class ManagedModel:
                     break
                 if not crashed_at_load:
                     how = describe_returncode(server.returncode)
-                    self.last_error = f"llama-server {how}"
+                    cause = crash_cause(server.log.tail(40))
+                    self.last_error = f"llama-server {how}" + (f": {cause}" if cause else "")
                     self.last_stderr = server.log.tail(15)
                     self._events.publish(
                         self.name, "crash", returncode=server.returncode, message=self.last_error

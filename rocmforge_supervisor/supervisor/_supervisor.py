@@ -25,7 +25,7 @@ import anyio
 import anyio.abc
 import psutil
 
-from .._errors import ModelNotFound, ServiceError, UsageError
+from .._errors import ModelNotFound, PlacementError, ServiceError, UsageError
 from ..process import InstanceSpec, LlamaServer
 from ..settings import ForgeSettings
 from ._events import EventBus
@@ -82,7 +82,10 @@ class Supervisor:
         from ..hardware import detect
 
         if self.binary is None:
-            self.binary = (await anyio.to_thread.run_sync(locate_llama_server, self.settings)).path
+            # With [[workers]] the children need --rpc: only an RPC build (`forge build --rpc`) has it.
+            rpc = bool(getattr(self.config, "workers", None))
+            found = await anyio.to_thread.run_sync(lambda: locate_llama_server(self.settings, rpc=rpc))
+            self.binary = found.path
         self.inventory = await anyio.to_thread.run_sync(detect, self.settings)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -261,6 +264,7 @@ class Supervisor:
         from ..hardware import child_env, refresh_usage
         from ..models import resolve_model_path
         from ..models._gguf import inspect_gguf
+        from ..models._templates import fallback_chat_template_args
         from ._placement import await_release
         from ._placement_glue import (
             CHILD_VERBOSITY,
@@ -268,6 +272,7 @@ class Supervisor:
             free_by_device,
             new_allocation_tracker,
         )
+        from ._workers_glue import uses_workers
 
         mc = m.config
         path = await anyio.to_thread.run_sync(resolve_model_path, str(mc.path), self.settings)
@@ -275,7 +280,19 @@ class Supervisor:
         async with self._placement_lock:
             inventory = await anyio.to_thread.run_sync(refresh_usage, self.inventory, self.settings)
             self.inventory = inventory
-            decision = decide_for_service(m, info, inventory, self.settings, self.models.values())
+            mode = uses_workers(self.config, mc)
+            try:
+                decision = (
+                    None
+                    if mode == "only"
+                    else decide_for_service(m, info, inventory, self.settings, self.models.values())
+                )
+            except PlacementError:
+                if mode == "never":
+                    raise
+                decision = None
+            if decision is None:  # it does not fit here (or must not): all layers on RPC workers
+                return await self._prepare_on_workers(m, path, info, inventory)
             for victim in decision.evict:
                 other = self.models.get(victim)
                 if other is not None:
@@ -290,7 +307,6 @@ class Supervisor:
                 await await_release(read_free, decision.need_bytes)
                 inventory = self.inventory
         devices = [inventory.by_key(k) for k in decision.devices]
-        from ..models._templates import fallback_chat_template_args
 
         user_args = list(getattr(mc, "args", []) or [])
         extra = [*fallback_chat_template_args(info, user_args), *user_args]
@@ -320,6 +336,27 @@ class Supervisor:
             devices=list(decision.devices),
             estimated_bytes=decision.estimated_bytes,
             actual=tracker,
+        )
+
+    async def _prepare_on_workers(self, m: ManagedModel, path: Path, info: Any, inventory: Any) -> Prepared:
+        from ..models._templates import fallback_chat_template_args
+        from ._workers_glue import prepare_on_workers
+
+        user_args = list(getattr(m.config, "args", []) or [])
+        return await prepare_on_workers(
+            m,
+            path,
+            info,
+            config=self.config,
+            settings=self.settings,
+            binary=self.binary or Path("llama-server"),
+            inventory=inventory,
+            models=self.models.values(),
+            policy=self.policy,
+            log_dir=self.log_dir,
+            state_dir=self.state_dir,
+            extra_args=[*fallback_chat_template_args(info, user_args), *user_args],
+            listeners=[self._log_forwarder(m.name)],
         )
 
     def _log_forwarder(self, name: str) -> Callable[[str], None]:
