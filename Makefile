@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[demo,dev]'
 	@touch $(STAMP)
 
+# --rpc: llama-server with the RPC backend and llama.cpp's RPC worker (forge worker), one build.
 llama-server: venv
-	$(FORGE) build
+	$(FORGE) build --rpc
 
 model: venv
 	$(BIN)/python -c "from rocmforge_supervisor.models import ensure_embedded, DEFAULT_MODEL; \
@@ -41,6 +42,7 @@ bench: setup ## the benchmarks (numbers, not pass/fail): see scripts/bench/
 	$(BIN)/python scripts/bench/bench_sse.py
 	$(BIN)/python scripts/bench/bench_instance.py
 	$(BIN)/python scripts/bench/bench_gateway.py --max-streams 512
+	$(BIN)/python scripts/bench/bench_rpc.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

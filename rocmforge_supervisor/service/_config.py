@@ -249,9 +249,10 @@ class ModelConfig(_Section):
     """Requests allowed to wait; beyond this the gateway answers 429."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
-    workers: Literal["auto", "never", "only"] = "auto"
-    """RPC workers (``[[workers]]``): ``auto`` uses them when the model does not fit on this machine;
-    ``only`` always places its layers on the workers; ``never`` keeps it on this machine."""
+    workers: Literal["auto", "never", "only", "all"] = "auto"
+    """RPC workers (``[[workers]]``): ``auto`` uses the fewest that hold it when the model does not
+    fit on this machine; ``only``: always on the fewest workers, never here; ``all``: a share on every
+    usable worker; ``never``: this machine only."""
 
     @property
     def effective_max_concurrency(self) -> int:

@@ -82,14 +82,16 @@ def plan_on_workers(
     parallel: int | None,
     held: Collection[str] = (),
     name: str = "model",
+    spread: bool = False,
 ) -> RemotePlan:
-    """The smallest set of workers that holds the whole model, or WorkersUnavailable saying why."""
+    """The smallest set of workers that holds the whole model (``spread``: every usable worker),
+    or WorkersUnavailable saying why."""
     skipped = {r.address: r.detail or r.state for r in reports if r.state != "ok"}
     skipped.update({a: "in use by another model" for a in held})
     usable = [r for r in reports if r.state == "ok" and r.address not in held and r.devices]
     ranked = sorted(usable, key=lambda r: -r.free_bytes)
     best_short: tuple[str, int] | None = None
-    for k in range(1, len(ranked) + 1):
+    for k in range(len(ranked) if spread else 1, len(ranked) + 1):
         chosen = [r for r in usable if r in ranked[:k]]  # keep the configured order
         devices = [d for r in chosen for d in r.devices]
         room = [max(1, d.free_bytes - _RESERVE) for d in devices]

@@ -284,7 +284,7 @@ class Supervisor:
             try:
                 decision = (
                     None
-                    if mode == "only"
+                    if mode in ("only", "all")
                     else decide_for_service(m, info, inventory, self.settings, self.models.values())
                 )
             except PlacementError:

@@ -25,7 +25,8 @@ PROBE_TIMEOUT = 10.0
 
 
 def uses_workers(config: Any, model_config: Any) -> str:
-    """``never``, ``auto`` (when it does not fit here) or ``only``; ``never`` without [[workers]]."""
+    """``never``, ``auto`` (when it does not fit here), ``only`` or ``all``; ``never`` without
+    [[workers]]. ``only`` and ``all`` both skip this machine's devices."""
     if not getattr(config, "workers", None):
         return "never"
     return str(getattr(model_config, "workers", "auto"))
@@ -67,6 +68,7 @@ async def prepare_on_workers(
         parallel=getattr(mc, "parallel", None),
         held=held,
         name=m.name,
+        spread=getattr(mc, "workers", "auto") == "all",
     )
     spec = InstanceSpec(
         binary=binary,
