@@ -127,6 +127,14 @@ def _fmt_bytes(n: int | None) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
+def _devices(row: dict[str, Any]) -> str:
+    """Local device keys, or for a model on RPC workers each worker with its share of the layers."""
+    workers = row.get("workers") or []
+    if workers:
+        return ", ".join(f"{w['worker']} {float(w['share']):.0%} ({w['layers']} layers)" for w in workers)
+    return ",".join(row.get("devices") or []) or "-"
+
+
 def ps(
     config: Path | None = _CONFIG_OPT,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -153,7 +161,7 @@ def ps(
             r["state"],
             str(r.get("pid") or "-"),
             str(r.get("port") or "-"),
-            ",".join(r.get("devices") or []) or "-",
+            _devices(r),
             str(r.get("restarts", 0)),
             f"{_fmt_bytes(est)} / {_fmt_bytes(act)}",
             f"{up:.0f} s" if up else "-",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import httpx
 from tests.support.service import Service, running_service, wait_for, write_config
 from tests.support.workers import all_rpc_servers_named, running_worker
 
+FORGE = [sys.executable, "-m", "rocmforge_supervisor.cli"]
 PROMPTS = [
     "The capital of France is",
     "Write a haiku about the sea:",
@@ -79,6 +82,15 @@ def test_split_matches_one_process_and_survives_a_dead_worker(
             assert _workers_of(svc, "split") == [a.address, b.address]
             assert split["devices"] == [f"rpc:{a.address}#0", f"rpc:{b.address}#0"]
             assert svc.model("single")["workers"] == []
+            ps = subprocess.run(
+                [*FORGE, "ps", "--config", str(cfg)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "FORGE_STATE_DIR": str(svc.state_dir), "COLUMNS": "250"},
+            )
+            assert ps.returncode == 0, ps.stderr
+            assert f"{a.address} " in ps.stdout and f"{b.address} " in ps.stdout  # who holds which share
             for prompt in PROMPTS:
                 got = _complete(svc, "split", prompt).json()["choices"][0]["text"]
                 want = _complete(svc, "single", prompt).json()["choices"][0]["text"]
