@@ -2,11 +2,10 @@
 
 rpc-server is not llama-server: no HTTP, no ``/health``, no API key, and its start-up banner
 (``Starting RPC server v…``, the devices, ``transport : TCP``) goes to a block-buffered stdout and
-is printed *before* it binds. So readiness is a TCP connect to its port (the only proof it
-listens); an accepted connection that sends nothing costs the server one ``Accepted client
-connection`` / ``Client connection closed`` pair. It serves **one client at a time** (accept, serve
-until the client closes, accept the next): a worker belongs to one llama-server while that one
-is connected.
+is printed *before* it binds. So readiness is the child owning a listening socket on its port (read
+from /proc through psutil; a TCP connect would also succeed against whatever else holds the port).
+It serves **one client at a time** (accept, serve until the client closes, accept the next): a
+worker belongs to one llama-server while that one is connected.
 
 A failed bind is not an exit code: it prints ``Failed to create server socket`` and exits 0.
 
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import psutil
 
 from .._errors import StartFailed
 from ._env import clean_child_env
@@ -152,15 +152,13 @@ class RpcWorker:
         return self.returncode
 
     async def _wait_ready(self) -> None:
-        target = "127.0.0.1" if self.spec.host in ("0.0.0.0", "") else self.spec.host
-        target = "::1" if target == "::" else target
         deadline = time.monotonic() + self.spec.ready_timeout
         delay = 0.005
         while True:
             if self.exited.is_set() or self._bind_failed:
                 await self.stop()
                 raise self._failure()
-            if await _can_connect(target, self.spec.port):
+            if self.pid is not None and _listens(self.pid, self.spec.port):
                 return
             if time.monotonic() > deadline:
                 await self.stop()
@@ -234,14 +232,17 @@ class RpcWorker:
                 os.killpg(self._process.pid, sig)
 
 
-async def _can_connect(host: str, port: int) -> bool:
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself has a listening TCP socket on ``port``.
+
+    Not a connect: something else may hold the port (then the connect succeeds while the child
+    fails to bind), and every connect costs the single-client server an accept.
+    """
     try:
-        with anyio.fail_after(1.0):
-            stream = await anyio.connect_tcp(host, port)
-    except (OSError, TimeoutError):
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
         return False
-    await stream.aclose()
-    return True
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
 def _empty_config(state_dir: Path | None) -> Path:
