@@ -12,7 +12,10 @@ error (the input was wrong), 1 for a runtime failure (the input was fine, the wo
     ForgeError
     ├── UsageError                 bad input from the caller (exit 2)
     │   ├── ConfigError            a config key or setting is invalid
-    │   └── ModelNotFound          no such file / short name / hub reference
+    │   ├── ModelNotFound          no such file / short name / hub reference
+    │   ├── Unauthorized           the HTTP edge: no or a wrong API key (401)
+    │   ├── Forbidden              the HTTP edge: a cross-origin write from a web page (403)
+    │   └── PayloadTooLarge        the HTTP edge: a request body over the limit (413)
     ├── InvalidModelFile           not a GGUF, truncated, unsupported version (exit 2)
     ├── BuildError                 llama-server could not be built
     │   ├── SourceError            llama.cpp sources missing, unverifiable, or the wrong hash
@@ -40,12 +43,14 @@ __all__ = [
     "BuildError",
     "ConfigError",
     "ContextExceeded",
+    "Forbidden",
     "ForgeError",
     "HubError",
     "InstanceError",
     "InvalidModelFile",
     "ModelCrashed",
     "ModelNotFound",
+    "PayloadTooLarge",
     "PlacementError",
     "QueueFull",
     "RequestError",
@@ -57,6 +62,7 @@ __all__ = [
     "StartFailed",
     "StreamError",
     "ToolchainMissing",
+    "Unauthorized",
     "UsageError",
 ]
 
@@ -97,6 +103,18 @@ class ConfigError(UsageError):
 
 class ModelNotFound(UsageError):
     """No model at that path, short name or hub reference."""
+
+
+class Unauthorized(UsageError):
+    """The HTTP edge: the request carries no API key, or the wrong one."""
+
+
+class Forbidden(UsageError):
+    """The HTTP edge: a web page (another Origin) tried to drive the local service."""
+
+
+class PayloadTooLarge(UsageError):
+    """The HTTP edge: the request body is over the limit (declared or counted while read)."""
 
 
 class InvalidModelFile(ForgeError):

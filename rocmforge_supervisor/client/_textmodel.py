@@ -4,15 +4,13 @@
 running server (``TextModel.connect``). When a child of ours backs it, the loader passes a
 :class:`Liveness` so that a broken stream can be told apart from a crashed child.
 
-Connection reuse (measured, see the reference notes): llama-server (cpp-httplib) closes idle
-keep-alive connections after 5 s, exactly httpx's default pool expiry, so a request can be written
-on a connection the server is closing and fail with ``RemoteProtocolError`` before any byte comes
-back (about 1 in 10 streamed requests a few seconds apart). The pool here expires idle connections
-after 2 s, and a request that failed before any byte of the response arrived is retried once.
+Requests go through ``client/_transport`` (retry on a stale keep-alive, httpx errors translated),
+the same path the gateway uses.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -27,13 +25,10 @@ from .._errors import (
     StreamError,
 )
 from ._sse import aiter_chunks, error_from_body, iter_chunks
+from ._transport import Upstream, asend, async_pool, map_httpx_errors, send, sync_pool
 from ._types import GenerateOptions, Message, Token, Usage
 
-__all__ = ["RETRYABLE", "Liveness", "TextModel"]
-
-_KEEPALIVE_EXPIRY = 2.0  # well under cpp-httplib's 5 s idle close
-#: Failures of a request that got no byte of a response: safe to send once more on a new connection.
-RETRYABLE = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
+__all__ = ["Liveness", "TextModel"]
 
 
 class Liveness(Protocol):
@@ -154,11 +149,11 @@ class TextModel:
 
     # -- requests --------------------------------------------------------------------------------
 
-    def _headers(self) -> dict[str, str]:
-        h = {"Accept": "text/event-stream"}
-        if self._api_key:
-            h["Authorization"] = f"Bearer {self._api_key}"
-        return h
+    def _upstream(self) -> Upstream:
+        return Upstream(self.base_url, self._api_key, is_alive=lambda: not self._is_dead())
+
+    def _headers(self, upstream: Upstream) -> dict[str, str]:
+        return upstream.headers({"Accept": "text/event-stream", "Content-Type": "application/json"})
 
     def _body(self, chat: bool, payload: Any, opts: GenerateOptions) -> dict[str, Any]:
         body = opts.to_body()
@@ -204,56 +199,32 @@ class TextModel:
     def _sync_client(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
-                self._client = httpx.Client(
-                    base_url=self.base_url,
-                    timeout=self._timeout,
-                    limits=httpx.Limits(keepalive_expiry=_KEEPALIVE_EXPIRY),
-                    trust_env=False,
-                )
+                self._client = sync_pool(self._timeout)
             return self._client
 
     def _stream(self, path: str, chat: bool, payload: Any, opts: GenerateOptions) -> Iterator[Token]:
         state = self._begin()
         state.chat = chat
-        body = self._body(chat, payload, opts)
-        client = self._sync_client()
+        content = json.dumps(self._body(chat, payload, opts)).encode()
+        client, upstream = self._sync_client(), self._upstream()
         try:
-            response = self._send(client, path, body)
+            response = send(client, upstream, "POST", path, content=content, headers=self._headers(upstream))
             try:
-                if response.status_code != 200:
-                    raise error_from_body(response.status_code, response.read())
-                for chunk in iter_chunks(response.iter_bytes()):
-                    yield from state.tokens(chunk)
+                with map_httpx_errors(upstream, streaming=True):
+                    if response.status_code != 200:
+                        raise error_from_body(response.status_code, response.read())
+                    for chunk in iter_chunks(response.iter_bytes()):
+                        yield from state.tokens(chunk)
             finally:
                 response.close()  # closing the connection makes llama-server stop generating
         except ForgeError as exc:
             self._err = self._crash_or(exc)
             raise self._err from exc
-        except httpx.HTTPError as exc:
-            self._err = self._crash_or(StreamError(f"the stream from {self.base_url} broke: {exc}"))
-            raise self._err from exc
         finally:
             self._finish(state)
 
-    def _send(self, client: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
-        for attempt in (1, 2):
-            request = client.build_request("POST", path, json=body, headers=self._headers())
-            try:
-                return client.send(request, stream=True)
-            except RETRYABLE as exc:
-                if attempt == 2 or (isinstance(exc, httpx.ConnectError) and self._is_dead()):
-                    raise self._unavailable(exc) from exc
-        raise AssertionError("unreachable")
-
     def _is_dead(self) -> bool:
         return self._liveness is not None and self._liveness.crashed(0.0) is not None
-
-    def _unavailable(self, exc: Exception) -> ForgeError:
-        return self._crash_or(
-            ServerUnavailable(
-                f"cannot reach {self.base_url}: {exc}", hint="is the server running? check `forge ps`"
-            )
-        )
 
     def _may_be_crash(self, exc: ForgeError) -> bool:
         """A broken stream or an unreachable server may mean the child died; a refusal does not."""
@@ -298,12 +269,7 @@ class TextModel:
 
     def _async_client(self) -> httpx.AsyncClient:
         if self._aclient is None:
-            self._aclient = httpx.AsyncClient(
-                base_url=self.base_url,
-                timeout=self._timeout,
-                limits=httpx.Limits(keepalive_expiry=_KEEPALIVE_EXPIRY),
-                trust_env=False,
-            )
+            self._aclient = async_pool(self._timeout)
         return self._aclient
 
     async def _astream(
@@ -311,41 +277,26 @@ class TextModel:
     ) -> AsyncIterator[Token]:
         state = self._begin()
         state.chat = chat
-        body = self._body(chat, payload, opts)
-        client = self._async_client()
+        content = json.dumps(self._body(chat, payload, opts)).encode()
+        client, upstream = self._async_client(), self._upstream()
         try:
-            response = await self._asend(client, path, body)
+            response = await asend(
+                client, upstream, "POST", path, content=content, headers=self._headers(upstream)
+            )
             try:
-                if response.status_code != 200:
-                    raise error_from_body(response.status_code, await response.aread())
-                async for chunk in aiter_chunks(response.aiter_bytes()):
-                    for tok in state.tokens(chunk):
-                        yield tok
+                with map_httpx_errors(upstream, streaming=True):
+                    if response.status_code != 200:
+                        raise error_from_body(response.status_code, await response.aread())
+                    async for chunk in aiter_chunks(response.aiter_bytes()):
+                        for tok in state.tokens(chunk):
+                            yield tok
             finally:
                 await response.aclose()
         except ForgeError as exc:
             self._err = await self._acrash_or(exc)
             raise self._err from exc
-        except httpx.HTTPError as exc:
-            self._err = await self._acrash_or(StreamError(f"the stream from {self.base_url} broke: {exc}"))
-            raise self._err from exc
         finally:
             self._finish(state)
-
-    async def _asend(self, client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> httpx.Response:
-        for attempt in (1, 2):
-            request = client.build_request("POST", path, json=body, headers=self._headers())
-            try:
-                return await client.send(request, stream=True)
-            except RETRYABLE as exc:
-                dead = self._liveness is not None and await self._liveness.acrashed(0.0) is not None
-                if attempt == 2 or (isinstance(exc, httpx.ConnectError) and dead):
-                    raise await self._acrash_or(
-                        ServerUnavailable(
-                            f"cannot reach {self.base_url}: {exc}", hint="is the server running?"
-                        )
-                    ) from exc
-        raise AssertionError("unreachable")
 
     async def _acrash_or(self, exc: ForgeError) -> ForgeError:
         if not self._may_be_crash(exc) or self._liveness is None:

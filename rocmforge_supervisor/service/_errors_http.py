@@ -1,4 +1,10 @@
-"""The one place where typed errors become HTTP statuses and OpenAI-shaped error bodies."""
+"""The one map from typed errors to HTTP: status, the OpenAI-shaped body, and the SSE error chunk.
+
+Every error at the edge — the middleware's (auth, Origin, body size), the routes', the
+supervisor's and the upstream transport's — arrives here as a :class:`ForgeError`; nothing else in
+``service/`` picks a status. One condition, one status: a body over the limit is 413 whether its
+``Content-Length`` said so or it was counted while read.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,18 @@ from starlette.responses import JSONResponse
 
 from .._errors import (
     ConfigError,
+    Forbidden,
     ForgeError,
     InstanceError,
     ModelNotFound,
+    PayloadTooLarge,
     PlacementError,
     QueueFull,
     RequestRejected,
     ServerUnavailable,
     ServiceError,
+    StreamError,
+    Unauthorized,
     UsageError,
 )
 
@@ -24,6 +34,12 @@ __all__ = ["error_body", "error_response", "sse_error_chunk", "status_for"]
 
 def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
     """(HTTP status, OpenAI error type, OpenAI error code) for a typed error."""
+    if isinstance(exc, Unauthorized):
+        return 401, "authentication_error", "invalid_api_key"
+    if isinstance(exc, Forbidden):
+        return 403, "permission_error", "forbidden_origin"
+    if isinstance(exc, PayloadTooLarge):
+        return 413, "invalid_request_error", "request_too_large"
     if isinstance(exc, ModelNotFound):
         return 404, "invalid_request_error", "model_not_found"
     if isinstance(exc, QueueFull):
@@ -40,6 +56,8 @@ def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
         return 503, "unavailable_error", exc.reason
     if isinstance(exc, (ServiceError, ServerUnavailable)):
         return 503, "unavailable_error", None
+    if isinstance(exc, StreamError):
+        return 502, "server_error", "upstream_broken"
     return 502, "server_error", None
 
 
@@ -52,12 +70,15 @@ def error_response(exc: ForgeError, request_id: str | None = None) -> JSONRespon
     headers = {}
     if isinstance(exc, QueueFull):
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
     if request_id:
         headers["X-Request-ID"] = request_id
     return JSONResponse(error_body(str(exc), err_type, code), status_code=status, headers=headers)
 
 
-def sse_error_chunk(message: str, err_type: str = "server_error", code: int = 502) -> bytes:
-    """Once a stream has started, an error can only be a chunk: the same shape llama-server sends."""
-    payload = {"error": {"code": code, "message": message, "type": err_type}}
+def sse_error_chunk(exc: ForgeError) -> bytes:
+    """Once a stream has started, an error can only be a chunk: the shape llama-server sends."""
+    status, err_type, _ = status_for(exc)
+    payload = {"error": {"code": status, "message": str(exc), "type": err_type}}
     return b"data: " + json.dumps(payload).encode() + b"\n\n"

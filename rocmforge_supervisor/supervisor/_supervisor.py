@@ -26,7 +26,8 @@ import anyio.abc
 import psutil
 
 from .._errors import ModelNotFound, PlacementError, ServiceError, UsageError
-from ..process import InstanceSpec, LlamaServer
+from ..client._transport import Upstream
+from ..process import InstanceSpec
 from ..settings import ForgeSettings
 from ._events import EventBus
 from ._managed import ManagedModel, ModelRetired, ModelState, Prepared, SupervisionPolicy
@@ -133,7 +134,9 @@ class Supervisor:
             raise ModelNotFound(f"model {name!r} is not configured", hint=f"known models: {known}") from None
 
     @asynccontextmanager
-    async def acquire(self, name: str) -> AsyncIterator[LlamaServer]:
+    async def acquire(self, name: str) -> AsyncIterator[Upstream]:
+        """A slot at the model's child for one request, as an :class:`Upstream` (URL, key,
+        liveness): the HTTP layer gets where to send, not the process."""
         for _ in range(3):
             m = self.get(name)  # looked up again after a reload replaced the model
             try:
@@ -142,7 +145,8 @@ class Supervisor:
             except ModelRetired:
                 continue
             try:
-                yield server
+                # The loop ends at this yield (return below), so `server` is never rebound.
+                yield Upstream(server.base_url, server.api_key, is_alive=lambda: server.alive)  # noqa: B023
             except BaseException as exc:
                 if not await ctx.__aexit__(type(exc), exc, exc.__traceback__):
                     raise

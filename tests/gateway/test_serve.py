@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -254,6 +255,17 @@ def test_auth_and_traversal(tmp_path: Path, tiny_gguf: Path, llama_server_bin: P
                 "/v1/completions", content=b"x" * (17 * 2**20), headers={"Content-Type": "application/json"}
             )
             assert big.status_code == 413
+
+            def chunked_body() -> Iterator[bytes]:  # no Content-Length: counted while read, the same 413
+                for _ in range(17):
+                    yield b"x" * 2**20
+
+            chunked = c.post(
+                "/v1/completions", content=chunked_body(), headers={"Content-Type": "application/json"}
+            )
+            assert chunked.status_code == 413, chunked.text
+            assert chunked.json()["error"]["code"] == "request_too_large"
+            assert chunked.headers["x-request-id"]
 
 
 def test_sighup_reload_keeps_running_models_and_in_flight_requests(

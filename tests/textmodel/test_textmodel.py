@@ -126,9 +126,9 @@ def test_idle_connection_closed_by_server_is_invisible(
 ) -> None:
     """llama-server drops idle keep-alive connections after 5 s; a request sent on such a
     connection must be retried on a fresh one, never surface as an error."""
-    import rocmforge_supervisor.client._textmodel as tm_module
+    import rocmforge_supervisor.client._transport as transport
 
-    monkeypatch.setattr(tm_module, "_KEEPALIVE_EXPIRY", 60.0)  # keep the stale connection in the pool
+    monkeypatch.setattr(transport, "KEEPALIVE_EXPIRY", 60.0)  # keep the stale connection in the pool
     with load_model(tiny_gguf, settings=state_settings, ctx_size=512, gpu="cpu") as model:
         assert list(model.generate("a", max_tokens=1))
         deadline = time.monotonic() + 5.3  # just past the server's keep-alive timeout

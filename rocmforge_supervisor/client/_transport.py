@@ -1,0 +1,147 @@
+"""The one way a request reaches a llama-server: retry on a stale keep-alive, translate httpx errors.
+
+Both :class:`~rocmforge_supervisor.client.TextModel` (sync and async) and the gateway send through
+here, so the retry rule and the meaning of every httpx failure are written once — as httpx itself
+funnels httpcore's exceptions through ``map_httpcore_exceptions``.
+
+Why the retry: llama-server (cpp-httplib) closes idle keep-alive connections after 5 s, httpx's
+default pool expiry, so a request can be written on a connection the server is closing and fail
+(``RemoteProtocolError``/``ReadError``) before any byte comes back (measured: about 1 in 10 streamed
+requests a few seconds apart). Pools built here expire idle connections after 2 s, and a request
+that failed before any byte of the response arrived is sent once more on a fresh connection —
+unless the upstream process is known to be dead, when the caller wants the crash, not a retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import httpx
+
+from .._errors import ServerUnavailable, StreamError
+
+__all__ = [
+    "KEEPALIVE_EXPIRY",
+    "RETRYABLE",
+    "Upstream",
+    "asend",
+    "async_pool",
+    "map_httpx_errors",
+    "send",
+    "sync_pool",
+]
+
+KEEPALIVE_EXPIRY = 2.0  # well under cpp-httplib's 5 s idle close
+#: Failures of a request that got no byte of a response: safe to send once more on a new connection.
+RETRYABLE = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
+
+
+def _always_alive() -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where a request goes: a server's base URL, its key, and whether its process still lives.
+
+    The supervisor hands this out for one acquired slot (not the process object): the HTTP layer
+    may send to it and ask ``alive()``, nothing else.
+    """
+
+    base_url: str
+    api_key: str | None = None
+    is_alive: Callable[[], bool] = field(default=_always_alive, repr=False, compare=False)
+
+    def alive(self) -> bool:
+        return self.is_alive()
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url.rstrip('/')}{path}"
+
+    def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        h = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if extra:
+            h.update(extra)
+        return h
+
+
+def sync_pool(timeout: httpx.Timeout) -> httpx.Client:
+    """A connection pool whose idle connections expire before llama-server closes them."""
+    return httpx.Client(
+        timeout=timeout, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY), trust_env=False
+    )
+
+
+def async_pool(timeout: httpx.Timeout, *, max_keepalive: int = 20) -> httpx.AsyncClient:
+    """The async twin of :func:`sync_pool` (the gateway asks for a larger keep-alive set)."""
+    return httpx.AsyncClient(
+        timeout=timeout,
+        limits=httpx.Limits(
+            max_connections=None, max_keepalive_connections=max_keepalive, keepalive_expiry=KEEPALIVE_EXPIRY
+        ),
+        trust_env=False,
+    )
+
+
+def _unavailable(upstream: Upstream, exc: Exception) -> ServerUnavailable:
+    return ServerUnavailable(
+        f"cannot reach {upstream.base_url}: {exc}",
+        hint="the server is not answering (restarting, or stopped); retry, or check `forge ps`",
+    )
+
+
+@contextmanager
+def map_httpx_errors(upstream: Upstream, *, streaming: bool) -> Iterator[None]:
+    """Translate httpx failures into the package's errors: before a response, the server could not
+    be reached (``ServerUnavailable``); once the body is flowing, the stream broke (``StreamError``)."""
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        if streaming:
+            raise StreamError(f"the stream from {upstream.base_url} broke: {exc}") from exc
+        raise _unavailable(upstream, exc) from exc
+
+
+def send(
+    client: httpx.Client,
+    upstream: Upstream,
+    method: str,
+    path: str,
+    *,
+    content: bytes,
+    headers: dict[str, str],
+) -> httpx.Response:
+    """Send and return the streaming response (headers read, body not); retried once if no byte came
+    back and the upstream still lives. The caller must close the response."""
+    for attempt in (1, 2):
+        request = client.build_request(method, upstream.url(path), content=content, headers=headers)
+        with map_httpx_errors(upstream, streaming=False):
+            try:
+                return client.send(request, stream=True)
+            except RETRYABLE:
+                if attempt == 2 or not upstream.alive():
+                    raise
+    raise AssertionError("unreachable")
+
+
+async def asend(
+    client: httpx.AsyncClient,
+    upstream: Upstream,
+    method: str,
+    path: str,
+    *,
+    content: bytes,
+    headers: dict[str, str],
+) -> httpx.Response:
+    """The async twin of :func:`send`."""
+    for attempt in (1, 2):
+        request = client.build_request(method, upstream.url(path), content=content, headers=headers)
+        with map_httpx_errors(upstream, streaming=False):
+            try:
+                return await client.send(request, stream=True)
+            except RETRYABLE:
+                if attempt == 2 or not upstream.alive():
+                    raise
+    raise AssertionError("unreachable")

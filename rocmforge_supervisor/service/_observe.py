@@ -1,0 +1,55 @@
+"""Health (alive), readiness and Prometheus metrics (the gateway's own and each child's)."""
+
+from __future__ import annotations
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from ._state import GatewayState, state_of
+
+__all__ = ["routes"]
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/health", _health, methods=["GET"]),
+        Route("/ready", _ready, methods=["GET"]),
+        Route("/metrics", _metrics, methods=["GET"]),
+    ]
+
+
+async def _health(request: Request) -> Response:
+    """Alive: the gateway answers. (Readiness is /ready.)"""
+    return JSONResponse({"status": "ok"})
+
+
+async def _ready(request: Request) -> Response:
+    st = state_of(request)
+    if st.supervisor.ready.is_set():
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "starting"}, status_code=503)
+
+
+async def _metrics(request: Request) -> Response:
+    st = state_of(request)
+    st.metrics.child_texts.clear()
+    async with anyio.create_task_group() as tg:
+        for m in st.supervisor.models.values():
+            if m.server is not None and m.server.alive and m.state == "ready":
+                tg.start_soon(_scrape, st, m.name, m.server.base_url, m.server.api_key)
+    return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def _scrape(st: GatewayState, name: str, base_url: str, api_key: str) -> None:
+    """One child's /metrics, relabelled into ours; a child that does not answer is left out."""
+    try:
+        r = await st.upstream.get(
+            f"{base_url}/metrics", headers={"Authorization": f"Bearer {api_key}"}, timeout=2.0
+        )
+        if r.status_code == 200:
+            st.metrics.child_texts[name] = r.text
+    except httpx.HTTPError:
+        st.metrics.child_texts.pop(name, None)

@@ -1,0 +1,50 @@
+"""What the gateway's route modules share: the supervisor, the upstream pool, metrics, settings."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+
+from ..client._transport import async_pool
+from ..supervisor import Supervisor
+from ._metrics import Metrics
+
+__all__ = ["GatewayState", "request_id", "state_of"]
+
+
+class GatewayState:
+    """One per app (``app.state.gateway``); routes reach it through :func:`state_of`."""
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        model_dirs: list[Path],
+        reload: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        cors_origins: list[str] | None = None,
+    ) -> None:
+        self.cors_origins = list(cors_origins or [])
+        self.supervisor = supervisor
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.model_dirs = [p.resolve() for p in model_dirs]
+        self.reload = reload
+        self.metrics = Metrics(supervisor.status)
+        self.upstream: httpx.AsyncClient = async_pool(httpx.Timeout(None, connect=5.0), max_keepalive=512)
+
+
+def state_of(request: Request) -> GatewayState:
+    st: GatewayState = request.app.state.gateway
+    return st
+
+
+def request_id(request: Request) -> str | None:
+    """The id the middleware gave this request (``X-Request-ID``)."""
+    rid: str | None = request.scope.get("state", {}).get("request_id")
+    return rid
