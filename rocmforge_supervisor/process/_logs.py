@@ -72,6 +72,9 @@ class LogRing:
 
 
 _CLASSIFY: list[tuple[str, re.Pattern[str]]] = [
+    # First: an abort prints a gdb backtrace whose "…/wait4.c: No such file or directory" lines
+    # would otherwise read as a missing model file.
+    ("rpc_worker", RPC_FAILED_RE),
     ("bind", BIND_FAILED_RE),
     ("file_not_found", re.compile(r"failed to open GGUF file .*No such file|No such file or directory")),
     ("unsupported", re.compile(r"unknown model architecture|unsupported model architecture")),
@@ -80,7 +83,6 @@ _CLASSIFY: list[tuple[str, re.Pattern[str]]] = [
         re.compile(r"invalid magic|gguf_init_from|failed to load model|not a GGUF|unsupported.*version"),
     ),
     ("oom", OOM_PATTERNS),
-    ("rpc_worker", RPC_FAILED_RE),
     ("bad_args", re.compile(r"error: invalid argument|error while handling argument|invalid device")),
 ]
 
@@ -96,6 +98,6 @@ def classify_failure(lines: list[str]) -> str:
 
 def crash_cause(lines: list[str]) -> str | None:
     """A running child's death that its log explains (an RPC worker gone), as a phrase; else None."""
-    if classify_failure(lines) == "rpc_worker":
+    if any(RPC_FAILED_RE.search(line) for line in lines):
         return "an RPC worker it placed layers on failed (Remote RPC server crashed or unreachable)"
     return None

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.support.service import Service, running_service, wait_for, write_config
 from tests.support.workers import all_rpc_servers_named, running_worker
@@ -69,6 +70,7 @@ def _workers_of(svc: Service, name: str) -> list[str]:
     return [str(w["worker"]) for w in svc.model(name)["workers"]]
 
 
+@pytest.mark.timeout(900)
 def test_split_matches_one_process_and_survives_a_dead_worker(
     rpc_server_bin: Path, rpc_llama_server_bin: Path, tmp_path: Path
 ) -> None:

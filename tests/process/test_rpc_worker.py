@@ -88,3 +88,20 @@ def test_port_in_use_is_one_clear_error(rpc_server_bin: Path, tmp_path: Path) ->
     assert proc.returncode == 1, proc.stderr
     assert f"could not listen on 127.0.0.1:{port}" in proc.stderr.splitlines()[0]
     assert not all_rpc_servers_named(port)
+
+
+def test_a_dead_worker_is_named_even_under_a_gdb_backtrace() -> None:
+    """The lines a split llama-server left when its worker was SIGKILLed (captured from a real run):
+    the backtrace's "No such file or directory" must not read as a missing model."""
+    from rocmforge_supervisor.process import classify_failure, crash_cause
+
+    lines = [
+        "2.44.729.291 E recv failed (bytes_recv=0, size_to_recv=8)",
+        "/root/.cache/rocmforge/src/llama.cpp-4df29be4f4c3/ggml/src/ggml-rpc/ggml-rpc.cpp:519: "
+        "Remote RPC server crashed or returned malformed response",
+        "30\t../sysdeps/unix/sysv/linux/wait4.c: No such file or directory.",
+        "360\t../csu/libc-start.c: No such file or directory.",
+    ]
+    assert classify_failure(lines) == "rpc_worker"
+    assert crash_cause(lines) and "RPC worker" in str(crash_cause(lines))
+    assert crash_cause(lines[2:]) is None
