@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 FORGE  := $(BIN)/forge
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup venv llama-server model run test test-fast lint bench clean
+.PHONY: setup venv llama-server model browser run test test-fast lint bench clean
 
 setup: venv llama-server model ## venv + package, llama-server built (cached), default model assembled
 
@@ -34,7 +34,15 @@ lint: venv
 	$(BIN)/ruff format --check rocmforge_supervisor tests scripts
 	$(BIN)/mypy
 
-test: setup lint ## the whole suite, against the real llama-server
+# The status page's tests drive a real chromium: Debian's, installed once (root, or through sudo).
+browser: ## chromium + chromedriver from apt, only when missing
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  echo "installing chromium and chromium-driver (apt-get) for the status page tests"; \
+	  $$SUDO apt-get update -qq >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+test: setup lint browser ## the whole suite, against the real llama-server
 	$(BIN)/pytest -q
 
 bench: setup ## the benchmarks (numbers, not pass/fail): see scripts/bench/

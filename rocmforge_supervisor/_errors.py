@@ -49,6 +49,7 @@ __all__ = [
     "InstanceError",
     "InvalidModelFile",
     "ModelCrashed",
+    "ModelLoading",
     "ModelNotFound",
     "PayloadTooLarge",
     "PlacementError",
@@ -255,3 +256,18 @@ class QueueFull(ServiceError):
     def __init__(self, message: str, *, retry_after: float = 1.0, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.retry_after = retry_after
+
+
+class ModelLoading(ServiceError):
+    """The model is still loading after the request's ``load_wait``: retry after ``retry_after`` s.
+
+    ``loading`` is what the client is told about the load: ``{state, progress, eta_seconds}``
+    (LocalAI's protocol; progress and eta are None until a previous load gives a measured duration).
+    """
+
+    def __init__(
+        self, message: str, *, retry_after: float, loading: dict[str, object], hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.retry_after = retry_after
+        self.loading = loading

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType
 from .._errors import InvalidModelFile, ModelNotFound
 from ._names import parse_split_name
 
-__all__ = ["SUPPORTED_GGUF_VERSIONS", "GGUFInfo", "inspect_gguf"]
+__all__ = ["SUPPORTED_GGUF_VERSIONS", "GGUFInfo", "inspect_gguf", "read_gguf_keys"]
 
 #: The GGUF versions llama.cpp (and the gguf package) read.
 SUPPORTED_GGUF_VERSIONS = (2, 3)
@@ -476,3 +476,18 @@ def inspect_gguf(path: Path) -> GGUFInfo:
         output_repack_bytes=output_repack,
         tensor_types=dict(sorted(type_bytes.items(), key=lambda kv: -kv[1])),
     )
+
+
+def read_gguf_keys(path: Path, keys: Iterable[str]) -> dict[str, Any]:
+    """The values of some metadata keys (missing ones left out): a chat template, FIM token ids.
+
+    Apart from :func:`inspect_gguf` because only the API's model cards need these, and the chat
+    template string is large.
+    """
+    reader = _read(Path(path))
+    out: dict[str, Any] = {}
+    for k in keys:
+        v = _value(reader, k)
+        if v is not None:
+            out[k] = v
+    return out

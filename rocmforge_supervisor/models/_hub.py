@@ -286,11 +286,18 @@ def _has_stored_token() -> bool:
 
 
 def _download(
-    ref: HubRef, files: Sequence[str], settings: ForgeSettings, *, local_only: bool, progress: bool
+    ref: HubRef,
+    files: Sequence[str],
+    settings: ForgeSettings,
+    *,
+    local_only: bool,
+    progress: bool | type[Any],
 ) -> list[Path]:
     from huggingface_hub import hf_hub_download
 
-    tqdm_class = None if progress else _silent_tqdm()
+    # progress: a tqdm class of the caller's (the Ollama API's /api/pull reports through one), or
+    # True for huggingface_hub's own bars, or False for none.
+    tqdm_class = progress if isinstance(progress, type) else (None if progress else _silent_tqdm())
     out = []
     for filename in files:
 
@@ -360,7 +367,7 @@ def _not_cached(ref: HubRef, settings: ForgeSettings) -> HubError:
     )
 
 
-def pull(ref: str, settings: ForgeSettings, progress: bool = True) -> list[Path]:
+def pull(ref: str, settings: ForgeSettings, progress: bool | type[Any] = True) -> list[Path]:
     """Download (or find in the cache) the file(s) a reference means and validate them.
 
     Returns the local paths, first part first (the one to give llama-server). Offline, only the

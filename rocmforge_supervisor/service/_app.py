@@ -2,7 +2,8 @@
 
 It never spawns or stops processes: it asks the supervisor (acquire / load / unload / reload).
 The jobs live in their own modules — ``_middleware`` (request id, auth, Origin, body size),
-``_proxy`` (the forwarded model routes), ``_control`` (``/api/*``), ``_observe`` (health, ready,
+``_proxy`` (the forwarded model routes), ``_control`` (``/api/*``), ``_ollama`` (the Ollama
+API, also under ``/api/*``: the two sets of paths do not meet), ``_observe`` (health, ready,
 metrics) — and every error becomes HTTP in one place, ``_errors_http``. A module that serves
 routes exposes ``routes()``; :func:`create_app` lists them (more can be passed as ``extra_routes``).
 """
@@ -10,14 +11,16 @@ routes exposes ``routes()``; :func:`create_app` lists them (more can be passed a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
 
-from . import _control, _observe, _proxy
+from . import _control, _observe, _ollama, _page, _proxy, _status_api
 from ._middleware import RequestContext
+from ._ollama_meta import local_model_path
 from ._state import GatewayState
 
 __all__ = ["GatewayState", "create_app"]
@@ -29,7 +32,14 @@ def create_app(
     cors_origins: list[str] | None = None,
     extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
-    routes: list[BaseRoute] = [*_observe.routes(), *_proxy.routes(), *_control.routes(), *extra_routes]
+    routes: list[BaseRoute] = [
+        *_observe.routes(),
+        *_proxy.routes(),
+        *_control.routes(),
+        *_ollama.routes(),
+        *extra_routes,
+    ]
+    routes += [*_status_api.routes(), *_page.routes()]  # the status page at / and its data
     middleware = [Middleware(RequestContext, state=state)]
     origins = cors_origins if cors_origins is not None else state.cors_origins
     if origins:
@@ -39,4 +49,9 @@ def create_app(
         )
     app = Starlette(routes=routes, middleware=middleware)
     app.state.gateway = state
+    app.state.ollama = _ollama.OllamaBackend(
+        state.supervisor,
+        forward=partial(_proxy.open_upstream, state),
+        resolve_path=partial(local_model_path, settings=state.settings),
+    )
     return app

@@ -180,6 +180,12 @@ class ServerConfig(_Section):
     """Default: ``<state_dir>/logs``; see :attr:`ForgeConfig.log_dir`."""
     model_dirs: list[Path] = Field(default_factory=list)
     """Directories a model may be loaded from by path through the API (nothing else is)."""
+    load_wait: float = Field(default=30.0, ge=0)
+    """Seconds a request waits for a loading model; then 503 + Retry-After + load progress."""
+    sse_keepalive: float = Field(default=5.0, ge=0)
+    """Seconds between ``: keep-alive`` comments while a stream waits for its first token; 0: off."""
+    ollama_port: int | None = Field(default=None, ge=0, le=65535)
+    """A second listener for Ollama clients, which look on 11434 (same routes, same auth)."""
 
     @property
     def is_loopback(self) -> bool:
@@ -210,6 +216,9 @@ class SupervisorConfig(_Section):
     health_failures: int = Field(default=3, ge=1)
     """Consecutive failed checks → the child is hung: killed and restarted."""
     load_stall_timeout: float = Field(default=300.0, gt=0)
+    load_deadline_base: float = Field(default=300.0, gt=0)
+    """A load's deadline: this plus ``load_deadline_per_gib`` per GiB of model file."""
+    load_deadline_per_gib: float = Field(default=20.0, ge=0)
     stop_timeout: float = Field(default=10.0, gt=0)
     drain_timeout: float = Field(default=30.0, ge=0)
 
@@ -226,7 +235,7 @@ class SupervisorConfig(_Section):
 
 #: ModelConfig fields that do not change the running child: a reload that only touches these
 #: keeps the child (see :meth:`ForgeConfig.model_fingerprint`).
-_NOT_IN_FINGERPRINT = frozenset({"ttl", "max_concurrency", "queue", "preload"})
+_NOT_IN_FINGERPRINT = frozenset({"ttl", "max_concurrency", "queue", "preload", "load_wait"})
 
 
 class ModelConfig(_Section):
@@ -247,6 +256,8 @@ class ModelConfig(_Section):
     """Requests in flight at the child; more wait in the queue. Default: ``parallel``, else 4."""
     queue: int = Field(default=64, ge=0)
     """Requests allowed to wait; beyond this the gateway answers 429."""
+    load_wait: float | None = Field(default=None, ge=0)
+    """This model's ``server.load_wait`` (seconds a request waits for its load)."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
     workers: Literal["auto", "never", "only", "all"] = "auto"

@@ -18,12 +18,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .._errors import Forbidden, ForgeError, PayloadTooLarge, Unauthorized
 from ._errors_http import error_response
 from ._logging import request_id_var
+from ._page import PAGE_PATHS, same_origin
+from ._routes import dialect_for_path
 from ._state import GatewayState
 
 __all__ = ["RequestContext", "read_body"]
 
-# Probes (a Kubernetes kubelet, a load balancer) cannot send the key; both answer status only.
-_PUBLIC_PATHS = frozenset({"/health", "/ready"})
+# Probes (a Kubernetes kubelet, a load balancer) cannot send the key: /ready answers status only.
+_PUBLIC_PATHS = frozenset({"/health", "/ready"}) | PAGE_PATHS  # the page's files hold no data
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
@@ -54,7 +56,7 @@ class RequestContext:
         try:
             self._check(scope, headers)
         except ForgeError as exc:
-            await error_response(exc)(scope, receive, send_with_id)
+            await error_response(exc, dialect=dialect_for_path(scope["path"]))(scope, receive, send_with_id)
             return
         await self.app(scope, receive, send_with_id)
 
@@ -66,7 +68,7 @@ class RequestContext:
             if not hmac.compare_digest(token, self._key):
                 raise Unauthorized("missing or invalid API key", hint="send Authorization: Bearer KEY")
         origin = headers.get(b"origin")
-        if origin is not None and method not in _SAFE_METHODS and not self._origin_ok(origin):
+        if origin is not None and method not in _SAFE_METHODS and not self._origin_ok(origin, scope):
             # A web page must not drive the local service (CSRF): browsers send Origin on such
             # requests; tools (curl, SDKs) do not.
             raise Forbidden(
@@ -76,9 +78,11 @@ class RequestContext:
         if length is not None and length.isdigit() and int(length) > self.state.max_body_bytes:
             raise _too_large(self.state.max_body_bytes)
 
-    def _origin_ok(self, origin: bytes) -> bool:
+    def _origin_ok(self, origin: bytes, scope: Scope) -> bool:
         text = origin.decode("latin-1")
-        return text in self.state.cors_origins or urlsplit(text).hostname in _LOOPBACK_HOSTS
+        if text in self.state.cors_origins or urlsplit(text).hostname in _LOOPBACK_HOSTS:
+            return True
+        return same_origin(scope, text, keyed=self._key is not None)  # the status page at a LAN address
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

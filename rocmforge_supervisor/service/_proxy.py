@@ -1,13 +1,17 @@
 """The model routes: forward a request to the llama-server of the model it names.
 
-One generic path for every forwarded route — parse (only the ``model`` and ``stream`` fields) →
-``supervisor.acquire`` (a slot, as an :class:`Upstream`) → ``client/_transport`` (retry on a stale
-keep-alive, httpx errors typed) → stream through or buffer → release. Which gateway paths go to
-which child paths is the table :data:`FORWARDED`; a new llama-server route is a line there.
+One generic path for every route in the table :data:`~._routes.FORWARDED` (every model route of
+the pinned llama-server; a new one is a line there) — find the model (JSON ``model``, a multipart
+form field, or ``?model=``) → wait for its load, at most ``load_wait`` (then 503 + Retry-After +
+progress) → ``supervisor.acquire`` (a slot, as an :class:`Upstream`) → ``client/_transport``
+(retry on a stale keep-alive, httpx errors typed) → stream through or buffer → release.
 
-Streams are passed through chunk by chunk (``aiter_raw``), never re-parsed: only the tail is kept,
-for the usage counters and to notice a stream that ended without ``[DONE]``. A child that dies
-mid-stream ends the client's stream with an SSE error chunk in llama-server's own shape.
+Nothing is translated: the body goes through unchanged and the reply comes back unchanged, streams
+chunk by chunk (``aiter_raw``), so every dialect llama-server speaks (OpenAI, Anthropic, Responses,
+native) works with its own clients. Only the tail of a stream is kept, for the usage counters and
+to notice a stream that ended without its last event; a child that dies mid-stream ends the
+client's stream with an error event in the route's dialect. Streams that wait for their first
+token get keep-alive comments (``_keepalive``); the gateway's own errors take the route's dialect.
 """
 
 from __future__ import annotations
@@ -15,9 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -25,211 +28,168 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
 
-from .._errors import ForgeError, StreamError, UsageError
-from ..client._transport import Upstream, asend, map_httpx_errors
+from .._errors import ForgeError, StreamError
+from ..client._transport import asend
 from ._errors_http import error_response, sse_error_chunk
+from ._keepalive import KeepAliveStream, Opened
 from ._middleware import read_body
+from ._ollama import model_list
+from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, request_id, state_of
 
-__all__ = ["FORWARDED", "Forward", "routes"]
+__all__ = ["FORWARDED", "open_upstream", "routes"]
 
 log = logging.getLogger("rocmforge.gateway")
 
 _PASS_HEADERS = ("content-type",)
 
-
-@dataclass(frozen=True)
-class Forward:
-    """A gateway route forwarded to the model named in the request body's ``model`` field."""
-
-    path: str
-    upstream_path: str | None = None  # the child's path; the same as ``path`` when None
-    methods: tuple[str, ...] = ("POST",)
-
-    @property
-    def target(self) -> str:
-        return self.upstream_path or self.path
-
-
-FORWARDED: tuple[Forward, ...] = (
-    Forward("/v1/chat/completions"),
-    Forward("/v1/completions"),
-    Forward("/v1/embeddings"),
-)
+#: What the last event of a complete stream contains, per route: a stream that ends without it
+#: was cut (the child died), and the client is told so with an error event.
+_END_MARKERS: dict[str, bytes] = {
+    "/v1/chat/completions": b"[DONE]",
+    "/chat/completions": b"[DONE]",
+    "/v1/completions": b"[DONE]",
+    "/v1/audio/transcriptions": b"[DONE]",
+    "/audio/transcriptions": b"[DONE]",
+    "/v1/messages": b"message_stop",
+    "/v1/responses": b"response.completed",
+    "/responses": b"response.completed",
+    "/completion": b'"stop":true',
+    "/completions": b'"stop":true',
+    "/infill": b'"stop":true',
+}
 
 
-def routes() -> list[BaseRoute]:
-    """The forwarded routes (:data:`FORWARDED`) and ``GET /v1/models``."""
-    out: list[BaseRoute] = [Route("/v1/models", _models, methods=["GET"])]
-    out += [Route(f.path, _forwarder(f), methods=list(f.methods)) for f in FORWARDED]
-    return out
-
-
-@dataclass(frozen=True)
-class _Call:
-    """What the gateway reads of a request: the model, whether it streams, and the bytes to send."""
-
-    name: str
-    stream: bool
-    body: bytes
-    endpoint: str
-    request_id: str | None
-    received: float
-
-
-def _forwarder(route: Forward) -> Callable[[Request], Awaitable[Response]]:
-    async def endpoint(request: Request) -> Response:
-        st = state_of(request)
-        try:
-            call = await _parse(request, st)
-        except ForgeError as exc:
-            st.metrics.errors.labels("-", type(exc).__name__).inc()
-            return error_response(exc, request_id(request))
-        return await _forward(st, call, route.target)
-
-    endpoint.__name__ = f"forward_{route.path.strip('/').replace('/', '_')}"
-    return endpoint
-
-
-async def _parse(request: Request, st: GatewayState) -> _Call:
-    received = time.perf_counter()
-    body = await read_body(request, st.max_body_bytes)
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        raise UsageError("the request body is not valid JSON", hint="send a JSON object") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
-        raise UsageError('the request has no "model" field', hint="name one of GET /v1/models")
-    name: str = payload["model"]
-    st.supervisor.get(name)  # 404 before queueing
-    return _Call(name, bool(payload.get("stream")), body, request.url.path, request_id(request), received)
-
-
-async def _forward(st: GatewayState, call: _Call, path: str) -> Response:
-    stack = AsyncExitStack()
-    headers = {"Content-Type": "application/json"}
-    if call.request_id:
-        headers["X-Request-ID"] = call.request_id
-    try:
-        upstream = await stack.enter_async_context(st.supervisor.acquire(call.name))
+@asynccontextmanager
+async def open_upstream(
+    st: GatewayState,
+    name: str,
+    method: str,
+    path: str,
+    body: bytes,
+    rid: str | None,
+    *,
+    content_type: str = "application/json",
+) -> AsyncIterator[httpx.Response]:
+    """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
+    streaming response to one request; both released on exit. Also the Ollama API's way in."""
+    async with st.supervisor.acquire(name, load_wait=st.supervisor.load_wait(name)) as upstream:
+        headers = {"Content-Type": content_type}
+        if rid:
+            headers["X-Request-ID"] = rid
         response = await asend(
-            st.upstream, upstream, "POST", path, content=call.body, headers=upstream.headers(headers)
+            st.upstream, upstream, method, path, content=body, headers=upstream.headers(headers)
         )
-    except ForgeError as exc:
-        await stack.aclose()
-        st.metrics.requests.labels(call.name, call.endpoint, "error").inc()
-        st.metrics.errors.labels(call.name, type(exc).__name__).inc()
-        return error_response(exc, call.request_id)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await stack.aclose()
-        raise
-    if not call.stream or response.status_code != 200:
-        return await _buffered(st, call, upstream, response, stack)
-    return _streamed(st, call, upstream, response, stack)
-
-
-def _response_headers(call: _Call, response: httpx.Response) -> dict[str, str]:
-    headers = {k: v for k, v in response.headers.items() if k.lower() in _PASS_HEADERS}
-    if call.request_id:
-        headers["X-Request-ID"] = call.request_id
-    return headers
-
-
-async def _buffered(
-    st: GatewayState, call: _Call, upstream: Upstream, response: httpx.Response, stack: AsyncExitStack
-) -> Response:
-    try:
-        with map_httpx_errors(upstream, streaming=True):
-            content = await response.aread()
-    except StreamError as exc:
-        st.metrics.requests.labels(call.name, call.endpoint, "502").inc()
-        st.metrics.errors.labels(call.name, "stream_broken").inc()
-        return error_response(exc, call.request_id)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
-            await stack.aclose()
-    elapsed = time.perf_counter() - call.received
-    st.metrics.ttft.labels(call.name).observe(elapsed)
-    st.metrics.duration.labels(call.name).observe(elapsed)
-    st.metrics.requests.labels(call.name, call.endpoint, str(response.status_code)).inc()
-    if response.status_code == 200:
-        _count_usage(st, call.name, content)
-    return Response(content, status_code=response.status_code, headers=_response_headers(call, response))
-
-
-def _streamed(
-    st: GatewayState, call: _Call, upstream: Upstream, response: httpx.Response, stack: AsyncExitStack
-) -> Response:
-    released = False
-
-    async def release() -> None:
-        """Close the upstream (llama-server stops generating) and give the slot back — once,
-        shielded; from the stream's end, or from the response if the stream never started."""
-        nonlocal released
-        if released:
-            return
-        released = True
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
-            await stack.aclose()
-
-    async def passthrough() -> AsyncIterator[bytes]:
-        first, tail, status = True, b"", "200"
         try:
-            with map_httpx_errors(upstream, streaming=True):
-                async for chunk in response.aiter_raw():
-                    if first:
-                        st.metrics.ttft.labels(call.name).observe(time.perf_counter() - call.received)
-                        first = False
-                    tail = (tail + chunk)[-4096:]
-                    yield chunk
-                if b"[DONE]" not in tail and b'"error"' not in tail:
-                    raise httpx.RemoteProtocolError("the stream ended without [DONE]")
-        except StreamError as exc:
-            status = "502"
-            st.metrics.errors.labels(call.name, "stream_broken").inc()
-            broken = StreamError(
-                f"model {call.name!r} stopped mid-stream ({exc.__cause__})", hint="it is being restarted"
-            )
-            log.warning(
-                "request %s: %s",
-                call.request_id,
-                broken,
-                extra={"model": call.name, "request_id": call.request_id},
-            )
-            yield sse_error_chunk(broken)
+            yield response
         finally:
-            await release()
-            st.metrics.duration.labels(call.name).observe(time.perf_counter() - call.received)
-            st.metrics.requests.labels(call.name, call.endpoint, status).inc()
-            _count_usage(st, call.name, tail)
-
-    headers = _response_headers(call, response)
-    headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return _ReleasingStream(
-        passthrough(), release, status_code=200, headers=headers, media_type="text/event-stream"
-    )
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
 
 
-class _ReleasingStream(StreamingResponse):
-    """A StreamingResponse that runs ``release`` however the response ends — also when the client
-    went away before the body iterator ever started (its own ``finally`` then never runs)."""
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _nothing() -> None:
+    return None
+
+
+class _Forwarder:
+    """One forwarded request: open the upstream, relay it, count it."""
 
     def __init__(
-        self, content: AsyncIterator[bytes], release: Callable[[], Awaitable[None]], **kw: Any
+        self, st: GatewayState, route: ForwardRoute, name: str, rid: str | None, received: float
     ) -> None:
-        super().__init__(content, **kw)
-        self._release = release
+        self.st = st
+        self.route = route
+        self.name = name
+        self.rid = rid
+        self.received = received
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _error(self, exc: ForgeError) -> Opened:
+        self.st.metrics.errors.labels(self.name, type(exc).__name__).inc()
+        self.st.metrics.requests.labels(self.name, self.route.path, "error").inc()
+        resp = error_response(exc, self.rid, self.route.dialect)
+        headers = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-length",)}
+        return Opened(resp.status_code, headers, _once(bytes(resp.body)), _nothing, stream=False)
+
+    async def open(self, path: str, body: bytes, content_type: str) -> Opened:
+        stack = AsyncExitStack()
         try:
-            await super().__call__(scope, receive, send)
+            upstream = await stack.enter_async_context(
+                open_upstream(
+                    self.st, self.name, self.route.method, path, body, self.rid, content_type=content_type
+                )
+            )
+        except ForgeError as exc:
+            await stack.aclose()
+            return self._error(exc)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
+            raise
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() in _PASS_HEADERS}
+        if self.rid:
+            headers["X-Request-ID"] = self.rid
+        stream = upstream.status_code == 200 and upstream.headers.get("content-type", "").startswith(
+            "text/event-stream"
+        )
+        if not stream:
+            try:
+                content = await upstream.aread()
+                status = upstream.status_code
+            except httpx.HTTPError as exc:
+                self.st.metrics.errors.labels(self.name, "stream_broken").inc()
+                return self._error(StreamError(f"model {self.name!r} failed mid-response: {exc}"))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await stack.aclose()
+            self._count(str(status), content if status == 200 else b"")
+            return Opened(status, headers, _once(content), _nothing, stream=False)
+        relay = self._relay(upstream)
+
+        async def close() -> None:
+            await relay.aclose()  # its finally counts the request, even when the client left
+            await stack.aclose()
+
+        return Opened(200, headers, relay, close, stream=True)
+
+    async def _relay(self, upstream: httpx.Response) -> AsyncGenerator[bytes, None]:
+        first = True
+        tail = b""
+        status = "200"
+        marker = _END_MARKERS.get(self.route.path)
+        try:
+            async for chunk in upstream.aiter_raw():
+                if first:
+                    self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
+                    first = False
+                tail = (tail + chunk)[-4096:]
+                yield chunk
+            if marker is not None and marker not in tail and b'"error"' not in tail:
+                raise StreamError(f"the stream ended without {marker.decode()}")
+        except (StreamError, httpx.HTTPError) as exc:
+            status = "502"
+            self.st.metrics.errors.labels(self.name, "stream_broken").inc()
+            broken = StreamError(
+                f"model {self.name!r} stopped mid-stream ({exc.__cause__ or exc})",
+                hint="it is being restarted",
+            )
+            log.warning(
+                "request %s: %s", self.rid, broken, extra={"model": self.name, "request_id": self.rid}
+            )
+            yield sse_error_chunk(broken, self.route.dialect)
         finally:
-            await self._release()
+            self._count(status, tail)
+
+    def _count(self, status: str, tail: bytes) -> None:
+        m = self.st.metrics
+        m.duration.labels(self.name).observe(time.perf_counter() - self.received)
+        m.requests.labels(self.name, self.route.path, status).inc()
+        if status == "200":
+            _count_usage(self.st, self.name, tail)
 
 
 def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
@@ -243,16 +203,82 @@ def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
     except ValueError:
         return
     if isinstance(usage, dict):
-        st.metrics.tokens_in.labels(name).inc(float(usage.get("prompt_tokens", 0) or 0))
-        st.metrics.tokens_out.labels(name).inc(float(usage.get("completion_tokens", 0) or 0))
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0))
+        completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
+        st.metrics.tokens_in.labels(name).inc(float(prompt or 0))
+        st.metrics.tokens_out.labels(name).inc(float(completion or 0))
+
+
+def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
+    dialect: Dialect = route.dialect
+
+    async def forward(request: Request) -> Any:
+        st = state_of(request)
+        rid = request_id(request)
+        received = time.perf_counter()
+        content_type = request.headers.get("content-type", "application/json")
+        try:
+            body = await read_body(request, st.max_body_bytes) if route.method == "POST" else b""
+            asked, stream = await model_from_request(route, request, body)
+            name = resolve_name(asked, st.supervisor.models)
+            st.supervisor.get(name)  # 404 before queueing
+            if stream and st.sse_keepalive > 0:
+                # The load wait ends in a real 503 (Retry-After, progress), so it comes first;
+                # only then may the response be committed to 200 and kept alive.
+                await st.supervisor.wait_loaded(name, load_wait=st.supervisor.load_wait(name))
+        except ForgeError as exc:
+            st.metrics.errors.labels("-", type(exc).__name__).inc()
+            return error_response(exc, rid, dialect)
+        fwd = _Forwarder(st, route, name, rid, received)
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        if stream and st.sse_keepalive > 0:
+            extra = {"X-Request-ID": rid} if rid else {}
+            return KeepAliveStream(
+                lambda: fwd.open(path, body, content_type),
+                interval=st.sse_keepalive,
+                dialect=dialect,
+                headers=extra,
+            )
+        opened = await fwd.open(path, body, content_type)
+        return _OpenedResponse(opened)
+
+    forward.__name__ = f"forward_{route.path.strip('/').replace('/', '_').replace('-', '_')}"
+    return forward
+
+
+class _OpenedResponse(Response):
+    """An :class:`Opened` as a plain response: whole, or streamed and released however it ends."""
+
+    def __init__(self, opened: Opened) -> None:
+        super().__init__(status_code=opened.status, headers=opened.headers)
+        self.opened = opened
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        o = self.opened
+        try:
+            if not o.stream:
+                body = b"".join([c async for c in o.body])
+                await Response(body, status_code=o.status, headers=o.headers)(scope, receive, send)
+                return
+            headers = {**o.headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            await StreamingResponse(o.body, status_code=200, headers=headers, media_type="text/event-stream")(
+                scope, receive, send
+            )
+        finally:
+            with anyio.CancelScope(shield=True):
+                await o.close()
+
+
+def routes() -> list[BaseRoute]:
+    """``GET /v1/models`` and one endpoint per forwarded llama-server route."""
+    out: list[BaseRoute] = [Route("/v1/models", _models, methods=["GET"])]
+    out += [Route(r.path, _endpoint(r), methods=[r.method], include_in_schema=False) for r in FORWARDED]
+    return out
 
 
 async def _models(request: Request) -> Response:
-    """The configured models, in OpenAI's list shape (with each one's state)."""
+    """OpenAI's list shape, each model with ``state``, ``context_length`` and ``capabilities``."""
     st = state_of(request)
-    created = int(st.supervisor.started_at)
-    data = [
-        {"id": s["name"], "object": "model", "created": created, "owned_by": "rocmforge", "state": s["state"]}
-        for s in st.supervisor.status()
-    ]
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse(
+        {"object": "list", "data": await model_list(request.app.state.ollama, st.supervisor.started_at)}
+    )

@@ -86,6 +86,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _bind_all(server_cfg: Any) -> list[socket.socket]:
+    """The main socket, and ``ollama_port``'s when set: Ollama clients look on 11434, so the same
+    app (every route, the same auth) listens there too."""
+    sockets = [_bind(server_cfg.host, server_cfg.port)]
+    if server_cfg.ollama_port is not None:
+        try:
+            sockets.append(_bind(server_cfg.host, server_cfg.ollama_port))
+        except ServiceError:
+            sockets[0].close()
+            raise
+    return sockets
+
+
 def _write_info(path: Path, info: ServiceInfo) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".service-")
@@ -106,7 +119,8 @@ async def run_service(
     server_cfg = config.server
     api_key = server_cfg.api_key.get_secret_value() if server_cfg.api_key is not None else None
     supervisor = Supervisor(config, settings)
-    sock = _bind(server_cfg.host, server_cfg.port)
+    sockets = _bind_all(server_cfg)
+    sock = sockets[0]
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     base_url = f"http://{url_host}:{port}"
@@ -138,6 +152,8 @@ async def run_service(
         model_dirs=[Path(p) for p in (*server_cfg.model_dirs, *settings.model_dirs)],
         reload=reload if load_config is not None else None,
         cors_origins=list(server_cfg.cors_origins),
+        sse_keepalive=server_cfg.sse_keepalive,
+        settings=settings,
     )
     app = create_app(state, cors_origins=list(server_cfg.cors_origins))
     uv = _Uvicorn(
@@ -161,7 +177,7 @@ async def run_service(
 
                 async def serve_gateway() -> None:
                     try:
-                        await uv.serve([sock])
+                        await uv.serve(sockets)
                     finally:
                         gateway_done.set()
 
@@ -172,6 +188,7 @@ async def run_service(
                         "url": base_url,
                         "pid": os.getpid(),
                         "config": str(config_path) if config_path else None,
+                        "ollama_port": sockets[1].getsockname()[1] if len(sockets) > 1 else None,
                     },
                 )
                 if on_listening is not None:
@@ -196,7 +213,8 @@ async def run_service(
                     await gateway_done.wait()
                 tg.cancel_scope.cancel()
     finally:
-        sock.close()
+        for s in sockets:
+            s.close()
         with anyio.CancelScope(shield=True):
             await state.upstream.aclose()
         info = read_service_info(supervisor.state_dir)

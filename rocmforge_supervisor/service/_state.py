@@ -10,6 +10,7 @@ import httpx
 from starlette.requests import Request
 
 from ..client._transport import async_pool
+from ..settings import ForgeSettings
 from ..supervisor import Supervisor
 from ._metrics import Metrics
 
@@ -28,7 +29,12 @@ class GatewayState:
         model_dirs: list[Path],
         reload: Callable[[], Awaitable[dict[str, Any]]] | None = None,
         cors_origins: list[str] | None = None,
+        sse_keepalive: float = 5.0,
+        settings: ForgeSettings | None = None,
     ) -> None:
+        #: Seconds between ``: keep-alive`` comments while a stream waits (0: off).
+        self.sse_keepalive = sse_keepalive
+        self.settings = settings
         self.cors_origins = list(cors_origins or [])
         self.supervisor = supervisor
         self.api_key = api_key

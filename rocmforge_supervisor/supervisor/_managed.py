@@ -29,6 +29,7 @@ import anyio
 from .._errors import ForgeError, PlacementError, QueueFull, ServiceError, StartFailed
 from ..process import InstanceSpec, LlamaServer, crash_cause, describe_returncode, unwrap_group
 from ._events import EventBus
+from ._loading import wait_ready_within
 from ._remote import WorkersUnavailable
 
 __all__ = ["ManagedModel", "ModelRetired", "ModelState", "Prepared", "SupervisionPolicy"]
@@ -60,6 +61,13 @@ class SupervisionPolicy:
     load_stall_timeout: float = 300.0
     stop_timeout: float = 10.0
     drain_timeout: float = 30.0
+    #: The whole load's deadline is base + per GiB of model file (LocalAI: 5 min + 20 s/GiB):
+    #: big models on slow disks must not hit a fixed timeout (lemonade#674, #1594, #3386).
+    load_deadline_base: float = 300.0
+    load_deadline_per_gib: float = 20.0
+
+    def load_deadline(self, size_bytes: int) -> float:
+        return self.load_deadline_base + self.load_deadline_per_gib * size_bytes / 2**30
 
 
 @dataclass
@@ -107,6 +115,7 @@ class ManagedModel:
         self.last_used = time.monotonic()
         self.ready_since: float | None = None
         self.load_seconds: float | None = None
+        self.loading_since: float | None = None
         self.requests_total = 0
         self._slots = anyio.Semaphore(self.max_concurrency)
         self._changed = anyio.Event()
@@ -121,6 +130,8 @@ class ManagedModel:
         #: Why the breaker opened: placement, oom, timeout, invalid, crash_loop, internal, …
         self.failure_kind: str | None = None
         self.on_ready: list[Callable[[ManagedModel], None]] = []
+        #: Idle seconds a client asked for (Ollama's ``keep_alive``); the config's ``ttl`` wins.
+        self.ttl_hint: float | None = None
 
     # -- configuration that may change in place on reload --------------------------------------
 
@@ -134,7 +145,8 @@ class ManagedModel:
 
     @property
     def ttl(self) -> float:
-        return float(self.config.ttl or 0)
+        """The configured ``ttl``; without one, a client's hint (Ollama's ``keep_alive``)."""
+        return float(self.config.ttl or self.ttl_hint or 0)
 
     def update_limits(self, config: Any) -> None:
         """A reload that changed only ttl/queue/max_concurrency: keep the child, change the limits."""
@@ -190,7 +202,24 @@ class ManagedModel:
                 "actual_bytes": actual or {},
             },
             "log_path": str(prepared.spec.log_path) if prepared and prepared.spec.log_path else None,
+            # For the status page: why it failed, what the child said last, when TTL unloads it.
+            "failure_kind": self.failure_kind,
+            "last_stderr": self.last_stderr[-15:],
+            "log_last": server.log.tail(1)[-1:] if server else [],
+            "ttl": self.ttl or None,
+            "ttl_left": self._ttl_left(),
+            "max_concurrency": self.max_concurrency,
+            "queue_limit": self.queue_limit,
+            "requests_total": self.requests_total,
         }
+
+    def _ttl_left(self) -> float | None:
+        """Seconds until the TTL unloads an idle ready model; the full TTL while it is busy."""
+        if self.ttl <= 0 or self.state != ModelState.READY:
+            return None
+        if self.in_flight or self.waiting:
+            return self.ttl
+        return max(0.0, self.ttl - (time.monotonic() - self.last_used))
 
     # -- the child's life ----------------------------------------------------------------------
 
@@ -218,6 +247,7 @@ class ManagedModel:
             while not self._stop_requested:
                 if self.state != ModelState.LOADING:
                     self._set_state(ModelState.LOADING, restarts=self.restarts)
+                self.loading_since = time.monotonic()
                 try:
                     prepared = await self._prepare(self)
                 except WorkersUnavailable as exc:
@@ -261,8 +291,7 @@ class ManagedModel:
                         for cb in self.on_ready:
                             cb(self)
                         tg.start_soon(self._watch_health, server)
-                        if self.ttl > 0:
-                            tg.start_soon(self._watch_ttl)
+                        tg.start_soon(self._watch_ttl)
                         await server.exited.wait()
                         tg.cancel_scope.cancel()
                 except BaseException as exc:
@@ -362,6 +391,9 @@ class ManagedModel:
 
     async def _watch_ttl(self) -> None:
         while True:
+            if self.ttl <= 0:  # no ttl (yet): a client's keep_alive hint may set one later
+                await anyio.sleep(1.0)
+                continue
             idle_for = time.monotonic() - self.last_used
             if self.in_flight == 0 and self.waiting == 0 and idle_for >= self.ttl:
                 self._events.publish(self.name, "ttl", idle_seconds=idle_for)
@@ -410,7 +442,9 @@ class ManagedModel:
             await changed.wait()
 
     @asynccontextmanager
-    async def acquire(self, start: Callable[[ManagedModel], None]) -> AsyncIterator[LlamaServer]:
+    async def acquire(
+        self, start: Callable[[ManagedModel], None], load_wait: float | None = None
+    ) -> AsyncIterator[LlamaServer]:
         """A slot at the child for one request: waits for load and for the concurrency limit."""
         if self.waiting >= self.queue_limit:
             raise QueueFull(
@@ -421,7 +455,7 @@ class ManagedModel:
         self.waiting += 1
         try:
             while True:
-                server = await self.wait_ready(start)
+                server = await wait_ready_within(self, start, load_wait)
                 slots = self._slots
                 await slots.acquire()
                 # The wait for a slot can be long: the child may have died, or the model may be

@@ -30,6 +30,7 @@ from ..client._transport import Upstream
 from ..process import InstanceSpec
 from ..settings import ForgeSettings
 from ._events import EventBus
+from ._loading import wait_ready_within
 from ._managed import ManagedModel, ModelRetired, ModelState, Prepared, SupervisionPolicy
 
 __all__ = ["Supervisor"]
@@ -133,14 +134,23 @@ class Supervisor:
             known = ", ".join(sorted(self.models)) or "none configured"
             raise ModelNotFound(f"model {name!r} is not configured", hint=f"known models: {known}") from None
 
+    def load_wait(self, name: str) -> float:
+        """Seconds a request waits for a loading model before a 503: the model's, else the server's."""
+        mc = self.get(name).config
+        own = getattr(mc, "load_wait", None)
+        if own is not None:
+            return float(own)
+        return float(getattr(getattr(self.config, "server", None), "load_wait", 30.0))
+
     @asynccontextmanager
-    async def acquire(self, name: str) -> AsyncIterator[Upstream]:
+    async def acquire(self, name: str, *, load_wait: float | None = None) -> AsyncIterator[Upstream]:
         """A slot at the model's child for one request, as an :class:`Upstream` (URL, key,
-        liveness): the HTTP layer gets where to send, not the process."""
+        liveness): the HTTP layer gets where to send, not the process. ``load_wait`` bounds the
+        wait for a load (then :class:`ModelLoading`); None waits as long as the load takes."""
         for _ in range(3):
             m = self.get(name)  # looked up again after a reload replaced the model
             try:
-                ctx = m.acquire(self._start)
+                ctx = m.acquire(self._start, load_wait)
                 server = await ctx.__aenter__()
             except ModelRetired:
                 continue
@@ -153,6 +163,17 @@ class Supervisor:
             else:
                 await ctx.__aexit__(None, None, None)
             return
+        raise ServiceError(f"model {name!r} is being reconfigured", hint="retry in a moment")
+
+    async def wait_loaded(self, name: str, *, load_wait: float | None) -> None:
+        """Start the model if needed and wait until it is ready, at most ``load_wait`` seconds
+        (then :class:`ModelLoading`; the load goes on in the supervisor's task group)."""
+        for _ in range(3):
+            try:
+                await wait_ready_within(self.get(name), self._start, load_wait)
+                return
+            except ModelRetired:
+                continue
         raise ServiceError(f"model {name!r} is being reconfigured", hint="retry in a moment")
 
     async def load(self, name: str) -> dict[str, Any]:
@@ -331,6 +352,7 @@ class Supervisor:
             log_path=self.log_dir / f"{m.name}.log",
             state_dir=self.state_dir,
             stall_timeout=self.policy.load_stall_timeout,
+            ready_timeout=self.policy.load_deadline(info.file_size_bytes),
             stop_timeout=self.policy.stop_timeout,
             verbosity=CHILD_VERBOSITY,
             line_listeners=[tracker.feed, self._log_forwarder(m.name)],

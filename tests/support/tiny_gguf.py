@@ -29,7 +29,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-__all__ = ["CHATML_TEMPLATE", "TINY_N_CTX", "TINY_N_EMBD", "write_tiny_gguf"]
+__all__ = ["CHATML_TEMPLATE", "TINY_N_CTX", "TINY_N_EMBD", "TOOLS_TEMPLATE", "write_tiny_gguf"]
 
 TINY_N_CTX = 2048
 TINY_N_EMBD = 64
@@ -44,6 +44,15 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+#: ChatML that also renders ``tools``: llama-server (with jinja) then accepts tool requests, and a
+#: client looking for tool support (VS Code Copilot through /api/show) sees it.
+TOOLS_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\nTools:\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}{{ '<|im_end|>\n' }}{% endif %}"
+    + CHATML_TEMPLATE
+)
+_FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 
 _SPACE = "\u2581"  # SentencePiece's visible space
 
@@ -111,12 +120,24 @@ _BIAS_CHANNEL = 16.0  # embedding value of dimension 0: ~7 after the final RMS n
 _LOGIT_PUSH = 4.0  # times ~7: a logit offset of ~28, i.e. a probability factor of ~e^28
 
 
-def write_tiny_gguf(path: Path, *, seed: int = 0, invalid_utf8: bool = False) -> Path:
+def write_tiny_gguf(
+    path: Path,
+    *,
+    seed: int = 0,
+    invalid_utf8: bool = False,
+    chat_template: str = CHATML_TEMPLATE,
+    fim: bool = False,
+) -> Path:
     """Write the tiny model to ``path`` (same arguments, same bytes) and return ``path``.
 
     ``invalid_utf8=True`` makes a model whose chat streams fail mid-stream (see the module doc).
+    ``fim=True`` adds fill-in-the-middle control tokens, so llama-server's ``/infill`` accepts it.
     """
     tokens, scores, types = _vocab()
+    if fim:
+        tokens += list(_FIM_TOKENS)
+        scores += [0.0] * len(_FIM_TOKENS)
+        types += [int(gguf.TokenType.CONTROL)] * len(_FIM_TOKENS)
     n_vocab = len(tokens)
     head_dim = TINY_N_EMBD // _N_HEAD
     rng = np.random.default_rng(seed)
@@ -176,7 +197,10 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, invalid_utf8: bool = False) ->
     writer.add_eot_token_id(tokens.index("<|im_end|>"))
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)
+    writer.add_chat_template(chat_template)
+    if fim:
+        for key, token in zip(("fim_pre", "fim_suf", "fim_mid"), _FIM_TOKENS, strict=True):
+            writer.add_uint32(f"tokenizer.ggml.{key}_token_id", tokens.index(token))
 
     writer.add_tensor("token_embd.weight", embd)
     for i in range(_N_LAYER):

@@ -1,0 +1,228 @@
+// The models table: one <tbody> per model, built once and updated in place (focus, open log
+// panels and running log streams survive every refresh).
+
+import { AuthError, lines, postJSON, request, serverNow } from "./api.js";
+import { bytes, duration, h, setText } from "./dom.js";
+
+const COLUMNS = 10;
+const LOG_LINES = 400;
+
+function memoryItems(status) {
+  const est = status.memory?.estimated_bytes || {};
+  const act = status.memory?.actual_bytes || {};
+  const keys = [...new Set([...Object.keys(est), ...Object.keys(act), ...(status.devices || [])])];
+  return keys.map((k) => {
+    const parts = [];
+    if (est[k] !== undefined) parts.push(`est ${bytes(est[k])}`);
+    if (act[k] !== undefined) parts.push(`actual ${bytes(act[k])}`);
+    return h("li", {}, h("span", { class: "dev", text: k }), " ", parts.join(" · ") || "–");
+  });
+}
+
+class ModelRow {
+  constructor(name, table, onError) {
+    this.name = name;
+    this.onError = onError;
+    this.logAbort = null;
+    const cell = (label, ...c) => h("td", { "data-label": label }, ...c);
+    this.nameEl = h("span", { class: "name", text: name });
+    this.pathEl = h("span", { class: "path" });
+    this.badge = h("span", { class: "badge" });
+    this.since = h("span", { class: "since" });
+    this.progress = h("progress", { max: "100", "aria-label": `${name} loading progress` });
+    this.progressText = h("span", { class: "progress-text" });
+    this.progressWrap = h("div", { class: "progress", hidden: true }, this.progress, this.progressText);
+    this.mem = h("ul", { class: "mem" });
+    this.pid = h("span");
+    this.uptime = h("span");
+    this.restarts = h("span");
+    this.requests = h("span");
+    this.tps = h("span", { class: "tps" });
+    this.ttl = h("span");
+    const button = (label, action, cls) =>
+      h("button", { type: "button", class: cls, "data-action": action, onclick: () => this.act(action) }, label);
+    this.buttons = {
+      load: button("Load", "load"),
+      unload: button("Unload", "unload", "ghost"),
+      reload: button("Reload", "reload", "ghost"),
+    };
+    this.actionMsg = h("p", { class: "action-msg", role: "status" });
+    this.failure = h("div", { class: "failure", hidden: true });
+    this.logText = h("pre", { class: "log-text", tabindex: "0", "aria-label": `${name} log` });
+    this.logDetails = h("details", { class: "log" }, h("summary", {}, "Log ", h("span", { class: "sr-only", text: name })), this.logText);
+    this.logDetails.addEventListener("toggle", () => (this.logDetails.open ? this.follow() : this.unfollow()));
+    this.body = h(
+      "tbody",
+      { class: "model", "data-model": name },
+      h(
+        "tr",
+        { class: "main" },
+        h("th", { scope: "row", "data-label": "Model" }, this.nameEl, this.pathEl),
+        cell("State", this.badge, " ", this.since, this.progressWrap),
+        cell("Devices · memory", this.mem),
+        cell("PID · port", this.pid),
+        cell("Uptime", this.uptime),
+        cell("Restarts", this.restarts),
+        cell("Requests", this.requests),
+        cell("Tokens/s", this.tps),
+        cell("TTL left", this.ttl),
+        h("td", { class: "actions" }, h("div", { class: "buttons" }, Object.values(this.buttons)), this.actionMsg),
+      ),
+      h("tr", { class: "detail" }, h("td", { colspan: String(COLUMNS) }, this.failure, this.logDetails)),
+    );
+    table.append(this.body);
+  }
+
+  update(s, tps) {
+    this.status = s;
+    const busy = this.pending !== undefined;
+    this.body.dataset.state = s.state;
+    setText(this.badge, s.state);
+    this.badge.className = `badge state-${s.state}`;
+    setText(this.pathEl, s.path ? s.path.split("/").pop() : "");
+    this.pathEl.title = s.path || "";
+    setText(this.since, s.since ? `for ${duration(Math.max(0, serverNow() - s.since))}` : "");
+    this.updateProgress(s);
+    const running = ["loading", "ready", "draining"].includes(s.state);
+    this.mem.replaceChildren(...(running ? memoryItems(s) : [h("li", { text: "–" })]));
+    setText(this.pid, s.pid ? `${s.pid} · ${s.port}` : "–");
+    setText(this.uptime, duration(s.uptime));
+    setText(this.restarts, String(s.restarts));
+    this.restarts.className = s.restarts > 0 ? "warn" : "";
+    const limit = s.max_concurrency ? `/${s.max_concurrency}` : "";
+    setText(this.requests, `${s.in_flight}${limit} running\n${s.waiting} queued`);
+    const rate = tps?.tokens_per_second;
+    setText(this.tps, rate === null || rate === undefined ? "–" : rate.toFixed(1));
+    setText(this.ttl, s.ttl ? (s.ttl_left === null ? `off (${duration(s.ttl)})` : duration(s.ttl_left)) : "no TTL");
+    this.updateFailure(s);
+    const st = s.state;
+    this.buttons.load.disabled = busy || !["unloaded", "stopped", "failed"].includes(st);
+    this.buttons.unload.disabled = busy || !["loading", "ready"].includes(st);
+    this.buttons.reload.disabled = busy || st !== "ready";
+  }
+
+  updateProgress(s) {
+    const loading = s.state === "loading";
+    this.progressWrap.hidden = !loading;
+    if (!loading) return;
+    const elapsed = Math.max(0, serverNow() - s.since);
+    if (s.load_seconds) {
+      this.progress.value = Math.min(95, (100 * elapsed) / s.load_seconds);
+      setText(this.progressText, `${duration(elapsed)} of ~${duration(s.load_seconds)} (last load)`);
+    } else {
+      this.progress.removeAttribute("value"); // indeterminate: no earlier load to compare with
+      setText(this.progressText, `${duration(elapsed)}`);
+    }
+    const last = (s.log_last || [])[0];
+    if (last) this.progressText.title = last;
+  }
+
+  updateFailure(s) {
+    const failed = s.state === "failed" || (s.last_error && s.state !== "ready");
+    this.failure.hidden = !failed;
+    if (!failed) return;
+    const lines = s.last_stderr || [];
+    const key = `${s.last_error}\n${lines.join("\n")}`;
+    if (this.failureKey === key) return;
+    this.failureKey = key;
+    this.failure.replaceChildren(
+      h("p", { class: "error" }, h("strong", {}, s.failure_kind ? `${s.failure_kind}: ` : "failed: "), s.last_error || ""),
+      lines.length ? h("pre", { class: "stderr", tabindex: "0", "aria-label": `${this.name} last stderr lines` }, lines.join("\n")) : null,
+    );
+  }
+
+  async act(action) {
+    this.pending = action;
+    setText(this.actionMsg, `${action}…`);
+    this.update(this.status || { state: "unloaded" });
+    const path = `/api/models/${encodeURIComponent(this.name)}`;
+    try {
+      if (action === "reload") {
+        await postJSON(`${path}/unload`);
+        await postJSON(`${path}/load`);
+      } else {
+        await postJSON(`${path}/${action}`);
+      }
+      setText(this.actionMsg, "");
+    } catch (err) {
+      if (err instanceof AuthError) this.onError(err);
+      setText(this.actionMsg, `${action} failed: ${err.message}`);
+      this.actionMsg.className = "action-msg error";
+    } finally {
+      this.pending = undefined;
+      this.update(this.status);
+    }
+  }
+
+  async follow() {
+    this.unfollow();
+    const abort = new AbortController();
+    this.logAbort = abort;
+    this.logText.textContent = "";
+    const kept = [];
+    try {
+      const r = await request(`/api/models/${encodeURIComponent(this.name)}/logs?follow=1&tail=100`, {
+        signal: abort.signal,
+      });
+      for await (const line of lines(r)) {
+        kept.push(line);
+        if (kept.length > LOG_LINES) kept.splice(0, kept.length - LOG_LINES);
+        const atEnd = this.logText.scrollTop + this.logText.clientHeight >= this.logText.scrollHeight - 24;
+        this.logText.textContent = kept.join("\n");
+        if (atEnd) this.logText.scrollTop = this.logText.scrollHeight;
+      }
+    } catch (err) {
+      if (abort.signal.aborted) return;
+      if (err instanceof AuthError) this.onError(err);
+      else this.logText.textContent += `\n[log stream ended: ${err.message}]`;
+    }
+  }
+
+  unfollow() {
+    if (this.logAbort) this.logAbort.abort();
+    this.logAbort = null;
+  }
+
+  remove() {
+    this.unfollow();
+    this.body.remove();
+  }
+}
+
+export class ModelsTable {
+  constructor(table, onError) {
+    this.table = table;
+    this.onError = onError;
+    this.rows = new Map();
+    this.tps = {};
+  }
+
+  render(models) {
+    const seen = new Set();
+    for (const s of models) {
+      seen.add(s.name);
+      let row = this.rows.get(s.name);
+      if (!row) {
+        row = new ModelRow(s.name, this.table, this.onError);
+        this.rows.set(s.name, row);
+      }
+      row.update(s, this.tps[s.name]);
+    }
+    for (const [name, row] of this.rows) {
+      if (!seen.has(name)) {
+        row.remove();
+        this.rows.delete(name);
+      }
+    }
+  }
+
+  setThroughput(tps) {
+    this.tps = tps;
+    for (const [name, row] of this.rows) if (row.status) row.update(row.status, tps[name]);
+  }
+
+  clear() {
+    for (const row of this.rows.values()) row.remove();
+    this.rows.clear();
+  }
+}
