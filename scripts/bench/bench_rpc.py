@@ -7,6 +7,7 @@ one llama-server with ``--rpc A,B --tensor-split 0.5,0.5 -ngl all`` and one with
 tokens/s is llama-server's own ``timings.predicted_per_second``.
 
 Usage: .venv/bin/python scripts/bench/bench_rpc.py [--prompts 8] [--tokens 48] [--worker-threads 1]
+       [--single-threads N]  (1 matches one worker's threads; on a busy box 2 threads spin-wait)
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "prompts": args.prompts,
         "tokens": args.tokens,
         "worker_threads": args.worker_threads,
+        "single_threads": args.single_threads or "default",
         "identical": f"{same}/{args.prompts}",
         "split_tps_median": round(statistics.median(tps_split), 1),
         "single_tps_median": round(statistics.median(tps_single), 1),
@@ -128,4 +130,5 @@ if __name__ == "__main__":
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--worker-threads", type=int, default=1)
+    ap.add_argument("--single-threads", type=int, default=None, help="-t of the one-process reference")
     print(json.dumps(anyio.run(main, ap.parse_args()), indent=2))
