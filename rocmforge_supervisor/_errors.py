@@ -15,6 +15,7 @@ error (the input was wrong), 1 for a runtime failure (the input was fine, the wo
     │   ├── ModelNotFound          no such file / short name / hub reference
     │   ├── Unauthorized           the HTTP edge: no or a wrong API key (401)
     │   ├── Forbidden              the HTTP edge: a cross-origin write from a web page (403)
+    │   ├── InvalidRequest         the HTTP edge: a request body field is wrong (400, names it)
     │   └── PayloadTooLarge        the HTTP edge: a request body over the limit (413)
     ├── InvalidModelFile           not a GGUF, truncated, unsupported version (exit 2)
     ├── BuildError                 llama-server could not be built
@@ -33,10 +34,14 @@ error (the input was wrong), 1 for a runtime failure (the input was fine, the wo
     │   ├── ServerError            5xx or an error event inside a stream
     │   └── StreamError            the stream ended early or was malformed
     └── ServiceError               talking to or running ``forge serve``
-        └── QueueFull              too many requests waiting for one model
+        ├── QueueFull              too many requests waiting for one model
+        ├── ForcedExit             a second SIGTERM/SIGINT cut the drain short (exit 128 + signal)
+        └── ModelRetired           a reload replaced or removed the model: look it up again
 """
 
 from __future__ import annotations
+
+import signal
 
 __all__ = [
     "BinaryNotFound",
@@ -44,13 +49,16 @@ __all__ = [
     "ConfigError",
     "ContextExceeded",
     "Forbidden",
+    "ForcedExit",
     "ForgeError",
     "HubError",
     "InstanceError",
     "InvalidModelFile",
+    "InvalidRequest",
     "ModelCrashed",
     "ModelLoading",
     "ModelNotFound",
+    "ModelRetired",
     "PayloadTooLarge",
     "PlacementError",
     "QueueFull",
@@ -114,6 +122,14 @@ class Forbidden(UsageError):
     """The HTTP edge: a web page (another Origin) tried to drive the local service."""
 
 
+class InvalidRequest(UsageError):
+    """The HTTP edge: the request body is not what the route takes; ``param`` names the field."""
+
+    def __init__(self, message: str, *, param: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.param = param
+
+
 class PayloadTooLarge(UsageError):
     """The HTTP edge: the request body is over the limit (declared or counted while read)."""
 
@@ -170,14 +186,14 @@ class InstanceError(ForgeError):
         message: str,
         *,
         hint: str | None = None,
-        exit_code: int | None = None,
+        returncode: int | None = None,
         reason: str = "crashed",
         stderr_tail: list[str] | None = None,
         log_path: str | None = None,
     ) -> None:
         super().__init__(message, hint=hint)
         #: The child's return code (negative: killed by that signal), None if still unknown.
-        self.returncode = exit_code
+        self.returncode = returncode
         #: One of: file_not_found, invalid_model, unsupported, oom, bind, timeout, crashed, cancelled.
         self.reason = reason
         self.stderr_tail = stderr_tail or []
@@ -256,6 +272,24 @@ class QueueFull(ServiceError):
     def __init__(self, message: str, *, retry_after: float = 1.0, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.retry_after = retry_after
+
+
+class ModelRetired(ServiceError):
+    """The model object was replaced or removed by a reload: look the name up again."""
+
+
+class ForcedExit(ServiceError):
+    """``forge serve`` was told twice to stop: the drain was cut short. The exit status is the
+    shell's "ended by signal N" (128 + N), so a service manager sees why."""
+
+    def __init__(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"forced exit: a second {name} during the drain cut requests in flight short",
+            hint="send one SIGTERM (or Ctrl-C once) to let requests finish",
+        )
+        self.signum = signum
+        self.exit_code = 128 + signum
 
 
 class ModelLoading(ServiceError):

@@ -190,7 +190,7 @@ def record(server: Path, gemma: Path, tiny: Path, tiny_bad: Path) -> None:
 
 def main() -> int:
     sys.path.insert(0, str(ROOT))
-    from rocmforge_supervisor.settings import ForgeSettings
+    from rocmforge_supervisor.config import ForgeSettings
     from tests.support.tiny_gguf import write_tiny_gguf
 
     settings = ForgeSettings()
@@ -202,9 +202,9 @@ def main() -> int:
         parser.error("no llama-server: pass --server or set FORGE_LLAMA_SERVER")
     model = args.model
     if model is None:
-        from rocmforge_supervisor.models._catalog import DEFAULT_MODEL, ensure_embedded
+        from rocmforge_supervisor.models._catalog import BASE_MODEL, ensure_embedded
 
-        model = ensure_embedded(DEFAULT_MODEL, settings)
+        model = ensure_embedded(BASE_MODEL, settings)
     with tempfile.TemporaryDirectory() as tmp:
         tiny = write_tiny_gguf(Path(tmp) / "tiny.gguf")
         tiny_bad = write_tiny_gguf(Path(tmp) / "tiny-invalid-utf8.gguf", invalid_utf8=True)

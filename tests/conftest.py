@@ -7,13 +7,14 @@ mock. Every test is checked for leftover llama-server children of ours.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from rocmforge_supervisor.settings import ForgeSettings
+from rocmforge_supervisor.config import ForgeSettings
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +32,15 @@ def llama_server_bin(forge_settings: ForgeSettings) -> Path:
 
 @pytest.fixture(scope="session")
 def gemma_path(forge_settings: ForgeSettings) -> Path:
-    """The real gemma-3-270m Q4_K_M GGUF (the embedded default model)."""
+    """The real gemma-3-270m Q4_K_M GGUF (the embedded base model: no chat template, SWA layers)."""
+    from rocmforge_supervisor.models import BASE_MODEL, ensure_embedded
+
+    return ensure_embedded(BASE_MODEL, forge_settings)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(forge_settings: ForgeSettings) -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF (the default chat model, with its own template)."""
     from rocmforge_supervisor.models import DEFAULT_MODEL, ensure_embedded
 
     return ensure_embedded(DEFAULT_MODEL, forge_settings)
@@ -89,3 +98,15 @@ def rpc_llama_server_bin(forge_settings: ForgeSettings) -> Path:
     from rocmforge_supervisor.build import locate_llama_server
 
     return locate_llama_server(forge_settings, rpc=True).path
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path) -> Path:
+    """An executable named ``llama-server`` that runs tests/support/fake_llama_server.py (a FAKE:
+    see its docstring) with ``argv[0] = llama-server``, for the state-machine and signal tests."""
+    fake = Path(__file__).resolve().parent / "support" / "fake_llama_server.py"
+    path = tmp_path / "fake-bin" / "llama-server"
+    path.parent.mkdir()
+    path.write_text(f'#!/bin/bash\nexec -a llama-server "{sys.executable}" "{fake}" "$@"\n')
+    path.chmod(0o755)
+    return path

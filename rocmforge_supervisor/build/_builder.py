@@ -16,7 +16,6 @@ or failed build leaves nothing that ``locate`` would pick up.
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
 import json
 import os
@@ -32,7 +31,10 @@ from pathlib import Path
 from filelock import FileLock
 
 from .._errors import BuildError, ForgeError
-from ..settings import ForgeSettings
+from .._version import LLAMA_CPP_COMMIT
+from ..config import ForgeSettings
+from ..hardware import detect
+from ..process import kill_process_group
 from ._locate import BinaryInfo, probe_binary
 from ._plan import RPC_SERVER_TARGET, Backend, BuildPlan, cache_key, choose_backend, make_plan
 from ._source import SourceTree, resolve_source
@@ -60,8 +62,6 @@ def detected_gpu_targets(settings: ForgeSettings) -> tuple[str, ...]:
     if settings.gpu_targets:
         return tuple(t for t in re.split(r"[;,\s]+", settings.gpu_targets) if t)
     try:
-        from ..hardware import detect
-
         inventory = detect(settings)
     except Exception:  # discovery never blocks a build; cmake then targets what it finds itself
         return ()
@@ -88,8 +88,6 @@ def build_llama_server(
     elif gpu_targets:
         targets = tuple(gpu_targets)
     # The cache is checked before sources are resolved: a cache hit must not download anything.
-    from .._version import LLAMA_CPP_COMMIT
-
     pinned = source is None and settings.llama_cpp_source is None
     if pinned and not force:
         hit = _finished(settings.builds_dir / cache_key(LLAMA_CPP_COMMIT, chosen, targets, rpc=rpc), rpc)
@@ -177,8 +175,10 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
                 rc = proc.wait()
             except BaseException:
                 # Interrupted (Ctrl-C): stop the whole compiler group; the cmake tree stays for a resume.
-                _kill_group(proc)
+                kill_process_group(proc)
                 raise
+            finally:
+                proc.stdout.close()
             if rc != 0:
                 what = "configure" if step is plan.configure else "build"
                 raise BuildError(
@@ -187,12 +187,6 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
                     log_path=str(log_path),
                     log_tail=list(tail)[-15:],
                 )
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, 9)
-    proc.wait()
 
 
 def _install(

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from .._errors import BinaryNotFound
 from .._version import LLAMA_CPP_COMMIT
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
+from ..hardware import ListedDevice, parse_device_list
 from ._plan import RPC_SERVER_TARGET
 
 __all__ = [
@@ -33,18 +34,7 @@ __all__ = [
 ]
 
 _VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*([0-9a-fA-F]+|unknown)\)")
-_DEVICE_RE = re.compile(r"^\s+(\w+?):\s+(.*?)\s+\((\d+) MiB,\s*(\d+) MiB free\)\s*$")
 _BACKEND_OF = {"ROCm": "hip", "CUDA": "cuda", "Vulkan": "vulkan", "Metal": "metal", "SYCL": "sycl"}
-
-
-@dataclass(frozen=True)
-class ListedDevice:
-    """One line of ``llama-server --list-devices``: ``ROCm0: <name> (<total> MiB, <free> MiB free)``."""
-
-    name: str
-    description: str
-    total_mib: int
-    free_mib: int
 
 
 @dataclass(frozen=True)
@@ -69,16 +59,6 @@ class BinaryInfo:
             "devices": [d.__dict__ for d in self.devices],
             "source": self.source,
         }
-
-
-def parse_device_list(text: str) -> list[ListedDevice]:
-    """The device lines of ``llama-server --list-devices`` (and of rpc-server's banner)."""
-    found: list[ListedDevice] = []
-    for line in text.splitlines():
-        dm = _DEVICE_RE.match(line)
-        if dm:
-            found.append(ListedDevice(dm[1], dm[2], int(dm[3]), int(dm[4])))
-    return found
 
 
 def probe_binary(

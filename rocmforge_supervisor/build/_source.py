@@ -22,7 +22,7 @@ from filelock import FileLock
 from .._errors import SourceError, ToolchainMissing
 from .._files import sha256_file
 from .._version import LLAMA_CPP_COMMIT, LLAMA_CPP_SDIST, LLAMA_CPP_SDIST_SHA256
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 
 __all__ = ["SourceTree", "repo_root", "resolve_source"]
 

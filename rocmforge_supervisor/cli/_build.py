@@ -17,7 +17,7 @@ from ..build import (
     locate_rpc_server,
 )
 from ..build._builder import ProgressFn
-from ..settings import get_settings
+from ..config import get_settings
 from ._common import console, err_console
 
 __all__ = ["register"]
@@ -54,10 +54,11 @@ def build(
         if as_json:
             console.print_json(json.dumps(info.to_json()))
             return
-        console.print(str(info.path))
+        console.print(str(info.path), markup=False)
         err_console.print(
             f"version {info.version}, commit {info.commit}, backends: {', '.join(info.backends)} "
-            f"({info.source})"
+            f"({info.source})",
+            markup=False,
         )
         return
     targets = [t for t in gpu_targets.replace(",", ";").split(";") if t] if gpu_targets else None
@@ -82,7 +83,7 @@ def build(
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("{task.description}", style="dim"),
+            TextColumn("{task.description}", style="dim", markup=False),
             console=err_console,
             transient=True,
         ) as bar:
@@ -93,10 +94,11 @@ def build(
                     bar.update(task, completed=done, total=total, description=line.split("] ", 1)[-1][:60])
 
             result = build(on_progress)
-    console.print(str(result.info.path))
+    console.print(str(result.info.path), markup=False)
     what = "cached" if result.cached else f"built in {result.seconds:.0f} s"
     err_console.print(
-        f"llama-server {result.info.version} (commit {result.info.commit}), {result.key}, {what}"
+        f"llama-server {result.info.version} (commit {result.info.commit}), {result.key}, {what}",
+        markup=False,
     )
     if rpc:
         err_console.print(f"rpc worker: {result.info.path.parent / RPC_SERVER_TARGET}", markup=False)

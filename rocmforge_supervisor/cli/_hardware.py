@@ -8,8 +8,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..hardware import Device, Inventory, child_env, detect, inventory_json, run_doctor
-from ..settings import ForgeSettings, get_settings
+from ..config import ForgeSettings, get_settings
+from ..doctor import run_doctor
+from ..hardware import Device, Inventory, child_env, detect, inventory_json
 from ._common import console
 
 __all__ = ["register"]

@@ -9,49 +9,32 @@ from types import FrameType
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
 from .._errors import ForgeError
+from .._units import format_bytes
 from ..client import Message
-from ..settings import get_settings
+from ..config import GpuChoice, GpuLayers, get_settings, parse_gpu, parse_gpu_layers
+from ..models._catalog import DEFAULT_MODEL, embedded_models
 from ._common import console, err_console
 
 __all__ = ["register"]
 
 
-def _gpu_option(value: str) -> str | int | list[int]:
-    v = value.strip().lower()
-    if v in ("auto", "cpu"):
-        return v
+def _gpu_option(value: str) -> GpuChoice:
     try:
-        parts = [int(p) for p in v.replace(";", ",").split(",") if p.strip()]
-    except ValueError:
-        raise typer.BadParameter(
-            f"{value!r}: use auto, cpu, an index (0) or a list (0,1)", param_hint="--gpu"
-        ) from None
-    if not parts or any(p < 0 for p in parts):
-        raise typer.BadParameter(
-            f"{value!r}: use auto, cpu, an index (0) or a list (0,1)", param_hint="--gpu"
-        )
-    return parts[0] if len(parts) == 1 else parts
+        return parse_gpu(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--gpu") from None
 
 
-def _ngl_option(value: str | None) -> int | str | None:
-    if value is None:
-        return None
-    v = value.strip().lower()
-    if v in ("auto", "all"):
-        return v
+def _ngl_option(value: str | None) -> GpuLayers:
     try:
-        n = int(v)
-    except ValueError:
-        raise typer.BadParameter(
-            f"{value!r}: use a number of layers, auto or all", param_hint="--n-gpu-layers"
-        ) from None
-    if n < -2:
-        raise typer.BadParameter(f"{value!r}: use a number >= 0, auto or all", param_hint="--n-gpu-layers")
-    return n
+        return parse_gpu_layers(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--n-gpu-layers") from None
 
 
 def _sigterm_as_interrupt() -> None:
@@ -68,7 +51,7 @@ def _load(model: str, **kw: Any) -> Any:
 
     settings = get_settings()
     t0 = time.monotonic()
-    with err_console.status(f"loading {model} …", spinner="dots"):
+    with err_console.status(f"loading {escape(model)} …", spinner="dots"):
         tm = load_model(model, settings=settings, **kw)
     return tm, time.monotonic() - t0
 
@@ -77,28 +60,89 @@ def _summary(tm: Any, seconds: float) -> Panel:
     server = tm.server
     plan = tm.plan
     t = Table.grid(padding=(0, 2))
-    t.add_row("model", f"{plan.spec.alias}  ({plan.model_path})")
+    t.add_row("model", escape(f"{plan.spec.alias}  ({plan.model_path})"))
     t.add_row("pid / port", f"{server.pid} / {server.port}")
-    t.add_row("device(s)", ", ".join(plan.devices))
+    t.add_row("device(s)", escape(", ".join(plan.devices)))
     est = getattr(plan.estimate, "total_bytes", None)
     actual = sum(plan.actual.device_totals().values()) if plan.actual else 0
     if est:
-        t.add_row("memory", f"estimated {est / 2**20:.0f} MiB, allocated {actual / 2**20:.0f} MiB")
+        t.add_row("memory", f"estimated {format_bytes(est)}, allocated {format_bytes(actual)}")
     t.add_row("loaded in", f"{seconds:.2f} s (llama-server ready after {server.load_seconds:.2f} s)")
-    t.add_row("OpenAI base URL", f"{tm.openai_base_url}")
-    t.add_row("API key", f"{server.api_key}  (this child only; send it as: Authorization: Bearer …)")
+    t.add_row("OpenAI base URL", escape(tm.openai_base_url))
+    auth = ""
+    if server.api_key:
+        t.add_row("API key", escape(f"{server.api_key}  (send it as: Authorization: Bearer <key>)"))
+        auth = f" -H 'Authorization: Bearer {server.api_key}'"
+    else:
+        t.add_row("API key", "none (loopback only)")
     t.add_row(
         "try",
-        f"curl {tm.openai_base_url}/completions -H 'Authorization: Bearer {server.api_key}' "
-        f'-H \'Content-Type: application/json\' -d \'{{"prompt": "Hello", "max_tokens": 16}}\'',
+        escape(
+            f"curl {tm.openai_base_url}/completions{auth} "
+            f'-H \'Content-Type: application/json\' -d \'{{"prompt": "Hello", "max_tokens": 16}}\''
+        ),
     )
-    t.add_row("log", str(plan.spec.log_path))
+    t.add_row("log", escape(str(plan.spec.log_path)))
     return Panel(t, title="forge load", expand=False)
+
+
+_URL_OPT = typer.Option(
+    None, "--url", help="The forge service to use (default: the local one, when it serves MODEL)."
+)
+_PRIVATE_OPT = typer.Option(
+    False, "--private", help="Start a llama-server for this command even when a service serves MODEL."
+)
+
+
+def _stream_prompt(tm: Any, prompt: str, max_tokens: int, temperature: float) -> None:
+    for tok in tm.generate(prompt, max_tokens=max_tokens, temperature=temperature):
+        sys.stdout.write(tok.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    u = tm.last_usage
+    tps = (tm.last_timings or {}).get("predicted_per_second")
+    if u is not None:
+        err_console.print(
+            f"{u.prompt_tokens} prompt + {u.completion_tokens} completion tokens"
+            + (f", {tps:.1f} tokens/s" if tps else "")
+            + f", finish: {tm.last_finish_reason}",
+            style="dim",
+            markup=False,
+        )
+
+
+def _service_model(model: str, url: str | None, private: bool) -> Any:
+    """A TextModel over the running service when it serves ``model`` (loaded there first)."""
+    if private:
+        return None
+    from ..client import TextModel
+    from ._serve import load_in_service, service_serving
+
+    client = service_serving(model, url=url)
+    if client is None:
+        return None
+    load_in_service(client, model)
+    err_console.print(
+        f"using {model} on the forge service at {client.base_url} (--private: a llama-server of its own)",
+        style="dim",
+        markup=False,
+    )
+    return TextModel.connect(client.base_url, model=model, api_key=client.api_key)
+
+
+def _key_option(api_key: str | None, no_api_key: bool) -> str | None:
+    if api_key is not None and no_api_key:
+        raise typer.BadParameter("give --api-key or --no-api-key, not both", param_hint="--api-key")
+    if api_key is not None and (
+        not api_key.strip() or not api_key.isascii() or any(c.isspace() for c in api_key)
+    ):
+        raise typer.BadParameter("use printable ASCII without spaces", param_hint="--api-key")
+    return "" if no_api_key else api_key
 
 
 def load(
     model: str = typer.Argument(
-        ..., help="A .gguf path, the embedded default's name (gemma-3-270m), or hf:org/repo:QUANT."
+        ..., help=f"A .gguf path, an embedded name ({', '.join(embedded_models())}), or hf:org/repo:QUANT."
     ),
     prompt: str | None = typer.Option(None, "--prompt", "-p", help="Stream one completion and exit."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=0, help="With --prompt."),
@@ -114,20 +158,39 @@ def load(
     port: int | None = typer.Option(
         None, "--port", min=1, max=65535, help="Port for llama-server (default: a free one)."
     ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", help="The key clients send (default: a new random one each run)."
+    ),
+    no_api_key: bool = typer.Option(
+        False, "--no-api-key", help="No key at all (llama-server listens on 127.0.0.1 only)."
+    ),
     alias: str | None = typer.Option(
         None, "--alias", help="Model name in the API (default: the file's stem)."
     ),
+    url: str | None = _URL_OPT,
+    private: bool = _PRIVATE_OPT,
 ) -> None:
     """Load MODEL in llama-server and serve it in the foreground until Ctrl-C (or answer --prompt).
 
-    With a `forge serve` running that knows MODEL by name, the service loads it instead.
+    With a `forge serve` running that knows MODEL by name, the service loads (and answers) it
+    instead; --private starts a llama-server of this command's own.
     """
     _sigterm_as_interrupt()
-    if prompt is None:
-        from ._serve import load_via_service
+    key = _key_option(api_key, no_api_key)
+    # A port or key of its own is about this command's child: the service has its own.
+    private = private or port is not None or key is not None
+    if not private:
+        if prompt is None:
+            from ._serve import load_via_service
 
-        if load_via_service(model, None):
-            return
+            if load_via_service(model, None, url=url):
+                return
+        else:
+            remote = _service_model(model, url, private)
+            if remote is not None:
+                with remote:
+                    _stream_prompt(remote, prompt, max_tokens, temperature)
+                return
     kw = {
         "ctx_size": ctx_size,
         "n_gpu_layers": _ngl_option(n_gpu_layers),
@@ -135,25 +198,15 @@ def load(
         "gpu": _gpu_option(gpu),
         "port": port,
         "alias": alias,
+        "api_key": key,
     }
     tm, seconds = _load(model, **kw)
     with tm:
         if prompt is not None:
-            for tok in tm.generate(prompt, max_tokens=max_tokens, temperature=temperature):
-                sys.stdout.write(tok.text)
-                sys.stdout.flush()
-            sys.stdout.write("\n")
-            u = tm.last_usage
-            tps = (tm.last_timings or {}).get("predicted_per_second")
-            if u is not None:
-                err_console.print(
-                    f"[dim]{u.prompt_tokens} prompt + {u.completion_tokens} completion tokens"
-                    + (f", {tps:.1f} tokens/s" if tps else "")
-                    + f", finish: {tm.last_finish_reason}[/]"
-                )
+            _stream_prompt(tm, prompt, max_tokens, temperature)
             return
         err_console.print(_summary(tm, seconds))
-        console.print(tm.openai_base_url)
+        console.print(tm.openai_base_url, markup=False)
         try:
             sample = "The capital of France is"
             err_console.print(f"[dim]sample:[/] {sample}", end="")
@@ -171,45 +224,65 @@ def load(
         raise crash
 
 
+def _chat_loop(tm: Any, system: str | None, max_tokens: int, temperature: float) -> None:
+    history: list[Message] = [Message("system", system)] if system else []
+    while True:
+        try:
+            line = console.input("[bold green]you>[/] ")
+        except (EOFError, KeyboardInterrupt):
+            console.print()
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if line.strip() == "/reset":
+            history = history[:1] if system else []
+            continue
+        if not line.strip():
+            continue
+        history.append(Message("user", line))
+        reply: list[str] = []
+        console.print("[bold blue]model>[/] ", end="")
+        try:
+            for tok in tm.chat(history, max_tokens=max_tokens, temperature=temperature):
+                if not tok.reasoning:
+                    reply.append(tok.text)
+                    console.print(tok.text, end="", markup=False, highlight=False)
+        except KeyboardInterrupt:
+            console.print(" [dim](interrupted)[/]")
+        console.print()
+        history.append(Message("assistant", "".join(reply)))
+
+
 def chat(
-    model: str = typer.Argument(..., help="A .gguf path or the embedded default's name."),
+    model: str = typer.Argument(
+        DEFAULT_MODEL,
+        help="A service's model name, a .gguf path or an embedded name (default: the chat model).",
+    ),
     system: str | None = typer.Option(None, "--system", help="A system prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1),
     temperature: float = typer.Option(0.7, "--temperature", min=0.0),
     ctx_size: int | None = typer.Option(4096, "--ctx-size", "-c", min=0),
     gpu: str = typer.Option("auto", "--gpu"),
+    url: str | None = _URL_OPT,
+    private: bool = _PRIVATE_OPT,
 ) -> None:
-    """An interactive streaming chat with MODEL (history kept; /reset clears it, /exit or Ctrl-D quits)."""
+    """An interactive streaming chat with MODEL (history kept; /reset clears it, /exit or Ctrl-D quits).
+
+    With a `forge serve` running that serves MODEL by name, the chat goes to it (no second
+    llama-server); --private starts one of this command's own.
+    """
     _sigterm_as_interrupt()
+    remote = _service_model(model, url, private)
+    if remote is not None:
+        with remote:
+            _chat_loop(remote, system, max_tokens, temperature)
+        return
     tm, seconds = _load(model, ctx_size=ctx_size, gpu=_gpu_option(gpu))
-    history: list[Message] = [Message("system", system)] if system else []
     with tm:
-        err_console.print(f"[dim]{tm.plan.spec.alias} ready in {seconds:.1f} s — /reset, /exit[/]")
-        while True:
-            try:
-                line = console.input("[bold green]you>[/] ")
-            except (EOFError, KeyboardInterrupt):
-                console.print()
-                return
-            if line.strip() in ("/exit", "/quit"):
-                return
-            if line.strip() == "/reset":
-                history = history[:1] if system else []
-                continue
-            if not line.strip():
-                continue
-            history.append(Message("user", line))
-            reply: list[str] = []
-            console.print("[bold blue]model>[/] ", end="")
-            try:
-                for tok in tm.chat(history, max_tokens=max_tokens, temperature=temperature):
-                    if not tok.reasoning:
-                        reply.append(tok.text)
-                        console.print(tok.text, end="", markup=False, highlight=False)
-            except KeyboardInterrupt:
-                console.print(" [dim](interrupted)[/]")
-            console.print()
-            history.append(Message("assistant", "".join(reply)))
+        err_console.print(
+            f"{tm.plan.spec.alias} ready in {seconds:.1f} s — /reset, /exit", style="dim", markup=False
+        )
+        _chat_loop(tm, system, max_tokens, temperature)
 
 
 def register(app: typer.Typer) -> None:

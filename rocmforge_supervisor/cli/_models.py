@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from .._errors import UsageError
+from ..config import get_settings
 from ..models._catalog import resolve_model_path
 from ..models._estimate import CACHE_TYPES, MemoryEstimate, estimate_memory
 from ..models._gguf import GGUFInfo, inspect_gguf
 from ..models._hub import pull as hub_pull
-from ..settings import get_settings
 from ._common import console, err_console
 
 __all__ = ["register"]
@@ -48,7 +49,7 @@ def _devices(value: str) -> tuple[str, ...]:
     if not keys:
         return ("cpu",)
     for k in keys:
-        if k != "cpu" and not (k.count(":") == 1 and k.split(":")[1].isdigit()):
+        if k != "cpu" and not re.fullmatch(r"[a-z]+:\d+", k):
             raise typer.BadParameter(f"{k!r}: use cpu or device keys like amd:0,amd:1", param_hint="--gpu")
     return keys
 
@@ -93,7 +94,7 @@ def _estimate_table(est: MemoryEstimate) -> Table:
         table.add_column(col, justify="right" if col != "device" else "left")
     for d in est.devices:
         table.add_row(
-            d.device,
+            escape(d.device),
             _mib(d.weights_bytes),
             _mib(d.kv_bytes),
             _mib(d.compute_bytes),
@@ -113,7 +114,7 @@ def _estimate_table(est: MemoryEstimate) -> Table:
 
 def inspect(
     model: str = typer.Argument(
-        ..., help="A .gguf path, an embedded name (gemma-3-270m) or hf:org/repo:QUANT."
+        ..., help="A .gguf path, an embedded name (smollm2-135m, gemma-3-270m) or hf:org/repo:QUANT."
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     ctx_size: int = typer.Option(0, "--ctx-size", "-c", help="Context for the estimate (0: trained)."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -10,13 +11,22 @@ from typing import Any
 
 import anyio
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from .._errors import ServiceError
-from ..settings import get_settings
+from .._errors import ServiceError, UsageError
+from .._units import format_bytes
+from ..config import get_settings
 from ._common import console, err_console
 
-__all__ = ["connect_service", "register"]
+__all__ = [
+    "connect_service",
+    "load_in_service",
+    "load_via_service",
+    "register",
+    "service_serving",
+    "usage_examples",
+]
 
 _CONFIG_OPT = typer.Option(
     None, "--config", help="The forge.toml (default: XDG config, then /etc/rocmforge)."
@@ -24,32 +34,68 @@ _CONFIG_OPT = typer.Option(
 
 
 def _load_config(path: Path | None) -> Any:
-    from ..service._config import load_config
+    from ..config import load_config
 
     return load_config(path, get_settings())
 
 
-def connect_service(config_path: Path | None, *, required: bool) -> Any:
-    """The running service's client, or None (or an error when ``required``)."""
+def connect_service(
+    config_path: Path | None, *, required: bool, url: str | None = None, api_key: str | None = None
+) -> Any:
+    """The running service's client, or None (or an error when ``required`` or ``url`` is given).
+
+    Found by ``url`` when given, else by the ``service.json`` the service writes in its state dir.
+    The key is ``api_key``, else the config's ``server.api_key`` (which FORGE_API_KEY also sets).
+    """
     from ..service._client import find_service
 
     settings = get_settings()
-    api_key = None
     state_dir = settings.state_dir
     try:
         cfg = _load_config(config_path)
         state_dir = cfg.state_dir
-        api_key = cfg.server.api_key.get_secret_value() if cfg.server.api_key else None
+        if api_key is None and cfg.server.api_key:
+            api_key = cfg.server.api_key.get_secret_value()
     except Exception:  # no config, or a bad one: the service may still be reachable by its file
         if config_path is not None:
             raise
-    client = find_service(state_dir, api_key=api_key)
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {url!r} is not an http(s) URL", hint="e.g. --url http://127.0.0.1:8080")
+    client = find_service(
+        state_dir, url=url.removesuffix("/").removesuffix("/v1") if url else None, api_key=api_key
+    )
+    if client is None and url is not None:
+        raise ServiceError(
+            f"no forge service answers at {url}",
+            hint="check the URL (and that `forge serve` runs there), or leave --url out",
+        )
     if client is None and required:
         raise ServiceError(
             "no forge service is running",
             hint="start one with `forge serve --config forge.toml` (or `systemctl start forge`)",
         )
     return client
+
+
+def usage_examples(url: str, model: str, *, keyed: bool) -> list[str]:
+    """What ``forge serve`` prints to try it: a curl and an OpenAI-SDK program, both complete
+    enough to paste into a shell as they are (ASCII only, a key that works, a ``max_tokens``)."""
+    question = "What is the capital of France? Answer in one word."
+    body = json.dumps({"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": question}]})
+    auth = ' -H "Authorization: Bearer $FORGE_API_KEY"' if keyed else ""
+    # Without a key the service accepts any bearer token; the SDK insists on one, so give it one.
+    key = 'os.environ["FORGE_API_KEY"]' if keyed else '"forge"'
+    return [
+        f"curl -s {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{body}'",
+        "python3 - <<'EOF'",
+        "import os",
+        "from openai import OpenAI",
+        f'client = OpenAI(base_url="{url}/v1", api_key={key})',
+        f'r = client.chat.completions.create(model="{model}", max_tokens=64, '
+        f'messages=[{{"role": "user", "content": "{question}"}}])',
+        "print(r.choices[0].message.content)",
+        "EOF",
+    ]
 
 
 def serve(
@@ -66,7 +112,7 @@ def serve(
     ),
 ) -> None:
     """Run the supervisor: many models behind one OpenAI-compatible endpoint, until SIGTERM/Ctrl-C."""
-    from ..service._config import load_config
+    from ..config import load_config
     from ..service._logging import setup_logging
     from ..service._sdnotify import SdNotifier
     from ..service._server import run_service
@@ -90,21 +136,20 @@ def serve(
         return new.with_server(**overrides) if overrides else new
 
     def on_listening(url: str) -> None:
-        console.print(url)
+        console.print(url, markup=False)
         names = ", ".join(cfg.models) or "none"
-        err_console.print(f"forge serve listening on {url} (OpenAI base URL {url}/v1); models: {names}")
+        err_console.print(
+            f"forge serve listening on {url} (OpenAI base URL {url}/v1); models: {names}", markup=False
+        )
         if cfg.models:
-            first = next(iter(cfg.models))
-            auth = ' -H "Authorization: Bearer $FORGE_API_KEY"' if cfg.server.api_key else ""
-            err_console.print(
-                f"try: curl {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' "
-                f'-d \'{{"model": "{first}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
-                markup=False,
-            )
-            err_console.print(
-                f'or:  OpenAI(base_url="{url}/v1", api_key="…").chat.completions.create(model="{first}", …)',
-                markup=False,
-            )
+            keyed = cfg.server.api_key is not None
+            err_console.print("try it (paste into a shell):", markup=False)
+            if keyed and not os.environ.get("FORGE_API_KEY"):
+                err_console.print(
+                    "# first: export FORGE_API_KEY=<server.api_key of your config>", markup=False
+                )
+            for line in usage_examples(url, next(iter(cfg.models)), keyed=keyed):
+                err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     from ..service._server import loop_options
 
@@ -122,9 +167,52 @@ def serve(
 
 
 def _fmt_bytes(n: int | None) -> str:
-    if not n:
-        return "-"
-    return f"{n / 2**20:.0f} MiB"
+    return format_bytes(n) if n else "-"
+
+
+#: ``forge ps`` columns, least important last: on a narrow terminal they go from the end, so that
+#: a model's name is the last thing to be shortened.
+_PS_COLUMNS = (
+    "name",
+    "state",
+    "pid",
+    "devices",
+    "port",
+    "restarts",
+    "memory est/actual",
+    "uptime",
+    "last error",
+)
+
+
+def _ps_cells(r: dict[str, Any]) -> list[str]:
+    mem = r.get("memory") or {}
+    est = sum((mem.get("estimated_bytes") or {}).values())
+    act = sum(
+        sum(parts.values()) if isinstance(parts, dict) else int(parts)
+        for parts in (mem.get("actual_bytes") or {}).values()
+    )
+    up = r.get("uptime")
+    return [
+        str(r["name"]),
+        str(r["state"]),
+        str(r.get("pid") or "-"),
+        _devices(r),
+        str(r.get("port") or "-"),
+        str(r.get("restarts", 0)),
+        f"{_fmt_bytes(est)} / {_fmt_bytes(act)}",
+        f"{up:.0f} s" if up else "-",
+        str(r.get("last_error") or "")[:60],
+    ]
+
+
+def _fit_columns(rows: list[list[str]], width: int) -> int:
+    """How many leading columns fit in ``width`` (a rich table cell costs its text plus 3)."""
+    need = [max([len(h), *(len(row[i]) for row in rows)]) + 3 for i, h in enumerate(_PS_COLUMNS)]
+    keep = len(need)
+    while keep > 1 and sum(need[:keep]) + 1 > width:
+        keep -= 1
+    return keep
 
 
 def _devices(row: dict[str, Any]) -> str:
@@ -145,42 +233,49 @@ def ps(
     if as_json:
         console.print_json(json.dumps({"models": rows}))
         return
-    t = Table(
-        "name", "state", "pid", "port", "devices", "restarts", "memory est/actual", "uptime", "last error"
-    )
-    for r in rows:
-        mem = r.get("memory") or {}
-        est = sum((mem.get("estimated_bytes") or {}).values())
-        act = sum(
-            sum(parts.values()) if isinstance(parts, dict) else int(parts)
-            for parts in (mem.get("actual_bytes") or {}).values()
-        )
-        up = r.get("uptime")
-        t.add_row(
-            r["name"],
-            r["state"],
-            str(r.get("pid") or "-"),
-            str(r.get("port") or "-"),
-            _devices(r),
-            str(r.get("restarts", 0)),
-            f"{_fmt_bytes(est)} / {_fmt_bytes(act)}",
-            f"{up:.0f} s" if up else "-",
-            (r.get("last_error") or "")[:60],
-        )
+    cells = [_ps_cells(r) for r in rows]
+    keep = _fit_columns(cells, console.width)
+    t = Table(*_PS_COLUMNS[:keep])
+    t.columns[0].no_wrap = False
+    t.columns[0].overflow = "fold"  # only when the name alone is wider than the terminal
+    for row in cells:
+        t.add_row(*(escape(c) for c in row[:keep]))
     console.print(t)
+    if keep < len(_PS_COLUMNS):
+        err_console.print(
+            f"({len(_PS_COLUMNS) - keep} columns left out for the terminal width: --json shows all)",
+            markup=False,
+        )
 
 
 def unload(name: str = typer.Argument(...), config: Path | None = _CONFIG_OPT) -> None:
     """Drain and stop a model in the running service."""
     client = connect_service(config, required=True)
     status = client.unload(name)
-    err_console.print(f"{name}: {status['state']}")
+    err_console.print(f"{name}: {status['state']}", markup=False)
 
 
-def reload(config: Path | None = _CONFIG_OPT) -> None:
+def _reload_summary(summary: dict[str, Any]) -> str:
+    parts = []
+    for key in ("changed", "added", "removed", "unchanged"):
+        names = [str(n) for n in summary.get(key) or []]
+        parts.append(
+            f"{len(names)} {key}" + (f" ({', '.join(names)})" if names and key != "unchanged" else "")
+        )
+    return "config reloaded: " + ", ".join(parts)
+
+
+def reload(
+    config: Path | None = _CONFIG_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
     """Ask the running service to re-read its config (same as SIGHUP)."""
     client = connect_service(config, required=True)
-    console.print_json(json.dumps(client.reload()))
+    summary = client.reload()
+    if as_json:
+        console.print_json(json.dumps(summary))
+        return
+    console.print(_reload_summary(summary), markup=False)
 
 
 def logs(
@@ -198,17 +293,45 @@ def logs(
         return
 
 
-def load_via_service(model: str, config: Path | None) -> bool:
+def service_serving(model: str, *, url: str | None = None, config: Path | None = None) -> Any:
+    """The running ``forge serve`` that serves ``model`` by name, else None (the caller starts a
+    private llama-server). With ``url`` that service must answer and serve it: an error otherwise."""
+    client = connect_service(config, required=False, url=url)
+    if client is None:
+        return None
+    names = [str(r["name"]) for r in client.models()]
+    if model in names:
+        return client
+    client.close()
+    if url is not None:
+        raise UsageError(
+            f"the forge service at {url} does not serve {model!r} (it serves: {', '.join(names) or 'nothing'})",
+            hint="use one of its names, or leave --url out to start a private llama-server",
+        )
+    return None
+
+
+def load_via_service(model: str, config: Path | None, *, url: str | None = None) -> bool:
     """``forge load NAME`` with a service running: load it there. False when no service answers
     (or it does not know the name), so the caller falls back to the foreground mode."""
-    client = connect_service(config, required=False)
+    client = service_serving(model, url=url, config=config)
     if client is None:
         return False
-    names = {r["name"] for r in client.models()}
-    if model not in names:
-        return False
+    status, seconds = load_in_service(client, model)
+    err_console.print(
+        f"{model}: {status['state']} (pid {status.get('pid')}, devices {','.join(status.get('devices') or [])}) "
+        f"in {seconds:.1f} s — OpenAI base URL {client.base_url}/v1",
+        markup=False,
+    )
+    return True
+
+
+def load_in_service(client: Any, model: str) -> tuple[dict[str, Any], float]:
+    """Ask the service to load ``model`` (a no-op when it is loaded), showing its progress."""
     t0 = time.monotonic()
-    with err_console.status(f"loading {model} in the forge service at {client.base_url} …") as spinner:
+    with err_console.status(
+        f"loading {escape(model)} in the forge service at {escape(client.base_url)} …"
+    ) as spinner:
         # Progress from the same event stream the control API serves: state changes as they come.
         from ..service._client import ServiceClient
 
@@ -219,7 +342,9 @@ def load_via_service(model: str, config: Path | None) -> bool:
                 for ev in watcher.events():
                     if ev.get("model") == model:
                         spinner.update(
-                            f"{model}: {ev.get('kind')} {ev.get('state') or ''} {ev.get('data') or ''}"
+                            escape(
+                                f"{model}: {ev.get('kind')} {ev.get('state') or ''} {ev.get('data') or ''}"
+                            )
                         )
             except Exception:  # noqa: S110 — progress display only; closed under us when the load returns
                 pass
@@ -230,11 +355,7 @@ def load_via_service(model: str, config: Path | None) -> bool:
             status = client.load(model)
         finally:
             watcher.close()
-    err_console.print(
-        f"{model}: {status['state']} (pid {status.get('pid')}, devices {','.join(status.get('devices') or [])}) "
-        f"in {time.monotonic() - t0:.1f} s — OpenAI base URL {client.base_url}/v1"
-    )
-    return True
+    return status, time.monotonic() - t0
 
 
 def register(app: typer.Typer) -> None:

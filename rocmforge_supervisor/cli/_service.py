@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from .._errors import ServiceError, UsageError
-from ..settings import ForgeSettings, get_settings
+from ..config import ForgeSettings, get_settings
 from ._common import console, err_console
 
 __all__ = ["register", "render_unit", "render_worker_unit", "service_app", "systemd_quote"]
@@ -43,13 +43,26 @@ def systemd_quote(arg: str) -> str:
     return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_unit(forge: Path, config: Path, *, user: bool = False) -> str:
+def render_unit(forge: Path, config: Path, *, user: bool = False, hf_cache: Path | None = None) -> str:
     """The unit text for this install. ``user``: a ``systemctl --user`` unit.
 
     A per-user service manager cannot set groups, device policy or mount namespaces (without
-    PrivateUsers=), so the template's ``#system:`` lines only go into a system unit.
+    PrivateUsers=), so the template's ``#system:`` lines only go into a system unit. A user unit
+    uses ``hf_cache`` (the installing CLI's Hugging Face cache, so that a model pulled by hand is
+    not downloaded again by the service); a system unit keeps its own under its CacheDirectory.
     """
-    return _render("forge.service", user, forge=systemd_quote(str(forge)), config=systemd_quote(str(config)))
+    hf_env = (
+        systemd_quote(f"FORGE_HF_CACHE_DIR={hf_cache}")
+        if user and hf_cache is not None
+        else "FORGE_HF_CACHE_DIR=%C/rocmforge/huggingface"
+    )
+    return _render(
+        "forge.service",
+        user,
+        forge=systemd_quote(str(forge)),
+        config=systemd_quote(str(config)),
+        hf_cache=hf_env,
+    )
 
 
 def render_worker_unit(forge: Path, args: list[str], *, user: bool = False) -> str:
@@ -148,11 +161,13 @@ def install(
     if worker:
         unit = render_worker_unit(_forge_executable(), shlex.split(worker_args), user=user)
     else:
-        unit = render_unit(_forge_executable(), config_path, user=user)
+        unit = render_unit(_forge_executable(), config_path, user=user, hf_cache=_hf_cache(settings))
     unit_name = "forge-worker.service" if worker else "forge.service"
     if print_only:
         sys.stdout.write(unit)
         return
+    if output is None:
+        _require_systemd(user)
     if output is not None:
         target = output.expanduser().absolute()
     elif user:
@@ -160,22 +175,54 @@ def install(
     else:
         target = SYSTEM_UNIT_DIR / unit_name
     _write_atomically(target, unit)
-    console.print(f"wrote {target}")
+    console.print(f"wrote {target}", markup=False)
     if not worker and not config_path.is_file():
         err_console.print(
             f"note: {config_path} does not exist yet; the service will not start until it does "
-            "(an empty file is a valid config: every default, no preloaded models)"
+            "(an empty file is a valid config: every default, no preloaded models)",
+            markup=False,
         )
     name = target.stem if target.suffix == ".service" else target.name
     systemctl = "systemctl --user" if user else "systemctl"
     if output is not None and target.parent not in (SYSTEM_UNIT_DIR, _user_unit_dir()):
         where = "~/.config/systemd/user/" if user else f"{SYSTEM_UNIT_DIR}/"
-        console.print(f"next: copy it to {where}, then:")
+        console.print(f"next: copy it to {where}, then:", markup=False)
     else:
         console.print("next:")
-    console.print(f"  {systemctl} daemon-reload && {systemctl} enable --now {name}")
+    console.print(f"  {systemctl} daemon-reload && {systemctl} enable --now {name}", markup=False)
     if user:
-        console.print(f"  loginctl enable-linger {_login_name()}   # keep it running after you log out")
+        console.print(
+            f"  loginctl enable-linger {_login_name()}   # keep it running after you log out", markup=False
+        )
+
+
+#: sd_booted(3): the system runs systemd iff this directory exists.
+SYSTEMD_RUNTIME = Path("/run/systemd/system")
+
+
+def _require_systemd(user: bool) -> None:
+    """Refuse to install a unit that nothing would ever start, and say why."""
+    if not SYSTEMD_RUNTIME.is_dir():
+        raise ServiceError(
+            "this machine does not run systemd (no /run/systemd/system): a unit would never start",
+            hint="run `forge serve --config <forge.toml>` under your own init or supervisor, "
+            "or write the unit anyway with --output FILE / --print",
+        )
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if user and not (runtime and (Path(runtime) / "systemd").is_dir()):
+        raise ServiceError(
+            "there is no systemd user manager in this session (XDG_RUNTIME_DIR/systemd is missing), "
+            "so `systemctl --user` cannot reach it",
+            hint=f"log in with a full session (or, as root: loginctl enable-linger {_login_name()}), "
+            "or install a system unit with sudo forge service install",
+        )
+
+
+def _hf_cache(settings: ForgeSettings) -> Path:
+    """The Hugging Face cache this CLI uses (``forge pull`` fills it)."""
+    from huggingface_hub import constants
+
+    return settings.hf_cache_dir or Path(constants.HF_HUB_CACHE)
 
 
 def _user_unit_dir() -> Path:

@@ -19,7 +19,7 @@ import anyio
 import typer
 
 from .._errors import UsageError
-from ..settings import get_settings
+from ..config import get_settings
 from ._common import console, err_console
 
 __all__ = ["register"]

@@ -15,7 +15,7 @@ app = typer.Typer(
     help="Run llama.cpp's llama-server per GGUF model on AMD, NVIDIA or CPU.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

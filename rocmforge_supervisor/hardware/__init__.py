@@ -2,8 +2,8 @@
 the devices of llama.cpp RPC workers."""
 
 from ._detect import detect, refresh_usage
-from ._doctor import Check, DoctorReport, run_doctor
 from ._gfx import gfx_target_name, parse_gfx_override
+from ._listing import ListedDevice, parse_device_list
 from ._masks import MASK_VARIABLES, child_env
 from ._report import device_json, inventory_json
 from ._types import Device, Inventory, KfdStatus, ProbeStatus, Vendor
@@ -11,11 +11,10 @@ from ._workers import WorkerDevice, WorkerReport, discover_workers, parse_worker
 
 __all__ = [
     "MASK_VARIABLES",
-    "Check",
     "Device",
-    "DoctorReport",
     "Inventory",
     "KfdStatus",
+    "ListedDevice",
     "ProbeStatus",
     "Vendor",
     "WorkerDevice",
@@ -26,8 +25,8 @@ __all__ = [
     "discover_workers",
     "gfx_target_name",
     "inventory_json",
+    "parse_device_list",
     "parse_gfx_override",
     "parse_worker_address",
     "refresh_usage",
-    "run_doctor",
 ]

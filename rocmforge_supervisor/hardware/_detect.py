@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 from ._amd import GfxOverride, scan_amd
 from ._amdsmi import AmdsmiGpu, amdsmi_import_probe, read_amdsmi
 from ._cpu import cpu_device, ram_usage

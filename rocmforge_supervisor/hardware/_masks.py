@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._errors import UsageError
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 from ._types import Device, Inventory
 
 __all__ = ["MASK_VARIABLES", "child_env"]

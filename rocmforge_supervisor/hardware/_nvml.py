@@ -23,7 +23,7 @@ _initialised: list[Any] = []  # NVML modules whose nvmlInit succeeded (kept: ide
 def _module(module: Any) -> Any:
     if module is not None:
         return module
-    import pynvml
+    import pynvml  # an optional dependency (nvidia-ml-py): only when NVML is probed
 
     return pynvml
 

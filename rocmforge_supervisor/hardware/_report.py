@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 from ._masks import child_env
 from ._types import Device, Inventory
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from .._errors import UsageError
-from ..build import parse_device_list
+from ._listing import parse_device_list
 
 __all__ = ["WorkerDevice", "WorkerReport", "discover_workers", "parse_worker_address"]
 

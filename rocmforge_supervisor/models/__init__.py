@@ -1,12 +1,13 @@
 """Models: resolving a name to a GGUF file, inspecting it, estimating its memory, pulling from the hub."""
 
 from ._allocations import REQUIRED_VERBOSITY, Allocation, AllocationLedger, parse_allocation_line
-from ._catalog import DEFAULT_MODEL, embedded_models, ensure_embedded, resolve_model_path
+from ._catalog import BASE_MODEL, DEFAULT_MODEL, embedded_models, ensure_embedded, resolve_model_path
 from ._estimate import DeviceEstimate, MemoryEstimate, estimate_memory, kv_bytes_per_token
 from ._gguf import GGUFInfo, inspect_gguf
 from ._hub import HubRef, parse_hf_reference, pull, resolve_hf_reference
 
 __all__ = [
+    "BASE_MODEL",
     "DEFAULT_MODEL",
     "REQUIRED_VERBOSITY",
     "Allocation",

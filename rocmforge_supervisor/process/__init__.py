@@ -1,13 +1,17 @@
 """One llama-server child process: spawn, health, logs, stop."""
 
 from ._env import clean_child_env
-from ._instance import InstanceSpec, InstanceState, LlamaServer, describe_returncode, unwrap_group
+from ._groups import kill_process_group
+from ._instance import LlamaServer
+from ._ledger import ChildLedger
 from ._logs import LogRing, classify_failure, crash_cause
 from ._ports import free_port, port_is_free
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
 from ._spawn import with_parent_death
+from ._spec import InstanceSpec, InstanceState, describe_returncode, unwrap_group
 
 __all__ = [
+    "ChildLedger",
     "InstanceSpec",
     "InstanceState",
     "LlamaServer",
@@ -21,6 +25,7 @@ __all__ = [
     "describe_returncode",
     "free_port",
     "is_loopback_host",
+    "kill_process_group",
     "port_is_free",
     "run_supervised",
     "unwrap_group",

@@ -1,6 +1,6 @@
 """One llama-server child: spawn, drain, watch, know when it is ready or why not, stop.
 
-This module is the only place that sends signals to a child. Its life is an async context::
+Only ``process/`` signals a child (here; the stale sweep in ``_ledger``). Its life is an async context::
 
     async with LlamaServer(spec) as server:     # spawned and ready (or StartFailed, child gone)
         ...server.base_url, server.api_key...
@@ -19,111 +19,32 @@ supervisor even when the supervisor is SIGKILLed and no cleanup runs.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
 
 import anyio
 import anyio.abc
 import httpx
 
+from .._argv import redact
 from .._errors import StartFailed, UsageError
 from ._env import clean_child_env
 from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
 from ._ports import free_port, port_is_free
 from ._spawn import with_parent_death
+from ._spec import START_HINTS, InstanceSpec, InstanceState, describe_returncode, unwrap_group
 
-__all__ = [
-    "InstanceSpec",
-    "InstanceState",
-    "LlamaServer",
-    "describe_returncode",
-    "unwrap_group",
-]
+log = logging.getLogger("rocmforge.process")
 
-InstanceState = Literal["new", "starting", "loading", "ready", "stopping", "exited"]
-
-_HINTS = {
-    "file_not_found": "check the model path",
-    "invalid_model": "the file is not a loadable GGUF: re-download it or check `forge inspect`",
-    "unsupported": "this llama-server does not know the model's architecture: update llama.cpp or use another model",
-    "oom": "not enough device memory: lower --ctx-size or --n-gpu-layers, or use a smaller quant",
-    "bind": "the port is in use: choose another --port or leave it unset",
-    "timeout": "the load stalled or ran past its deadline: check the log; for very large models raise supervisor.load_stall_timeout or load_deadline_base / load_deadline_per_gib",
-    "bad_args": "an extra llama-server argument was rejected: check `args` / the flags you passed",
-    "rpc_worker": "an RPC worker is down or unreachable: check `forge worker` on that machine",
-    "cancelled": "it was stopped on request",
-    "crashed": "see the log lines above",
-}
-
-
-def describe_returncode(rc: int | None) -> str:
-    if rc is None:
-        return "still running"
-    if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exited with code {rc}"
-
-
-@dataclass
-class InstanceSpec:
-    """How to run one llama-server. ``None`` values are left to llama-server's own defaults."""
-
-    binary: Path
-    model_path: Path
-    alias: str
-    ctx_size: int | None = None
-    n_gpu_layers: int | str | None = None  # int, "auto", "all"
-    parallel: int | None = None
-    extra_args: Sequence[str] = ()
-    host: str = "127.0.0.1"
-    port: int | None = None  # None: a free one, retried if the bind races
-    mask: Mapping[str, str | None] = field(default_factory=dict)
-    cpu_only: bool = False
-    log_path: Path | None = None
-    state_dir: Path | None = None  # for the api-key file and the empty config home
-    stall_timeout: float = 300.0  # no output at all for this long while loading: give up
-    ready_timeout: float | None = None  # overall cap on loading (None: only the stall timeout)
-    stop_timeout: float = 10.0
-    verbosity: int | None = None
-    parent_env: Mapping[str, str] | None = None
-    line_listeners: Sequence[Callable[[str], None]] = ()
-    bind_retries: int = 3
-
-    def args(self, port: int, api_key_file: Path) -> list[str]:
-        a = [
-            str(self.binary),
-            "--model", str(self.model_path),
-            "--host", self.host,
-            "--port", str(port),
-            "--alias", self.alias,
-            "--api-key-file", str(api_key_file),
-            "--metrics",
-            "--no-webui",
-            "--log-colors", "off",
-        ]  # fmt: skip
-        if self.ctx_size is not None:
-            a += ["--ctx-size", str(self.ctx_size)]
-        if self.cpu_only:
-            a += ["--device", "none"]  # no offload at all (an -ngl would only add warnings)
-        elif self.n_gpu_layers is not None:
-            a += ["--n-gpu-layers", str(self.n_gpu_layers)]
-        if self.parallel is not None:
-            a += ["--parallel", str(self.parallel)]
-        if self.verbosity is not None:
-            a += ["--log-verbosity", str(self.verbosity)]
-        a += list(self.extra_args)
-        return a
+__all__ = ["LlamaServer"]
 
 
 class LlamaServer:
@@ -135,7 +56,7 @@ class LlamaServer:
         self.port: int | None = None
         self.pid: int | None = None
         self.returncode: int | None = None
-        self.api_key = secrets.token_urlsafe(24)
+        self.api_key = spec.api_key if spec.api_key is not None else secrets.token_urlsafe(24)
         self.log = LogRing(spec.log_path)
         for listener in spec.line_listeners:
             self.log.subscribe(listener)
@@ -152,6 +73,7 @@ class LlamaServer:
         self._wake = anyio.Event()
         self._flags: set[str] = set()
         self._key_file: Path | None = None
+        self._tmp_state: Path | None = None  # only when the caller gave no state_dir
         self._stop_lock = anyio.Lock()
         self.stop_requested = False
 
@@ -244,6 +166,9 @@ class LlamaServer:
             self._tg = None
             self.log.close()
             self._remove_key_file()
+            if self._tmp_state is not None:
+                shutil.rmtree(self._tmp_state, ignore_errors=True)
+                self._tmp_state = None
         return self.returncode
 
     async def stop(self, timeout: float | None = None) -> int | None:
@@ -286,10 +211,18 @@ class LlamaServer:
             self._mark_exited(proc)
             return self.returncode
 
-    def signal(self, sig: int) -> None:
-        """For fault tests and the supervisor's hang handling: signal the child process only."""
-        if self._process is not None and not self.exited.is_set():
-            os.kill(self._process.pid, sig)
+    def kill(self, reason: str) -> None:
+        """SIGKILL the child's whole process group now, and say why in its log.
+
+        For a child that no longer answers (a hang): :meth:`stop` would wait out its grace first.
+        The caller decides *that* a child must die; only this layer sends the signal.
+        """
+        if self._process is None or self.exited.is_set():
+            return
+        self.log.note(f"killing pid {self._process.pid} (SIGKILL): {reason}")
+        log.warning("llama-server %s pid %d: SIGKILL: %s", self.spec.alias, self._process.pid, reason)
+        self._signal_group(signal.SIGCONT)
+        self._signal_group(signal.SIGKILL)
 
     async def health(self, timeout: float = 2.0) -> int | None:
         """HTTP status of ``/health`` (200 ready, 503 loading), None when it did not answer."""
@@ -323,13 +256,20 @@ class LlamaServer:
     def _write_key_file(self) -> Path:
         # The key goes in a 0600 file, not on the command line, where any local user could read it
         # from /proc/<pid>/cmdline.
-        base = (self.spec.state_dir or Path.home() / ".local/state/rocmforge") / "run"
+        base = self._state_dir() / "run"
         base.mkdir(parents=True, exist_ok=True)
         path = base / f"{self.spec.alias.replace('/', '_')}-{secrets.token_hex(4)}.key"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.api_key + "\n")
         return path
+
+    def _state_dir(self) -> Path:
+        if self.spec.state_dir is not None:
+            return self.spec.state_dir
+        if self._tmp_state is None:
+            self._tmp_state = Path(tempfile.mkdtemp(prefix="forge-child-"))
+        return self._tmp_state
 
     def _remove_key_file(self) -> None:
         if self._key_file is not None:
@@ -343,8 +283,7 @@ class LlamaServer:
     async def _spawn_and_wait(self, port: int) -> None:
         if self._key_file is None:
             self._key_file = self._write_key_file()
-        state_dir = self.spec.state_dir or Path.home() / ".local/state/rocmforge"
-        config_home = state_dir / "empty-config"
+        config_home = self._state_dir() / "empty-config"
         config_home.mkdir(parents=True, exist_ok=True)
         env = clean_child_env(
             os.environ if self.spec.parent_env is None else self.spec.parent_env,
@@ -353,7 +292,7 @@ class LlamaServer:
         )
         cmd = self._command(port)
         self.port = port
-        self.log.note("starting: " + " ".join(_redact(self.spec.args(port, self._key_file))))
+        self.log.note("starting: " + " ".join(redact(self.spec.args(port, self._key_file))))
         try:
             self._process = await anyio.open_process(
                 cmd,
@@ -432,8 +371,8 @@ class LlamaServer:
         tail = self.log.tail(15)
         return StartFailed(
             f"llama-server for {self.spec.alias!r} failed to start: {message}",
-            hint=_HINTS.get(reason),
-            exit_code=self.returncode,
+            hint=START_HINTS.get(reason),
+            returncode=self.returncode,
             reason=reason,
             stderr_tail=tail,
             log_path=str(self.spec.log_path) if self.spec.log_path else None,
@@ -493,36 +432,3 @@ class LlamaServer:
                 await anyio.sleep(0.02)
                 if self.log.total_lines == before:
                     break
-
-
-def unwrap_group(exc: BaseException) -> BaseException:
-    """A start failure inside a task group arrives as an ExceptionGroup of one: hand out the one."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
-_SECRET_FLAGS = ("token", "key", "password", "secret")
-
-
-def _redact(args: list[str]) -> list[str]:
-    """Values of secret-looking flags (``--hf-token X``) never reach the log."""
-    out: list[str] = []
-    hide_next = False
-    for a in args:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-            continue
-        name, eq, _ = a.partition("=")
-        secret = (
-            name.startswith("-")
-            and any(w in name.lower() for w in _SECRET_FLAGS)
-            and not name.endswith("-file")
-        )
-        if secret and eq:
-            out.append(f"{name}=***")
-        else:
-            out.append(a)
-            hide_next = secret
-    return out

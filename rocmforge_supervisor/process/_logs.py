@@ -28,7 +28,7 @@ RPC_FAILED_RE = re.compile(
     r"Remote RPC server crashed|Failed to connect to .*:\d+|failed to register RPC device"
 )
 
-LineListener = Callable[[str], None]
+LineListener = Callable[[str], object]
 
 
 class LogRing:

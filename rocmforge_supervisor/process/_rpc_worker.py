@@ -35,9 +35,9 @@ import psutil
 
 from .._errors import StartFailed
 from ._env import clean_child_env
-from ._instance import describe_returncode
 from ._logs import LogRing
 from ._spawn import with_parent_death
+from ._spec import describe_returncode
 
 __all__ = ["RpcWorker", "WorkerEvent", "WorkerSpec", "is_loopback_host", "run_supervised", "worker_specs"]
 
@@ -193,7 +193,7 @@ class RpcWorker:
             f"rpc-server {describe_returncode(self.returncode)} while starting",
             hint="see the worker log",
             reason="crashed",
-            exit_code=self.returncode,
+            returncode=self.returncode,
             stderr_tail=tail,
         )
 

@@ -10,18 +10,25 @@ routes exposes ``routes()``; :func:`create_app` lists them (more can be passed a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import partial
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from . import _control, _observe, _ollama, _page, _proxy, _status_api
+from .._errors import RequestRejected, ServerError
+from . import _control, _observe, _ollama, _openapi, _page, _proxy, _status_api
+from ._errors_http import error_response
 from ._middleware import RequestContext
 from ._ollama_meta import local_model_path
-from ._state import GatewayState
+from ._routes import dialect_for_path
+from ._state import GatewayState, request_id
 
 __all__ = ["GatewayState", "create_app"]
 
@@ -37,6 +44,7 @@ def create_app(
         *_proxy.routes(),
         *_control.routes(),
         *_ollama.routes(),
+        *_openapi.routes(),
         *extra_routes,
     ]
     routes += [*_status_api.routes(), *_page.routes()]  # the status page at / and its data
@@ -47,7 +55,8 @@ def create_app(
         middleware.insert(
             0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
         )
-    app = Starlette(routes=routes, middleware=middleware)
+    handlers = {HTTPException: _http_error, Exception: _internal_error}
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.gateway = state
     app.state.ollama = _ollama.OllamaBackend(
         state.supervisor,
@@ -55,3 +64,27 @@ def create_app(
         resolve_path=partial(local_model_path, settings=state.settings),
     )
     return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 (no route, wrong method), as JSON in the dialect of the path."""
+    assert isinstance(exc, HTTPException)
+    hint: str | None
+    if exc.status_code == 404:
+        message = f"no route {request.method} {request.url.path}"
+        hint = "see /api/openapi.json for the routes"
+    else:
+        message = f"{request.method} is not allowed on {request.url.path}"
+        hint = f"use {exc.headers.get('Allow', 'another method')}" if exc.headers else None
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    error = RequestRejected(message, hint=hint, status_code=exc.status_code, error_type=kind)
+    return error_response(
+        error, request_id(request), dialect_for_path(request.url.path), headers=dict(exc.headers or {})
+    )
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug: logged with its traceback (by Starlette, after this), answered as JSON, not text."""
+    logging.getLogger("rocmforge.gateway").error("internal error on %s: %r", request.url.path, exc)
+    error = ServerError(f"internal error: {type(exc).__name__}", hint="see the service log", status_code=500)
+    return error_response(error, request_id(request), dialect_for_path(request.url.path))

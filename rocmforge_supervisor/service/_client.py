@@ -6,10 +6,12 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from .._errors import ServiceError
+from ..client._sse import SSEDecoder
 from ._server import read_service_info
 
 __all__ = ["ServiceClient", "find_service"]
@@ -33,7 +35,7 @@ class ServiceClient:
         except httpx.HTTPError:
             return False
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
+    def _call(self, method: str, path: str, *, model: str | None = None, **kw: Any) -> Any:
         try:
             r = self._http.request(method, path, **kw)
         except httpx.HTTPError as exc:
@@ -42,13 +44,7 @@ class ServiceClient:
                 hint="is `forge serve` running?",
             ) from exc
         if r.status_code >= 400:
-            try:
-                msg = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                msg = r.text.strip()[:300]
-            err = ServiceError(msg)
-            err.exit_code = 2 if r.status_code in (400, 404) else 1
-            raise err
+            raise _error_from(r, model)
         return r.json()
 
     def models(self) -> list[dict[str, Any]]:
@@ -56,11 +52,11 @@ class ServiceClient:
         return rows
 
     def load(self, name: str) -> dict[str, Any]:
-        status: dict[str, Any] = self._call("POST", f"/api/models/{name}/load")
+        status: dict[str, Any] = self._call("POST", f"/api/models/{_seg(name)}/load", model=name)
         return status
 
     def unload(self, name: str) -> dict[str, Any]:
-        status: dict[str, Any] = self._call("POST", f"/api/models/{name}/unload")
+        status: dict[str, Any] = self._call("POST", f"/api/models/{_seg(name)}/unload", model=name)
         return status
 
     def reload(self) -> dict[str, Any]:
@@ -69,8 +65,6 @@ class ServiceClient:
 
     def events(self) -> Iterator[dict[str, Any]]:
         """The service's state events (``/api/events``), as they come; ends when closed."""
-        from ..client._sse import SSEDecoder
-
         decoder = SSEDecoder()
         try:
             with self._http.stream("GET", "/api/events") as r:
@@ -84,13 +78,34 @@ class ServiceClient:
     def logs(self, name: str, tail: int = 200, follow: bool = False) -> Iterator[str]:
         params = {"tail": str(tail), "follow": "1" if follow else "0"}
         try:
-            with self._http.stream("GET", f"/api/models/{name}/logs", params=params) as r:
+            with self._http.stream("GET", f"/api/models/{_seg(name)}/logs", params=params) as r:
                 if r.status_code >= 400:
                     r.read()
-                    raise ServiceError(r.text.strip()[:300])
+                    raise _error_from(r, name)
                 yield from r.iter_lines()
         except httpx.HTTPError as exc:
             raise ServiceError(f"log stream from {self.base_url} broke: {exc}") from exc
+
+
+def _seg(name: str) -> str:
+    """A model name as one URL path segment, whatever the user typed."""
+    return quote(name, safe="")
+
+
+def _error_from(r: httpx.Response, model: str | None = None) -> ServiceError:
+    """One error path for every control-API call: the message of the JSON error body (not the
+    body itself), exit code 2 for what the user asked wrongly (unknown model, bad request)."""
+    try:
+        error = r.json()["error"]
+        msg = str(error["message"]) if isinstance(error, dict) else str(error)
+    except (ValueError, KeyError, TypeError):
+        if r.status_code == 404 and model is not None:  # a name no route matches (e.g. with a "/")
+            msg = f"no model named {model!r} in the forge service"
+        else:
+            msg = r.text.strip()[:300] or f"HTTP {r.status_code}"
+    err = ServiceError(msg)
+    err.exit_code = 2 if r.status_code in (400, 404, 409, 422) else 1
+    return err
 
 
 def find_service(

@@ -1,4 +1,4 @@
-"""The control API under ``/api/*``: list, add, load, unload, reload, events, logs, OpenAPI.
+"""The control API under ``/api/*``: list, add, load, unload, reload, events, logs.
 
 Each route asks the supervisor and returns JSON; a typed error becomes a response through
 ``_errors_http`` (via :func:`_control`), never a status picked here.
@@ -7,24 +7,25 @@ Each route asks the supervisor and returns JSON; a typed error becomes a respons
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .._errors import ForgeError, ModelNotFound, UsageError
+from .._errors import ForgeError, InvalidRequest, ModelNotFound, ServiceError, UsageError
+from ..config import MODEL_NAME
+from ..supervisor import ModelStatus
 from ._errors_http import error_response
+from ._live import LiveStream
 from ._middleware import read_body
 from ._state import GatewayState, request_id, state_of
+from ._validate import parse_object
 
 __all__ = ["routes"]
-
-_MODEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 def routes() -> list[BaseRoute]:
@@ -36,16 +37,30 @@ def routes() -> list[BaseRoute]:
         Route("/api/models/{name}/logs", api_logs, methods=["GET"]),
         Route("/api/reload", api_reload, methods=["POST"]),
         Route("/api/events", api_events, methods=["GET"]),
-        Route("/api/openapi.json", api_openapi, methods=["GET"], include_in_schema=False),
     ]
 
 
 async def _control(request: Request, action: Callable[[GatewayState], Awaitable[Any]]) -> Response:
+    """Run one action; a long one (a load waiting for its model) is answered 503 when the service
+    starts stopping, instead of holding the shutdown for the whole drain period."""
     st = state_of(request)
-    try:
-        return JSONResponse(await action(st))
-    except ForgeError as exc:
-        return error_response(exc, request_id(request))
+    outcome: list[Any] = []
+
+    async def run(scope: anyio.CancelScope) -> None:
+        try:
+            outcome.append(await action(st))
+        except ForgeError as exc:
+            outcome.append(exc)
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, tg.cancel_scope)
+        await st.closing.wait()
+        tg.cancel_scope.cancel()
+    result = outcome[0] if outcome else ServiceError("the service is stopping", hint="retry when it is back")
+    if isinstance(result, ForgeError):
+        return error_response(result, request_id(request))
+    return JSONResponse(result.to_json() if isinstance(result, ModelStatus) else result)
 
 
 async def api_models(request: Request) -> Response:
@@ -54,7 +69,7 @@ async def api_models(request: Request) -> Response:
     responses:
       200: {description: "[{name, state, pid, port, devices, restarts, last_error, uptime, memory, …}]"}
     """
-    return JSONResponse({"models": state_of(request).supervisor.status()})
+    return JSONResponse({"models": [s.to_json() for s in state_of(request).supervisor.status()]})
 
 
 async def api_load(request: Request) -> Response:
@@ -88,12 +103,14 @@ async def api_add(request: Request) -> Response:
     """
 
     async def add(st: GatewayState) -> Any:
-        try:
-            body = json.loads(await read_body(request, 65536))
-            name, path = str(body["name"]), Path(str(body["path"]))
-        except (ValueError, KeyError, TypeError):
-            raise UsageError('body must be {"name": ..., "path": ...}', hint="send JSON") from None
-        if not _MODEL_NAME.fullmatch(name):
+        body = parse_object(await read_body(request, 65536))
+        for key in ("name", "path"):
+            if not isinstance(body.get(key), str):
+                raise InvalidRequest(
+                    f'field {key!r} must be a string: send {{"name": ..., "path": ...}}', param=key
+                )
+        name, path = str(body["name"]), Path(str(body["path"]))
+        if not MODEL_NAME.fullmatch(name):
             raise UsageError(
                 f"model name {name!r} is not valid", hint="use letters, digits, '.', '_' and '-'"
             )
@@ -146,7 +163,9 @@ async def api_events(request: Request) -> Response:
                     continue
                 yield f"event: {ev.kind}\ndata: {json.dumps(ev.to_json())}\n\n".encode()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return LiveStream(
+        events(), st.closing, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 async def api_logs(request: Request) -> Response:
@@ -164,10 +183,11 @@ async def api_logs(request: Request) -> Response:
         n = max(1, int(request.query_params.get("tail", "200")))
     except ValueError:
         return error_response(
-            UsageError("tail must be a number of lines", hint="e.g. ?tail=200"), request_id(request)
+            UsageError("tail must be a number of lines", hint="e.g. ?tail=200"),
+            request_id(request),
         )
     follow = request.query_params.get("follow") in ("1", "true")
-    path = m.status().get("log_path")
+    path = m.status().log_path
     lines: list[str] = []
     if path and await anyio.Path(path).exists():
         text = await anyio.Path(path).read_text(encoding="utf-8", errors="replace")
@@ -183,11 +203,4 @@ async def api_logs(request: Request) -> Response:
                 if ev.model == m.name:
                     yield (str(ev.data.get("line", "")) + "\n").encode()
 
-    return StreamingResponse(tail(), media_type="text/plain")
-
-
-async def api_openapi(request: Request) -> Response:
-    from starlette.schemas import SchemaGenerator
-
-    gen = SchemaGenerator({"openapi": "3.0.0", "info": {"title": "forge control API", "version": "1"}})
-    return JSONResponse(gen.get_schema(routes=request.app.routes))
+    return LiveStream(tail(), st.closing, media_type="text/plain")

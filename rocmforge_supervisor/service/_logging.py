@@ -12,6 +12,7 @@ gateway, the queue and the supervisor. Other ``extra=`` fields (``model``, ``pid
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import datetime as dt
 import json
@@ -20,14 +21,54 @@ import os
 import sys
 from typing import Any, Literal, TextIO
 
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 
-__all__ = ["LogFormat", "connected_to_journal", "request_id_var", "setup_logging"]
+__all__ = ["LogFormat", "RequestIdVar", "connected_to_journal", "request_id_var", "setup_logging"]
 
 LogFormat = Literal["text", "json"]
 
-#: The request being handled in this task (set by the HTTP layer; None outside a request).
-request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("forge_request_id", default=None)
+_Owned = tuple[str, "asyncio.Task[Any] | None"]
+
+
+class RequestIdVar:
+    """A context variable for the request id that forgets it once the request is over.
+
+    A task started while a request is handled (a model load the request triggered, into the
+    supervisor's long-lived task group) copies the request's context, and with a plain ContextVar
+    it would stamp that request's id on its lines forever, shutdown lines included. So the value
+    remembers the asyncio task that set it (the request's task) and reads as None once that task
+    is done; the request's own child tasks keep it while the request runs. Same API as
+    :class:`contextvars.ContextVar` for ``set``/``get``/``reset``.
+    """
+
+    def __init__(self) -> None:
+        self._var: contextvars.ContextVar[_Owned | None] = contextvars.ContextVar(
+            "forge_request_id", default=None
+        )
+
+    def set(self, rid: str | None) -> contextvars.Token[_Owned | None]:
+        return self._var.set(None if rid is None else (rid, _current_task()))
+
+    def reset(self, token: contextvars.Token[_Owned | None]) -> None:
+        self._var.reset(token)
+
+    def get(self) -> str | None:
+        value = self._var.get()
+        if value is None:
+            return None
+        rid, owner = value
+        return None if owner is not None and owner.done() else rid
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop: plain synchronous code, nothing to outlive
+        return None
+
+
+#: The request being handled (set by the HTTP layer; None outside a request, or after it).
+request_id_var = RequestIdVar()
 
 #: sd-daemon(3) priorities: <3> err, <4> warning, <6> info, <7> debug.
 _SYSLOG_PRIORITY = {
@@ -38,8 +79,13 @@ _SYSLOG_PRIORITY = {
     logging.DEBUG: 7,
 }
 
-#: Attributes every LogRecord has; anything else on a record came from ``extra=``.
-_RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+#: Attributes every LogRecord has; anything else on a record came from ``extra=``. uvicorn adds
+#: ``color_message`` (the same message with ANSI colours, for its own formatter): not context.
+_RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",
+}
 
 #: Libraries that log every HTTP request at INFO (the gateway makes one per proxied request).
 _CHATTY = ("httpx", "httpcore", "hpack")

@@ -1,16 +1,26 @@
-"""Prometheus metrics: the gateway's own, the supervisor's state, and each child's, relabelled."""
+"""Prometheus metrics: the gateway's own, the supervisor's state, and each child's, relabelled.
+
+The names are listed in the README ("Metrics"). Load times are observed from the supervisor's
+event history at scrape time (each ``ready`` event once, by its sequence number), so the
+supervisor needs no hook for them; device memory is re-read at scrape time.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-__all__ = ["Metrics"]
+__all__ = ["DeviceRow", "Metrics"]
+
+#: (device key, name, total bytes, used bytes) of one device, read at scrape time.
+DeviceRow = tuple[str, str, int, int]
 
 _STATES = ("unloaded", "loading", "ready", "draining", "stopped", "failed")
 
@@ -19,6 +29,7 @@ class _SupervisorCollector(Collector):
     def __init__(self, status: Callable[[], list[dict[str, Any]]], child_texts: dict[str, str]) -> None:
         self._status = status
         self._child_texts = child_texts
+        self.devices: list[DeviceRow] = []
 
     def collect(self) -> Iterable[Metric]:
         rows = self._status()
@@ -37,7 +48,38 @@ class _SupervisorCollector(Collector):
             in_flight.add_metric([r["name"]], float(r["in_flight"]))
             waiting.add_metric([r["name"]], float(r["waiting"]))
         yield from (state, restarts, in_flight, waiting)
+        yield from self._memory(rows)
         yield from self._children()
+
+    def _memory(self, rows: list[dict[str, Any]]) -> Iterator[Metric]:
+        """Per-model memory (forge's estimate and what the child reported allocating, per device;
+        the child's RSS) and per-device totals."""
+        model_mem = GaugeMetricFamily(
+            "forge_model_memory_bytes",
+            "memory of the model's child per device: kind=estimated (placement) or actual (its log)",
+            labels=["model", "device", "kind"],
+        )
+        rss = GaugeMetricFamily(
+            "forge_model_rss_bytes", "resident memory of the model's child", labels=["model"]
+        )
+        for r in rows:
+            memory = r.get("memory") or {}
+            for kind, key in (("estimated", "estimated_bytes"), ("actual", "actual_bytes")):
+                for device, value in (memory.get(key) or {}).items():
+                    model_mem.add_metric([r["name"], str(device), kind], float(value))
+            if r.get("pid"):
+                with contextlib.suppress(psutil.Error):
+                    rss.add_metric([r["name"]], float(psutil.Process(r["pid"]).memory_info().rss))
+        total = GaugeMetricFamily(
+            "forge_device_memory_total_bytes", "device memory (VRAM; RAM for cpu)", labels=["device", "name"]
+        )
+        used = GaugeMetricFamily(
+            "forge_device_memory_used_bytes", "device memory in use, by anyone", labels=["device", "name"]
+        )
+        for key, name, total_bytes, used_bytes in self.devices:
+            total.add_metric([key, name], float(total_bytes))
+            used.add_metric([key, name], float(used_bytes))
+        yield from (model_mem, rss, total, used)
 
     def _children(self) -> Iterator[Metric]:
         """llama-server's own metrics (``llamacpp:*``), one series per model label."""
@@ -96,7 +138,39 @@ class Metrics:
             buckets=(0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
             registry=self.registry,
         )
-        self.registry.register(_SupervisorCollector(status, self.child_texts))
+        self.queue_wait = Histogram(
+            "forge_request_queue_seconds",
+            "request received → a slot at the child (waiting for the queue and for a load)",
+            labels,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=self.registry,
+        )
+        self.generation = Histogram(
+            "forge_request_generation_seconds",
+            "a slot at the child → response finished (the child's own work)",
+            labels,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=self.registry,
+        )
+        self._last_load_seq = 0
+        self._collector = _SupervisorCollector(status, self.child_texts)
+        self.registry.register(self._collector)
+        ProcessCollector(
+            registry=self.registry
+        )  # process_resident_memory_bytes, process_cpu_seconds_total, …
+
+    def observe_loads(self, history: Iterable[Any]) -> None:
+        """Each ``ready`` event's ``load_seconds`` once (events carry a sequence number)."""
+        for ev in history:
+            if ev.seq <= self._last_load_seq:
+                continue
+            self._last_load_seq = ev.seq
+            seconds = ev.data.get("load_seconds") if ev.kind == "state" and ev.state == "ready" else None
+            if isinstance(seconds, (int, float)):
+                self.load_seconds.labels(ev.model).observe(float(seconds))
+
+    def set_devices(self, devices: list[DeviceRow]) -> None:
+        self._collector.devices = devices
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._errors import Forbidden, ForgeError, PayloadTooLarge, Unauthorized
+from ..config import is_loopback
 from ._errors_http import error_response
 from ._logging import request_id_var
 from ._page import PAGE_PATHS, same_origin
@@ -26,7 +27,6 @@ __all__ = ["RequestContext", "read_body"]
 
 # Probes (a Kubernetes kubelet, a load balancer) cannot send the key: /ready answers status only.
 _PUBLIC_PATHS = frozenset({"/health", "/ready"}) | PAGE_PATHS  # the page's files hold no data
-_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
@@ -80,7 +80,7 @@ class RequestContext:
 
     def _origin_ok(self, origin: bytes, scope: Scope) -> bool:
         text = origin.decode("latin-1")
-        if text in self.state.cors_origins or urlsplit(text).hostname in _LOOPBACK_HOSTS:
+        if text in self.state.cors_origins or is_loopback(urlsplit(text).hostname or ""):
             return True
         return same_origin(scope, text, keyed=self._key is not None)  # the status page at a LAN address
 

@@ -8,6 +8,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from ..hardware import refresh_usage
+from ._metrics import DeviceRow
 from ._state import GatewayState, state_of
 
 __all__ = ["routes"]
@@ -35,12 +37,25 @@ async def _ready(request: Request) -> Response:
 
 async def _metrics(request: Request) -> Response:
     st = state_of(request)
+    st.metrics.observe_loads(st.supervisor.events.history())
+    st.metrics.set_devices(await anyio.to_thread.run_sync(_devices, st))
     st.metrics.child_texts.clear()
     async with anyio.create_task_group() as tg:
         for m in st.supervisor.models.values():
             if m.server is not None and m.server.alive and m.state == "ready":
                 tg.start_soon(_scrape, st, m.name, m.server.base_url, m.server.api_key)
     return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _devices(st: GatewayState) -> list[DeviceRow]:
+    """Device memory re-read now (a few sysfs reads / NVML / psutil), not the placement's copy."""
+    if st.supervisor.inventory is None:  # not detected yet (the supervisor is starting)
+        return []
+    try:
+        inventory = refresh_usage(st.supervisor.inventory, st.supervisor.settings)
+    except OSError:
+        inventory = st.supervisor.inventory
+    return [(d.key, d.name, d.vram_total_bytes, d.vram_used_bytes) for d in inventory.devices if d.usable]
 
 
 async def _scrape(st: GatewayState, name: str, base_url: str, api_key: str) -> None:

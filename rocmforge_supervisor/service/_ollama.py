@@ -33,7 +33,7 @@ from .. import __version__
 from .._errors import ForgeError, ModelNotFound, RequestRejected, UsageError
 from ..client._sse import SSEDecoder
 from ..supervisor import Supervisor
-from ._errors_http import error_response
+from ._errors_http import UpstreamModel, error_response, upstream_error
 from ._ollama_convert import (
     ChatStream,
     Target,
@@ -48,6 +48,7 @@ from ._ollama_convert import (
 from ._ollama_meta import ModelCard, capabilities, card_for, ps_entry, show_entry, tag_entry
 from ._ollama_pull import api_pull
 from ._routes import resolve_name
+from ._validate import parse_object
 
 __all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "model_list", "routes"]
 
@@ -80,14 +81,7 @@ def _rid(request: Request) -> str | None:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        raise UsageError("the request body is not valid JSON", hint="send a JSON object") from None
-    if not isinstance(body, dict):
-        raise UsageError("the request body must be a JSON object", hint='e.g. {"model": "gemma"}')
-    return body
+    return parse_object(await request.body() or b"{}")  # any bad body (depth, range…) is a 400
 
 
 def _model(b: OllamaBackend, body: dict[str, Any]) -> str:
@@ -101,7 +95,7 @@ def _model(b: OllamaBackend, body: dict[str, Any]) -> str:
 
 async def _card(b: OllamaBackend, name: str) -> ModelCard | None:
     m = b.supervisor.get(name)
-    path = m.prepared.spec.model_path if m.prepared is not None else None
+    path = m.plan.spec.model_path if m.plan is not None else None
 
     def read() -> ModelCard | None:
         p = path or b.resolve_path(str(m.config.path))
@@ -140,8 +134,8 @@ async def _served_ctx(b: OllamaBackend, name: str, rid: str | None) -> int | Non
 def _args(b: OllamaBackend, name: str) -> list[str]:
     """The child's extra llama-server arguments (as started, else as configured)."""
     m = b.supervisor.get(name)
-    if m.prepared is not None:
-        return list(m.prepared.spec.extra_args)
+    if m.plan is not None:
+        return list(m.plan.spec.extra_args)
     return list(getattr(m.config, "args", []) or [])
 
 
@@ -203,7 +197,7 @@ async def api_ps(request: Request) -> Response:
         if m.state != "ready":
             continue
         ctx = await _served_ctx(b, name, _rid(request))
-        out.append(ps_entry(name, await _card(b, name), m.status(), ctx, m.ttl))
+        out.append(ps_entry(name, await _card(b, name), m.status().to_json(), ctx, m.ttl))
     return JSONResponse({"models": out})
 
 
@@ -343,18 +337,14 @@ class _ClosingStream(StreamingResponse):
                 await self._stack.aclose()
 
 
-def _upstream_error(status: int, raw: bytes) -> Response:
-    try:
-        err = json.loads(raw)["error"]
-        message = err["message"] if isinstance(err, dict) else str(err)
-    except (ValueError, KeyError, TypeError):
-        message = raw.decode("utf-8", "replace").strip()[:500] or f"HTTP {status}"
-    return JSONResponse({"error": message}, status_code=status)
+def _upstream_error(status: int, raw: bytes, name: str) -> Response:
+    """llama-server's error through the one map (client faults 4xx), in Ollama's shape."""
+    return error_response(upstream_error(UpstreamModel(name), status, raw), dialect="ollama")
 
 
 def _reply(status: int, raw: bytes, name: str, target: Target, started: float, generate: bool) -> Response:
     if status != 200:
-        return _upstream_error(status, raw)
+        return _upstream_error(status, raw, name)
     data = json.loads(raw)
     if target.kind == "embed":
         vectors = [d["embedding"] for d in sorted(data.get("data", []), key=lambda d: d.get("index", 0))]

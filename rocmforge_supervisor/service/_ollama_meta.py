@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ForgeError
+from ..config import ForgeSettings, get_settings
 from ..models._catalog import embedded_models, ensure_embedded
 from ..models._gguf import inspect_gguf, read_gguf_keys
-from ..settings import ForgeSettings, get_settings
 
 __all__ = ["ModelCard", "capabilities", "card_for", "local_model_path", "ps_entry", "show_entry", "tag_entry"]
 

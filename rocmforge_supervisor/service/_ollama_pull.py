@@ -21,11 +21,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .._errors import ForgeError, UsageError
+from ..config import get_settings
 from ..models._hub import parse_hf_reference
 from ..models._hub import pull as hub_pull
-from ..settings import get_settings
 from ._errors_http import error_response
 from ._state import request_id, state_of
+from ._validate import parse_object
 
 __all__ = ["api_pull"]
 
@@ -39,7 +40,7 @@ def _line(obj: dict[str, Any]) -> bytes:
 async def api_pull(request: Request) -> Response:
     st = state_of(request)
     try:
-        body = json.loads(await request.body() or b"{}")
+        body = parse_object(await request.body() or b"{}")
         ref = body.get("model") or body.get("name") if isinstance(body, dict) else None
         if not isinstance(ref, str) or not ref:
             raise UsageError('the request has no "model" field', hint='e.g. {"model": "org/repo:Q4_K_M"}')

@@ -29,14 +29,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from .._errors import ForgeError, StreamError
+from .._errors import ForgeError, InvalidRequest, StreamError
 from ..client._transport import asend
-from ._errors_http import error_response, sse_error_chunk
+from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstream_error
 from ._keepalive import KeepAliveStream, Opened
 from ._middleware import read_body
 from ._ollama import model_list
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, request_id, state_of
+from ._validate import check_fields, parse_object
 
 __all__ = ["FORWARDED", "open_upstream", "routes"]
 
@@ -59,6 +60,48 @@ _END_MARKERS: dict[str, bytes] = {
     "/completions": b'"stop":true',
     "/infill": b'"stop":true',
 }
+
+
+#: Which field checks (``_validate.CHECKS``) a JSON route gets; the others check only ``model``.
+_KINDS: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/embeddings": "embedding",
+}
+#: Route kinds that generate: a model's ``max_tokens`` default applies to them.
+_GENERATES = frozenset({"chat", "completion"})
+_LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
+
+
+def _checked_json(st: GatewayState, route: ForwardRoute, body: bytes) -> tuple[str, bool, bytes]:
+    """(model, stream, body to send) of a JSON request: the body parsed and its known fields
+    checked (a 400 naming the field), the model's ``max_tokens`` default applied when none is
+    sent — then, and only then, the body is re-serialized; otherwise it goes as received."""
+    payload = parse_object(body)
+    asked = payload.get("model")
+    if not isinstance(asked, str) or not asked:
+        raise InvalidRequest(
+            'the request has no "model" field', param="model", hint="name one of GET /v1/models"
+        )
+    kind = _KINDS.get(route.path, "")
+    check_fields(payload, kind)
+    name = resolve_name(asked, st.supervisor.models)
+    default = getattr(st.supervisor.get(name).config, "max_tokens", None)  # 404 before queueing
+    if default is not None and kind in _GENERATES and all(payload.get(k) is None for k in _LENGTH_FIELDS):
+        payload["max_tokens"] = default
+        body = json.dumps(payload).encode()
+    return name, payload.get("stream") is True, body
+
+
+def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
+    """The model's slot geometry as its child was started (for the context error's arithmetic)."""
+    try:
+        prepared = st.supervisor.get(name).plan
+    except ForgeError:
+        return UpstreamModel(name)
+    spec = prepared.spec if prepared is not None else None
+    return UpstreamModel(name, getattr(spec, "ctx_size", None), getattr(spec, "parallel", None))
 
 
 @asynccontextmanager
@@ -130,6 +173,10 @@ class _Forwarder:
             with anyio.CancelScope(shield=True):
                 await stack.aclose()
             raise
+        acquired = time.perf_counter()  # the child answered: a slot was ours
+        m = self.st.metrics
+        m.queue_wait.labels(self.name).observe(acquired - self.received)
+        stack.callback(lambda: m.generation.labels(self.name).observe(time.perf_counter() - acquired))
         headers = {k: v for k, v in upstream.headers.items() if k.lower() in _PASS_HEADERS}
         if self.rid:
             headers["X-Request-ID"] = self.rid
@@ -146,6 +193,8 @@ class _Forwarder:
             finally:
                 with anyio.CancelScope(shield=True):
                     await stack.aclose()
+            if status >= 400:  # llama-server's own error: mapped in the one place
+                return self._error(upstream_error(_upstream_model(self.st, self.name), status, content))
             self._count(str(status), content if status == 200 else b"")
             return Opened(status, headers, _once(content), _nothing, stream=False)
         relay = self._relay(upstream)
@@ -219,9 +268,12 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         content_type = request.headers.get("content-type", "application/json")
         try:
             body = await read_body(request, st.max_body_bytes) if route.method == "POST" else b""
-            asked, stream = await model_from_request(route, request, body)
-            name = resolve_name(asked, st.supervisor.models)
-            st.supervisor.get(name)  # 404 before queueing
+            if route.model_from == "json":
+                name, stream, body = _checked_json(st, route, body)
+            else:
+                asked, stream = await model_from_request(route, request, body)
+                name = resolve_name(asked, st.supervisor.models)
+                st.supervisor.get(name)  # 404 before queueing
             if stream and st.sse_keepalive > 0:
                 # The load wait ends in a real 503 (Retry-After, progress), so it comes first;
                 # only then may the response be committed to 200 and kept alive.
@@ -271,7 +323,10 @@ class _OpenedResponse(Response):
 
 def routes() -> list[BaseRoute]:
     """``GET /v1/models`` and one endpoint per forwarded llama-server route."""
-    out: list[BaseRoute] = [Route("/v1/models", _models, methods=["GET"])]
+    out: list[BaseRoute] = [
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _model, methods=["GET"]),
+    ]
     out += [Route(r.path, _endpoint(r), methods=[r.method], include_in_schema=False) for r in FORWARDED]
     return out
 
@@ -282,3 +337,18 @@ async def _models(request: Request) -> Response:
     return JSONResponse(
         {"object": "list", "data": await model_list(request.app.state.ollama, st.supervisor.started_at)}
     )
+
+
+async def _model(request: Request) -> Response:
+    """OpenAI's retrieve-model (clients check a name with it first): one entry of the list."""
+    st = state_of(request)
+    asked = request.path_params["model_id"]
+    try:
+        name = resolve_name(asked, st.supervisor.models)
+        st.supervisor.get(name)
+    except ForgeError as exc:
+        return error_response(exc, request_id(request))
+    for entry in await model_list(request.app.state.ollama, st.supervisor.started_at):
+        if entry.get("id") == name:
+            return JSONResponse(entry)
+    return JSONResponse({"id": name, "object": "model", "owned_by": "rocmforge"})

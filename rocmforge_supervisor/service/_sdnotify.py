@@ -17,7 +17,7 @@ import socket
 import time
 from typing import Self
 
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 
 __all__ = ["SdNotifier"]
 

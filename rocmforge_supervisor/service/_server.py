@@ -15,16 +15,18 @@ import os
 import signal
 import socket
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import uvicorn
 
-from .._errors import ConfigError, ForgeError, ServiceError
-from ..settings import ForgeSettings
-from ..supervisor import Supervisor
+from .._errors import ConfigError, ForcedExit, ForgeError, ServiceError
+from ..config import ForgeConfig, ForgeSettings, ServerConfig
+from ..process import unwrap_group
+from ..supervisor import ModelState, Supervisor
 from ._app import GatewayState, create_app
 
 __all__ = ["ServiceInfo", "loop_options", "read_service_info", "run_service", "service_info_path"]
@@ -86,7 +88,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _bind_all(server_cfg: Any) -> list[socket.socket]:
+def _bind_all(server_cfg: ServerConfig) -> list[socket.socket]:
     """The main socket, and ``ollama_port``'s when set: Ollama clients look on 11434, so the same
     app (every route, the same auth) listens there too."""
     sockets = [_bind(server_cfg.host, server_cfg.port)]
@@ -108,52 +110,89 @@ def _write_info(path: Path, info: ServiceInfo) -> None:
 
 
 async def run_service(
-    config: Any,
+    config: ForgeConfig,
     settings: ForgeSettings,
     *,
     config_path: Path | None,
-    load_config: Callable[[], Any] | None = None,
+    load_config: Callable[[], ForgeConfig] | None = None,
     notifier: Any = None,
     on_listening: Callable[[str], None] | None = None,
 ) -> None:
-    server_cfg = config.server
-    api_key = server_cfg.api_key.get_secret_value() if server_cfg.api_key is not None else None
-    supervisor = Supervisor(config, settings)
-    sockets = _bind_all(server_cfg)
+    """Serve until SIGTERM/SIGINT; drain; stop every child. A second signal during the drain cuts
+    it short (uvicorn's ``force_exit``) and ends in :class:`ForcedExit` (exit status 128 + signal).
+
+    ``settings`` are the ones ``config`` was loaded with (kept for the CLI's call).
+    """
+    supervisor = Supervisor(config)
+    sockets = _bind_all(config.server)
     sock = sockets[0]
     host, port = sock.getsockname()[:2]
-    url_host = f"[{host}]" if ":" in host else host
-    base_url = f"http://{url_host}:{port}"
+    base_url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     info_path = service_info_path(supervisor.state_dir)
-    reload_lock = anyio.Lock()
+    reload = _reloader(supervisor, load_config, notifier) if load_config is not None else None
+    state, uv = _gateway(config, supervisor, reload)
+    forced: int | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+                await tg.start(supervisor.run)
+                gateway_done = anyio.Event()
 
-    async def reload() -> dict[str, Any]:
-        async with reload_lock:
-            if notifier is not None:
-                notifier.reloading("reloading config")
-            try:
-                if load_config is None:
-                    raise ConfigError("no config file to reload", hint="start forge serve with --config")
-                new = await anyio.to_thread.run_sync(load_config)
-                summary = await supervisor.reload(new)
-                log.info("config reloaded: %s", summary)
-                return summary
-            except ConfigError as exc:
-                log.error("reload refused, the running config stays: %s", exc)
-                raise
-            finally:
-                if notifier is not None:
-                    notifier.ready(_status_line(supervisor))
+                async def serve_gateway() -> None:
+                    try:
+                        await uv.serve(sockets)
+                    finally:
+                        gateway_done.set()
 
+                tg.start_soon(serve_gateway)
+                config_file = str(config_path) if config_path else None
+                ollama_port = sockets[1].getsockname()[1] if len(sockets) > 1 else None
+                written = {
+                    "url": base_url,
+                    "pid": os.getpid(),
+                    "config": config_file,
+                    "ollama_port": ollama_port,
+                }
+                _write_info(info_path, written)
+                if on_listening is not None:
+                    on_listening(base_url)
+                tg.start_soon(_announce_ready, supervisor, notifier)
+                if notifier is not None and notifier.watchdog_interval:
+                    tg.start_soon(_watchdog, notifier)
+                await _until_stop(signals, tg, reload, notifier)
+                state.closing.set()  # endless streams end now, not at the end of the grace period
+                forced = await _drain(signals, uv, supervisor, gateway_done)
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:  # a start-up error (no binary…): the CLI prints one line
+        inner = unwrap_group(group)
+        if isinstance(inner, ForgeError):
+            raise inner from None
+        raise
+    finally:
+        for s in sockets:
+            s.close()
+        with anyio.CancelScope(shield=True):
+            await state.upstream.aclose()
+        info = read_service_info(supervisor.state_dir)
+        if info is not None and info.get("pid") == os.getpid():
+            info_path.unlink(missing_ok=True)
+    if forced is not None:
+        raise ForcedExit(forced)
+
+
+def _gateway(
+    config: ForgeConfig, supervisor: Supervisor, reload: Callable[[], Any] | None
+) -> tuple[GatewayState, _Uvicorn]:
+    server_cfg = config.server
     state = GatewayState(
         supervisor,
-        api_key=api_key,
+        api_key=server_cfg.api_key.get_secret_value() if server_cfg.api_key is not None else None,
         max_body_bytes=server_cfg.max_body_bytes,
-        model_dirs=[Path(p) for p in (*server_cfg.model_dirs, *settings.model_dirs)],
-        reload=reload if load_config is not None else None,
+        model_dirs=config.model_dirs,
+        reload=reload,
         cors_origins=list(server_cfg.cors_origins),
         sse_keepalive=server_cfg.sse_keepalive,
-        settings=settings,
+        settings=config.settings,
     )
     app = create_app(state, cors_origins=list(server_cfg.cors_origins))
     uv = _Uvicorn(
@@ -168,58 +207,81 @@ async def run_service(
             limit_concurrency=None,
         )
     )
+    return state, uv
 
-    try:
-        async with anyio.create_task_group() as tg:
-            with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
-                await tg.start(supervisor.run)
-                gateway_done = anyio.Event()
 
-                async def serve_gateway() -> None:
-                    try:
-                        await uv.serve(sockets)
-                    finally:
-                        gateway_done.set()
+def _reloader(
+    supervisor: Supervisor, load_config: Callable[[], ForgeConfig], notifier: Any
+) -> Callable[[], Awaitable[dict[str, list[str]]]]:
+    lock = anyio.Lock()
 
-                tg.start_soon(serve_gateway)
-                _write_info(
-                    info_path,
-                    {
-                        "url": base_url,
-                        "pid": os.getpid(),
-                        "config": str(config_path) if config_path else None,
-                        "ollama_port": sockets[1].getsockname()[1] if len(sockets) > 1 else None,
-                    },
-                )
-                if on_listening is not None:
-                    on_listening(base_url)
-                tg.start_soon(_announce_ready, supervisor, notifier)
-                if notifier is not None and notifier.watchdog_interval:
-                    tg.start_soon(_watchdog, notifier)
-                async for signum in signals:
-                    if signum == signal.SIGHUP:
-                        # In the background: a replacement can take minutes to load, and a
-                        # SIGTERM meanwhile must still be seen. Reloads are serialised by a lock.
-                        tg.start_soon(_reload_quietly, reload)
-                        continue
-                    log.info("received %s: stopping", signal.Signals(signum).name)
-                    if notifier is not None:
-                        notifier.stopping("stopping: draining requests and children")
-                    break
-                # Stop accepting; let in-flight responses finish (bounded by uvicorn's grace),
-                # then cancel the rest: Supervisor.run's shielded cleanup drains and stops every child.
-                uv.should_exit = True
-                with anyio.move_on_after(supervisor.policy.drain_timeout + 5):
-                    await gateway_done.wait()
-                tg.cancel_scope.cancel()
-    finally:
-        for s in sockets:
-            s.close()
-        with anyio.CancelScope(shield=True):
-            await state.upstream.aclose()
-        info = read_service_info(supervisor.state_dir)
-        if info is not None and info.get("pid") == os.getpid():
-            info_path.unlink(missing_ok=True)
+    async def reload() -> dict[str, list[str]]:
+        async with lock:
+            if notifier is not None:
+                notifier.reloading("reloading config")
+            try:
+                new = await anyio.to_thread.run_sync(load_config)
+                summary = await supervisor.reload(new)
+                log.info("config reloaded: %s", summary)
+                return summary
+            except ConfigError as exc:
+                log.error("reload refused, the running config stays: %s", exc)
+                raise
+            finally:
+                if notifier is not None:
+                    notifier.ready(_status_line(supervisor))
+
+    return reload
+
+
+async def _until_stop(
+    signals: AsyncIterator[int], tg: anyio.abc.TaskGroup, reload: Callable[[], Any] | None, notifier: Any
+) -> None:
+    """Until SIGTERM or SIGINT; SIGHUP reloads the config meanwhile."""
+    async for signum in signals:
+        if signum == signal.SIGHUP:
+            if reload is None:
+                log.error("SIGHUP: no config file to reload (start forge serve with --config)")
+                continue
+            # In the background: a replacement can take minutes to load, and a SIGTERM meanwhile
+            # must still be seen. Reloads are serialised by a lock.
+            tg.start_soon(_reload_quietly, reload)
+            continue
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        if notifier is not None:
+            notifier.stopping("stopping: draining requests and children")
+        return
+
+
+async def _drain(
+    signals: AsyncIterator[int], uv: _Uvicorn, supervisor: Supervisor, gateway_done: anyio.Event
+) -> int | None:
+    """Stop accepting; let in-flight responses finish (bounded by uvicorn's grace), then the caller
+    cancels the rest: Supervisor.run's shielded cleanup drains and stops every child.
+
+    A second SIGTERM/SIGINT meanwhile forces the exit, as uvicorn's does: responses in flight are
+    cut off, children are stopped without a drain. Returns that signal's number, if one came.
+    """
+    uv.should_exit = True
+    forced: int | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def second_signal() -> None:
+            nonlocal forced
+            async for signum in signals:
+                if signum in (signal.SIGTERM, signal.SIGINT):
+                    forced = signum
+                    log.warning("received %s again: forcing the exit", signal.Signals(signum).name)
+                    uv.force_exit = True
+                    supervisor.force_stop()
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(second_signal)
+        with anyio.move_on_after(supervisor.policy.drain_timeout + 5):
+            await gateway_done.wait()
+        tg.cancel_scope.cancel()
+    return forced
 
 
 async def _reload_quietly(reload: Callable[[], Any]) -> None:
@@ -233,8 +295,8 @@ async def _reload_quietly(reload: Callable[[], Any]) -> None:
 
 def _status_line(supervisor: Supervisor) -> str:
     rows = supervisor.status()
-    ready = sum(1 for r in rows if r["state"] == "ready")
-    failed = [r["name"] for r in rows if r["state"] == "failed"]
+    ready = sum(1 for r in rows if r.state == ModelState.READY)
+    failed = [r.name for r in rows if r.state == ModelState.FAILED]
     line = f"{ready}/{len(rows)} models ready"
     if failed:
         line += f"; failed: {', '.join(failed)}"

@@ -6,11 +6,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 from starlette.requests import Request
 
 from ..client._transport import async_pool
-from ..settings import ForgeSettings
+from ..config import ForgeSettings
 from ..supervisor import Supervisor
 from ._metrics import Metrics
 
@@ -41,7 +42,9 @@ class GatewayState:
         self.max_body_bytes = max_body_bytes
         self.model_dirs = [p.resolve() for p in model_dirs]
         self.reload = reload
-        self.metrics = Metrics(supervisor.status)
+        self.metrics = Metrics(lambda: [s.to_json() for s in supervisor.status()])
+        #: Set when the service starts stopping: endless responses (events, log follow) end then.
+        self.closing = anyio.Event()
         self.upstream: httpx.AsyncClient = async_pool(httpx.Timeout(None, connect=5.0), max_keepalive=512)
 
 

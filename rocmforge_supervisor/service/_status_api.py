@@ -33,7 +33,7 @@ def held_by_models(supervisor: Supervisor) -> dict[str, dict[str, int]]:
     """device key → {model: bytes}: the child's own allocation lines once ready, else the estimate."""
     held: dict[str, dict[str, int]] = {}
     for m in supervisor.models.values():
-        prepared = m.prepared
+        prepared = m.plan
         if prepared is None or not m.running:
             continue
         by_device = dict(prepared.estimated_bytes)

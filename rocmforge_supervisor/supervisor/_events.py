@@ -9,14 +9,30 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-__all__ = ["Event", "EventBus"]
+__all__ = ["Event", "EventBus", "EventKind"]
 
 log = logging.getLogger("rocmforge.events")
+
+
+class EventKind(StrEnum):
+    """What an event says (a ``str``: the control API's event stream sends it as is)."""
+
+    STATE = "state"  # a model changed state (``Event.state`` is the new one)
+    CRASH = "crash"  # its child died, at load or later
+    RESTART = "restart"  # a restart is scheduled after a backoff
+    HANG = "hang"  # its child stopped answering /health and is killed
+    TTL = "ttl"  # idle for its ttl: unloaded
+    EVICT = "evict"  # unloaded to make room for another model
+    READY = "ready"  # the supervisor is up, preloads done (model "*")
+    CONFIG = "config"  # a reload was applied (model "*")
+    LOG = "log"  # one line of a child's log (the log bus only)
+    WAITING = "waiting"  # its RPC workers are down or busy: the start waits (backoff) and re-plans
 
 
 @dataclass(frozen=True)
@@ -24,7 +40,7 @@ class Event:
     seq: int
     time: float
     model: str
-    kind: str  # "state", "restart", "crash", "config", "evict", "log"
+    kind: EventKind
     state: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -41,7 +57,7 @@ class EventBus:
         self._subscribers: set[MemoryObjectSendStream[Event]] = set()
         self._buffer = buffer
 
-    def publish(self, model: str, kind: str, state: str | None = None, **data: Any) -> Event:
+    def publish(self, model: str, kind: EventKind, state: str | None = None, **data: Any) -> Event:
         ev = Event(next(self._seq), time.time(), model, kind, state, data)
         self._history.append(ev)
         for send in list(self._subscribers):

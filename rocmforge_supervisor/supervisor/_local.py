@@ -1,8 +1,8 @@
 """``load_model`` / ``aload_model``: one model in a child of this Python process.
 
-This is the glue of the in-process use: resolve the model, check it is a GGUF before spawning,
-find llama-server, place it on devices, spawn it with the right mask, and hand back a TextModel
-that owns the child (closing the model stops the child).
+The in-process use of the launch pipeline (:mod:`._launch`): resolve the model, check it is a
+GGUF before spawning, find llama-server, place it on devices, spawn it with the right mask, and
+hand back a TextModel that owns the child (closing the model stops the child).
 
 The synchronous API runs the async core on a private event-loop thread per model. That thread is a
 daemon: a program that forgets ``close()`` still exits (a ``weakref.finalize`` hook stops the
@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +25,27 @@ import anyio
 from anyio.from_thread import BlockingPortal
 
 from .._errors import InstanceError, ModelCrashed, UsageError
+from ..build import locate_llama_server
 from ..client import TextModel
-from ..process import InstanceSpec, LlamaServer, describe_returncode, unwrap_group
-from ..settings import ForgeSettings, get_settings
+from ..config import ForgeSettings, GpuChoice, GpuLayers, get_settings, parse_gpu, parse_gpu_layers
+from ..hardware import detect
+from ..models import embedded_models
+from ..process import LlamaServer, describe_returncode, unwrap_group
+from ._launch import LaunchPlan, ModelSpec, build_plan, decide, resolve
 
-__all__ = ["LoadOptions", "LocalPlan", "aload_model", "load_model", "plan_local_load"]
-
-GpuChoice = str | int | Sequence[int]
+__all__ = ["LoadOptions", "aload_model", "load_model", "plan_local_load"]
 
 
 @dataclass(frozen=True)
 class LoadOptions:
+    """``load_model``'s keyword options: the model spec's knobs plus how to run this one child."""
+
     ctx_size: int | None = None
-    n_gpu_layers: int | str | None = None
+    n_gpu_layers: GpuLayers | str = None
     parallel: int | None = None
-    gpu: GpuChoice = "auto"
+    gpu: GpuChoice | Sequence[int | str] = "auto"
     port: int | None = None
+    api_key: str | None = None  # None: a new random one; "": none (the child binds loopback only)
     alias: str | None = None
     args: Sequence[str] = ()
     stall_timeout: float = 300.0
@@ -49,85 +54,57 @@ class LoadOptions:
     log_path: Path | None = None
     verbosity: int | None = None
 
+    def model_spec(self, model: str | Path) -> ModelSpec:
+        """The spec, validated with the same parsers as forge.toml; UsageError on a bad value."""
+        if self.ctx_size is not None and self.ctx_size < 0:
+            raise UsageError(f"ctx_size must be >= 0, got {self.ctx_size}", hint="use 0 for the model's own")
+        if self.parallel is not None and self.parallel < 1:
+            raise UsageError(f"parallel must be >= 1, got {self.parallel}", hint="use 1 or more slots")
+        if self.port is not None and not 0 < self.port < 65536:
+            raise UsageError(f"port {self.port} is out of range", hint="use 1-65535, or leave it unset")
+        try:
+            ngl = parse_gpu_layers(self.n_gpu_layers)
+        except ValueError as exc:
+            raise UsageError(f"n_gpu_layers: {exc}", hint="e.g. 99, auto, all") from None
+        try:
+            gpu = parse_gpu(self.gpu)
+        except ValueError as exc:
+            raise UsageError(f"gpu: {exc}", hint="e.g. gpu='auto', gpu=0, gpu=[0, 1]") from None
+        return ModelSpec(
+            path=str(model),
+            ctx_size=self.ctx_size,
+            n_gpu_layers=ngl,
+            parallel=self.parallel,
+            gpu=gpu,
+            args=tuple(self.args),
+        )
 
-@dataclass
-class LocalPlan:
-    """Everything decided before the spawn, so that ``forge load`` can print it."""
 
-    spec: InstanceSpec
-    devices: list[str]
-    model_path: Path
-    estimate: Any = None
-    info: Any = None
-    actual: Any = None  # AllocationLedger: what the child really allocated, from its log
-    notes: list[str] = field(default_factory=list)
-
-
-def _validate(options: LoadOptions) -> None:
-    if options.ctx_size is not None and options.ctx_size < 0:
-        raise UsageError(f"ctx_size must be >= 0, got {options.ctx_size}", hint="use 0 for the model's own")
-    if options.parallel is not None and options.parallel < 1:
-        raise UsageError(f"parallel must be >= 1, got {options.parallel}", hint="use 1 or more slots")
-    if options.port is not None and not 0 < options.port < 65536:
-        raise UsageError(f"port {options.port} is out of range", hint="use 1-65535, or leave it unset")
-    ngl = options.n_gpu_layers
-    if isinstance(ngl, str) and ngl not in ("auto", "all") and not ngl.lstrip("-").isdigit():
-        raise UsageError(f"n_gpu_layers {ngl!r} is not a number, 'auto' or 'all'", hint="e.g. 99, auto, all")
-
-
-def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSettings) -> LocalPlan:
+def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSettings) -> LaunchPlan:
     """Resolve, validate and place; touches no process. Raises a ForgeError on bad input."""
-    from ..build import locate_llama_server
-    from ..hardware import child_env, detect
-    from ..models import resolve_model_path
-    from ..models._gguf import inspect_gguf
-    from ._placement_glue import CHILD_VERBOSITY, decide_devices, new_allocation_tracker
-
-    _validate(options)
-    path = resolve_model_path(str(model), settings)
-    info = inspect_gguf(path)  # bad magic / truncated / wrong version: refused before any spawn
+    spec = options.model_spec(model)
+    resolved = resolve(spec, settings)  # bad magic / truncated / wrong version: refused before any spawn
     binary = locate_llama_server(settings).path
     inventory = detect(settings)
-    decision = decide_devices(info, options, inventory, settings)
-    devices = [inventory.by_key(k) for k in decision.devices]
-    mask = child_env(devices, inventory, settings)
-    cpu_only = all(d.vendor == "cpu" for d in devices)
-    alias = options.alias or path.stem
-    log_path = options.log_path or settings.logs_dir / f"{alias.replace('/', '_')}.log"
-    from ..models._templates import fallback_chat_template_args
-
-    extra = [*fallback_chat_template_args(info, options.args), *options.args]
-    if decision.tensor_split and len(decision.devices) > 1:
-        extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
-    tracker = new_allocation_tracker(decision.devices)
-    spec = InstanceSpec(
+    # An embedded model is known by its short name (what `forge chat`/the service call it).
+    alias = options.alias or (str(model) if str(model) in embedded_models() else resolved.path.stem)
+    decision = decide(spec, alias, resolved, inventory)
+    return build_plan(
+        spec,
+        alias,
+        resolved,
+        decision,
+        inventory,
+        settings,
         binary=binary,
-        model_path=path,
-        alias=alias,
-        # The context and slots the estimate assumed: without them llama-server's --fit may
-        # pick others, and estimate and child would no longer agree.
-        ctx_size=options.ctx_size if options.ctx_size else decision.ctx_size,
-        n_gpu_layers=decision.n_gpu_layers if options.n_gpu_layers is None else options.n_gpu_layers,
-        parallel=options.parallel if options.parallel is not None else decision.parallel,
-        extra_args=extra,
-        port=options.port,
-        mask=mask,
-        cpu_only=cpu_only,
-        log_path=log_path,
+        log_path=options.log_path or settings.logs_dir / f"{alias.replace('/', '_')}.log",
         state_dir=settings.state_dir,
+        port=options.port,
+        api_key=options.api_key,
         stall_timeout=options.stall_timeout,
         ready_timeout=options.ready_timeout,
         stop_timeout=options.stop_timeout,
-        verbosity=options.verbosity if options.verbosity is not None else CHILD_VERBOSITY,
-        line_listeners=[tracker.feed],
-    )
-    return LocalPlan(
-        spec=spec,
-        devices=list(decision.devices),
-        model_path=path,
-        estimate=decision.estimate,
-        info=info,
-        actual=tracker,
+        verbosity=options.verbosity,
     )
 
 
@@ -148,7 +125,7 @@ class _ServerLiveness:
         return ModelCrashed(
             f"llama-server for {s.spec.alias!r} (pid {s.pid}) {describe_returncode(s.returncode)}",
             hint="see its log" + (f": {s.spec.log_path}" if s.spec.log_path else ""),
-            exit_code=s.returncode,
+            returncode=s.returncode,
             reason="crashed",
             stderr_tail=s.log.tail(10),
             log_path=str(s.spec.log_path) if s.spec.log_path else None,
@@ -172,7 +149,7 @@ class LocalModel(TextModel):
     """A TextModel backed by a child we own; ``server`` exposes the child (pid, port, log)."""
 
     server: LlamaServer
-    plan: LocalPlan
+    plan: LaunchPlan
     _loop: _LoopThread | None = None
 
     def wait_exit(self) -> int | None:

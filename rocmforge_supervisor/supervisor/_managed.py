@@ -1,122 +1,81 @@
-"""One configured model under supervision: its state machine, restarts, health, TTL and queue.
-
-States::
-
-    unloaded → loading → ready → draining → stopped
-                  ↑        │
-                  └────────┘  crash / hang: restart after backoff (1 s → 60 s)
-    loading/ready → failed    the crash-loop breaker opened (N crashes in a window); reason kept
+"""One configured model under supervision: its child's life, restarts, health, TTL and queue.
 
 The whole life of the model's current child runs in :meth:`ManagedModel.run`, a task in the
-supervisor's task group; requests only wait on state changes and take a slot of the model's
-concurrency semaphore. Nothing here formats HTTP: errors are typed and mapped at the edge.
+supervisor's task group, as a loop of named steps: plan a start (:meth:`_plan_start`), run the
+child until it exits (:meth:`_run_child`), count the crash (:meth:`_after_exit`), wait out the
+backoff (:meth:`_wait_backoff`). Requests only wait on state changes and take a slot of the model's
+concurrency semaphore. The states and the moves between them are in :mod:`._status`. Nothing here
+formats HTTP (errors are typed and mapped at the edge) or signals a process (``LlamaServer`` does).
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
 import anyio
+import anyio.abc
 
-from .._errors import ForgeError, PlacementError, QueueFull, ServiceError, StartFailed
-from ..process import InstanceSpec, LlamaServer, crash_cause, describe_returncode, unwrap_group
-from ._events import EventBus
+from .._errors import ForgeError, ModelRetired, PlacementError, QueueFull, ServiceError, StartFailed
+from ..config import ModelConfig, SupervisorConfig
+from ..process import LlamaServer, crash_cause, describe_returncode, unwrap_group
+from ._events import EventBus, EventKind
+from ._launch import LaunchPlan
 from ._loading import wait_ready_within
+from ._placement import LoadedModel
 from ._remote import WorkersUnavailable
+from ._status import Breaker, ModelState, ModelStatus, check_transition, model_status
 
-__all__ = ["ManagedModel", "ModelRetired", "ModelState", "Prepared", "SupervisionPolicy"]
+__all__ = ["ManagedModel", "PlanFn"]
 
 log = logging.getLogger("rocmforge.supervisor")
 
+PlanFn = Callable[["ManagedModel"], Awaitable[LaunchPlan]]
 
-class ModelRetired(ServiceError):
-    """The model object was replaced or removed by a reload: look the name up again."""
-
-
-class ModelState(StrEnum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-    FAILED = "failed"
+#: Start failures that a restart cannot fix: the model fails at once, with the reason.
+_FATAL_START = frozenset({"file_not_found", "invalid_model", "unsupported", "bad_args"})
 
 
-@dataclass(frozen=True)
-class SupervisionPolicy:
-    restart_backoff_initial: float = 1.0
-    restart_backoff_max: float = 60.0
-    crash_loop_max: int = 5
-    crash_loop_window: float = 300.0
-    health_interval: float = 5.0
-    health_failures: int = 3
-    load_stall_timeout: float = 300.0
-    stop_timeout: float = 10.0
-    drain_timeout: float = 30.0
-    #: The whole load's deadline is base + per GiB of model file (LocalAI: 5 min + 20 s/GiB):
-    #: big models on slow disks must not hit a fixed timeout (lemonade#674, #1594, #3386).
-    load_deadline_base: float = 300.0
-    load_deadline_per_gib: float = 20.0
+class _Exit(Enum):
+    """How one child's life ended: a requested stop; a crash (restart after the backoff); or the
+    model failed for good (the breaker is open)."""
 
-    def load_deadline(self, size_bytes: int) -> float:
-        return self.load_deadline_base + self.load_deadline_per_gib * size_bytes / 2**30
-
-
-@dataclass
-class Prepared:
-    """What the supervisor decided for one start: the spec, the devices, the memory estimate."""
-
-    spec: InstanceSpec
-    devices: list[str]
-    estimated_bytes: dict[str, int] = field(default_factory=dict)
-    actual: Any = None  # an allocation accumulator fed by the child's log lines
-    workers: list[dict[str, object]] = field(default_factory=list)  # RPC workers' shares, if any
-    skipped_workers: dict[str, str] = field(default_factory=dict)  # configured ones left out, and why
-
-
-PrepareFn = Callable[["ManagedModel"], Awaitable[Prepared]]
+    STOPPED, CRASHED, FAILED = range(3)
 
 
 class ManagedModel:
+    """One ``[models.NAME]`` entry: at most one child at a time, restarted with backoff until a
+    crash loop opens its breaker; requests queue for its concurrency slots."""
+
     def __init__(
         self,
         name: str,
-        config: Any,
+        config: ModelConfig,
         *,
-        policy: SupervisionPolicy,
+        policy: SupervisorConfig,
         events: EventBus,
-        prepare: PrepareFn,
+        plan: PlanFn,
         fingerprint: str = "",
     ) -> None:
-        self.name = name
-        self.config = config
-        self.policy = policy
-        self.fingerprint = fingerprint
-        self._events = events
-        self._prepare = prepare
+        self.name, self.config, self.policy, self.fingerprint = name, config, policy, fingerprint
+        self._events, self._plan = events, plan
         self.state = ModelState.UNLOADED
         self.state_since = time.time()
         self.restarts = 0
         self.last_error: str | None = None
         self.last_stderr: list[str] = []
-        self.crash_times: collections.deque[float] = collections.deque()
+        self.breaker = Breaker(policy.crash_loop_max, policy.crash_loop_window)
         self.server: LlamaServer | None = None
-        self.prepared: Prepared | None = None
-        self.in_flight = 0
-        self.waiting = 0
+        self.plan: LaunchPlan | None = None
+        self.in_flight = self.waiting = self.requests_total = 0
         self.last_used = time.monotonic()
         self.ready_since: float | None = None
         self.load_seconds: float | None = None
         self.loading_since: float | None = None
-        self.requests_total = 0
         self._slots = anyio.Semaphore(self.max_concurrency)
         self._changed = anyio.Event()
         self._stop_requested = False
@@ -125,6 +84,8 @@ class ManagedModel:
         self._done = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
+        self._drain_scope: anyio.CancelScope | None = None
+        self._backoff = policy.restart_backoff_initial
         #: Set when a reload removed or replaced this model: it must never start again.
         self.retired = False
         #: Why the breaker opened: placement, oom, timeout, invalid, crash_loop, internal, …
@@ -137,18 +98,18 @@ class ManagedModel:
 
     @property
     def max_concurrency(self) -> int:
-        return int(self.config.effective_max_concurrency)
+        return self.config.effective_max_concurrency
 
     @property
     def queue_limit(self) -> int:
-        return int(self.config.queue)
+        return self.config.queue
 
     @property
     def ttl(self) -> float:
         """The configured ``ttl``; without one, a client's hint (Ollama's ``keep_alive``)."""
         return float(self.config.ttl or self.ttl_hint or 0)
 
-    def update_limits(self, config: Any) -> None:
+    def update_limits(self, config: ModelConfig) -> None:
         """A reload that changed only ttl/queue/max_concurrency: keep the child, change the limits."""
         old = self.max_concurrency
         self.config = config
@@ -159,73 +120,64 @@ class ManagedModel:
 
     # -- state ---------------------------------------------------------------------------------
 
+    def set_policy(self, policy: SupervisorConfig) -> None:
+        """A reload's new ``[supervisor]`` section: applies from the next start/crash on."""
+        self.policy = policy
+        self.breaker.max_crashes = policy.crash_loop_max
+        self.breaker.window = policy.crash_loop_window
+
     @property
     def running(self) -> bool:
         return self._running
 
+    async def changed(self) -> None:
+        await self._changed.wait()  # until the next state change
+
+    async def settled(self) -> ModelState:
+        """Until ready, failed or stopped (a start has come to an end, either way)."""
+        while self.state not in (ModelState.READY, ModelState.FAILED, ModelState.STOPPED):
+            await self._changed.wait()
+        return self.state
+
     def _set_state(self, state: ModelState, **data: Any) -> None:
+        check_transition(self.state, state)
         if state != self.state:
             log.info(
                 "model %s: %s → %s", self.name, self.state.value, state.value, extra={"model": self.name}
             )
         self.state = state
         self.state_since = time.time()
-        self._events.publish(self.name, "state", state.value, **data)
+        self._events.publish(self.name, EventKind.STATE, state.value, **data)
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
 
-    def status(self) -> dict[str, Any]:
-        server = self.server
-        prepared = self.prepared
-        actual = None
-        if prepared is not None and prepared.actual is not None:
-            actual = prepared.actual.device_totals()
-        return {
-            "name": self.name,
-            "state": self.state.value,
-            "since": self.state_since,
-            "pid": server.pid if server and server.alive else None,
-            "port": server.port if server and server.alive else None,
-            "devices": prepared.devices if prepared else [],
-            "workers": prepared.workers if prepared else [],
-            "restarts": self.restarts,
-            "last_error": self.last_error,
-            "uptime": (time.monotonic() - self.ready_since)
-            if self.ready_since and self.state == "ready"
-            else None,
-            "in_flight": self.in_flight,
-            "waiting": self.waiting,
-            "load_seconds": self.load_seconds,
-            "path": str(getattr(self.config, "path", "")),
-            "memory": {
-                "estimated_bytes": prepared.estimated_bytes if prepared else {},
-                "actual_bytes": actual or {},
-            },
-            "log_path": str(prepared.spec.log_path) if prepared and prepared.spec.log_path else None,
-            # For the status page: why it failed, what the child said last, when TTL unloads it.
-            "failure_kind": self.failure_kind,
-            "last_stderr": self.last_stderr[-15:],
-            "log_last": server.log.tail(1)[-1:] if server else [],
-            "ttl": self.ttl or None,
-            "ttl_left": self._ttl_left(),
-            "max_concurrency": self.max_concurrency,
-            "queue_limit": self.queue_limit,
-            "requests_total": self.requests_total,
-        }
+    def status(self) -> ModelStatus:
+        return model_status(self)
 
-    def _ttl_left(self) -> float | None:
-        """Seconds until the TTL unloads an idle ready model; the full TTL while it is busy."""
-        if self.ttl <= 0 or self.state != ModelState.READY:
+    def as_loaded(self) -> LoadedModel | None:
+        """This model as placement counts it, or None when it holds no memory."""
+        plan = self.plan
+        if plan is None or not self._running:
             return None
-        if self.in_flight or self.waiting:
-            return self.ttl
-        return max(0.0, self.ttl - (time.monotonic() - self.last_used))
+        ready = self.state == ModelState.READY
+        held = dict(plan.estimated_bytes)
+        if ready:
+            held.update(plan.actual.device_totals())
+        return LoadedModel(
+            name=self.name,
+            devices=tuple(plan.devices),
+            bytes_by_device=held,
+            # A model still loading is busy: never evicted, and not yet in the counters.
+            in_flight=self.in_flight + self.waiting + (0 if ready else 1),
+            last_used=self.last_used,
+            counted=ready,
+        )
 
     # -- the child's life ----------------------------------------------------------------------
 
     def reset(self) -> None:
         """Close the breaker (``forge load NAME`` or a reload): the next request may start it."""
-        self.crash_times.clear()
+        self.breaker.reset()
         if self.state == ModelState.FAILED:
             self.last_error = None
             self._set_state(ModelState.UNLOADED)
@@ -242,122 +194,134 @@ class ManagedModel:
     async def run(self) -> None:
         """Start, watch, restart with backoff — until stopped or the breaker opens."""
         self._running = True
-        backoff = self.policy.restart_backoff_initial
+        self._backoff = self.policy.restart_backoff_initial
         try:
             while not self._stop_requested:
-                if self.state != ModelState.LOADING:
-                    self._set_state(ModelState.LOADING, restarts=self.restarts)
-                self.loading_since = time.monotonic()
-                try:
-                    prepared = await self._prepare(self)
-                except WorkersUnavailable as exc:
-                    # Workers down or busy: not a broken model. Wait (backoff) and re-plan.
-                    self.last_error = str(exc)
-                    self._events.publish(self.name, "waiting", reason="workers", message=exc.message)
-                    self._set_state(ModelState.LOADING, waiting_for="workers", retry_in=backoff)
-                    with anyio.move_on_after(backoff):
-                        await self._stop_event.wait()
-                    backoff = min(backoff * 2, self.policy.restart_backoff_max)
-                    continue
-                except ForgeError as exc:
-                    self._open_breaker(
-                        str(exc), [], kind="placement" if isinstance(exc, PlacementError) else "invalid"
-                    )
+                plan = await self._plan_start()
+                if plan is None:
                     return
-                except Exception as exc:  # a bug must fail this model, not the whole service
-                    log.exception("model %s: preparing the start failed", self.name)
-                    self._open_breaker(
-                        f"internal error while preparing the start: {exc!r}", [], kind="internal"
-                    )
-                    return
-                if self._stop_requested:  # unloaded while we were preparing
+                if self._stop_requested:  # unloaded while we were planning
                     break
-                self.prepared = prepared
-                server = LlamaServer(prepared.spec)
-                self.server = server
-                crashed_at_load = False
-                try:
-                    async with anyio.create_task_group() as tg:
-                        await tg.start(server.run)
-                        self.load_seconds = server.load_seconds
-                        self.ready_since = time.monotonic()
-                        self.last_used = time.monotonic()
-                        self._set_state(
-                            ModelState.READY,
-                            pid=server.pid,
-                            port=server.port,
-                            load_seconds=server.load_seconds,
-                        )
-                        for cb in self.on_ready:
-                            cb(self)
-                        tg.start_soon(self._watch_health, server)
-                        tg.start_soon(self._watch_ttl)
-                        await server.exited.wait()
-                        tg.cancel_scope.cancel()
-                except BaseException as exc:
-                    inner = unwrap_group(exc)
-                    if not isinstance(inner, StartFailed):
-                        if isinstance(inner, Exception):  # a bug: fail this model, keep the service
-                            log.exception("model %s: supervision failed", self.name)
-                            self._open_breaker(f"internal error: {inner!r}", [], kind="internal")
-                            return
-                        raise
-                    if self._stop_requested:  # a requested stop during the load is no crash
-                        break
-                    crashed_at_load = True
-                    self.last_error = str(inner)
-                    self.last_stderr = inner.stderr_tail
-                    self._events.publish(self.name, "crash", reason=inner.reason, message=inner.message)
-                    if inner.reason in ("file_not_found", "invalid_model", "unsupported", "bad_args"):
-                        # Restarting cannot fix the input: fail now, with the reason.
-                        self._open_breaker(str(inner), inner.stderr_tail, kind=inner.reason)
-                        return
-                if self._stop_requested:
+                how = await self._run_child(plan)
+                if how is _Exit.FAILED or self._stop_requested:
                     break
-                if not crashed_at_load:
-                    how = describe_returncode(server.returncode)
-                    cause = crash_cause(server.log.tail(40))
-                    self.last_error = f"llama-server {how}" + (f": {cause}" if cause else "")
-                    self.last_stderr = server.log.tail(15)
-                    self._events.publish(
-                        self.name, "crash", returncode=server.returncode, message=self.last_error
-                    )
-                    log.warning("model %s: child %s", self.name, how, extra={"model": self.name})
-                    if (
-                        self.ready_since
-                        and time.monotonic() - self.ready_since > self.policy.restart_backoff_max
-                    ):
-                        backoff = self.policy.restart_backoff_initial  # it had been stable: start over
-                self.server = None
-                now = time.monotonic()
-                self.crash_times.append(now)
-                while self.crash_times and now - self.crash_times[0] > self.policy.crash_loop_window:
-                    self.crash_times.popleft()
-                if len(self.crash_times) >= self.policy.crash_loop_max:
-                    self._open_breaker(
-                        f"{len(self.crash_times)} crashes in {self.policy.crash_loop_window:g} s; last: {self.last_error}",
-                        self.last_stderr,
-                        kind="crash_loop",
-                    )
+                if not self._after_exit():
                     return
-                self.restarts += 1
-                self._events.publish(self.name, "restart", backoff=backoff, restarts=self.restarts)
-                # No child now: say so (not "ready") while the backoff runs.
-                self._set_state(ModelState.LOADING, restarts=self.restarts, restarting_in=backoff)
-                with anyio.move_on_after(backoff):
-                    await self._stop_event.wait()
-                backoff = min(backoff * 2, self.policy.restart_backoff_max)
+                await self._wait_backoff()
         finally:
             with anyio.CancelScope(shield=True):
-                if self.server is not None:
-                    await self.server.stop(timeout=self.policy.stop_timeout)
-                self.server = None
-                self._running = False
-                if self.state != ModelState.FAILED:
-                    self._set_state(ModelState.STOPPED)
-                self._done.set()
+                await self._cleanup()
 
-    def _open_breaker(self, reason: str, stderr: list[str], *, kind: str) -> None:
+    async def _plan_start(self) -> LaunchPlan | None:
+        """Step 1: the launch plan (placement may evict others); None when it cannot be made."""
+        if self.state != ModelState.LOADING:
+            self._set_state(ModelState.LOADING, restarts=self.restarts)
+        self.loading_since = time.monotonic()
+        while not self._stop_requested:
+            try:
+                return await self._plan(self)
+            except WorkersUnavailable as exc:  # workers down or busy, not a broken model: re-plan
+                self.last_error = str(exc)
+                self._events.publish(self.name, EventKind.WAITING, reason="workers", message=exc.message)
+                self._set_state(ModelState.LOADING, waiting_for="workers", retry_in=self._backoff)
+                await self._wait_backoff()
+            except ForgeError as exc:
+                self._fail(str(exc), [], kind="placement" if isinstance(exc, PlacementError) else "invalid")
+                return None
+            except Exception as exc:  # a bug must fail this model, not the whole service
+                log.exception("model %s: planning the start failed", self.name)
+                self._fail(f"internal error while planning the start: {exc!r}", [], kind="internal")
+                return None
+        return None
+
+    async def _run_child(self, plan: LaunchPlan) -> _Exit:
+        """Step 2: one child, from spawn to exit. Returns how it ended."""
+        self.plan = plan
+        server = LlamaServer(plan.spec)
+        self.server = server
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(server.run)
+                self._on_ready(server)
+                tg.start_soon(self._watch_health, server)
+                tg.start_soon(self._watch_ttl)
+                await server.exited.wait()
+                tg.cancel_scope.cancel()
+        except BaseException as exc:
+            return self._start_failed(unwrap_group(exc), exc)
+        if self._stop_requested:
+            return _Exit.STOPPED
+        how = describe_returncode(server.returncode)
+        cause = crash_cause(server.log.tail(40))  # e.g. an RPC worker it placed layers on died
+        self.last_error = f"llama-server {how}" + (f": {cause}" if cause else "")
+        self.last_stderr = server.log.tail(15)
+        self._events.publish(
+            self.name, EventKind.CRASH, returncode=server.returncode, message=self.last_error
+        )
+        log.warning("model %s: child %s", self.name, how, extra={"model": self.name})
+        if self.ready_since and time.monotonic() - self.ready_since > self.policy.restart_backoff_max:
+            self._backoff = self.policy.restart_backoff_initial  # it had been stable: start over
+        return _Exit.CRASHED
+
+    def _on_ready(self, server: LlamaServer) -> None:
+        self.load_seconds = server.load_seconds
+        self.ready_since = self.last_used = time.monotonic()
+        self._set_state(ModelState.READY, pid=server.pid, port=server.port, load_seconds=server.load_seconds)
+        for cb in self.on_ready:
+            cb(self)
+
+    def _start_failed(self, inner: BaseException, exc: BaseException) -> _Exit:
+        """A start that did not come up (or a bug while supervising)."""
+        if not isinstance(inner, StartFailed):
+            if isinstance(inner, Exception):  # a bug: fail this model, keep the service
+                log.exception("model %s: supervision failed", self.name, exc_info=inner)
+                self._fail(f"internal error: {inner!r}", [], kind="internal")
+                return _Exit.FAILED
+            raise exc  # cancellation and the like: not ours to handle
+        if self._stop_requested:  # a requested stop during the load is no crash
+            return _Exit.STOPPED
+        self.last_error = str(inner)
+        self.last_stderr = inner.stderr_tail
+        self._events.publish(self.name, EventKind.CRASH, reason=inner.reason, message=inner.message)
+        if inner.reason in _FATAL_START:  # restarting cannot fix the input
+            self._fail(str(inner), inner.stderr_tail, kind=inner.reason)
+            return _Exit.FAILED
+        return _Exit.CRASHED
+
+    def _after_exit(self) -> bool:
+        """Step 3: count the crash. False when that opened the breaker."""
+        self.server = None
+        if self.breaker.record():
+            self._fail(
+                f"{self.breaker.crashes} crashes in {self.policy.crash_loop_window:g} s; last: {self.last_error}",
+                self.last_stderr,
+                kind="crash_loop",
+            )
+            return False
+        self.restarts += 1
+        backoff = self._backoff
+        self._events.publish(self.name, EventKind.RESTART, backoff=backoff, restarts=self.restarts)
+        # No child now: say so (not "ready") while the backoff runs.
+        self._set_state(ModelState.LOADING, restarts=self.restarts, restarting_in=backoff)
+        return True
+
+    async def _wait_backoff(self) -> None:
+        """Step 4: wait before the next start (an unload ends the wait), then double it."""
+        with anyio.move_on_after(self._backoff):
+            await self._stop_event.wait()
+        self._backoff = min(self._backoff * 2, self.policy.restart_backoff_max)
+
+    async def _cleanup(self) -> None:
+        if self.server is not None:
+            await self.server.stop(timeout=self.policy.stop_timeout)
+        self.server = None
+        self._running = False
+        if self.state != ModelState.FAILED:
+            self._set_state(ModelState.STOPPED)
+        self._done.set()
+
+    def _fail(self, reason: str, stderr: list[str], *, kind: str) -> None:
+        """The breaker opens: the model stays failed until reset, with its reason."""
         self.failure_kind = kind
         self.last_error = reason
         self.last_stderr = stderr
@@ -375,18 +339,13 @@ class ManagedModel:
                 failures = 0
                 continue
             failures += 1
-            log.warning(
-                "model %s: /health check failed (%d/%d)",
-                self.name,
-                failures,
-                self.policy.health_failures,
-                extra={"model": self.name},
-            )
+            limit = self.policy.health_failures
+            msg = "model %s: /health check failed (%d/%d)"
+            log.warning(msg, self.name, failures, limit, extra={"model": self.name})
             if failures >= self.policy.health_failures:
-                self._events.publish(self.name, "hang", failures=failures)
+                self._events.publish(self.name, EventKind.HANG, failures=failures)
                 self.last_error = f"no answer to /health {failures} times in a row: killed"
-                server.log.note(self.last_error)
-                server.signal(signal.SIGKILL)
+                server.kill(self.last_error)
                 return
 
     async def _watch_ttl(self) -> None:
@@ -396,7 +355,7 @@ class ManagedModel:
                 continue
             idle_for = time.monotonic() - self.last_used
             if self.in_flight == 0 and self.waiting == 0 and idle_for >= self.ttl:
-                self._events.publish(self.name, "ttl", idle_seconds=idle_for)
+                self._events.publish(self.name, EventKind.TTL, idle_seconds=idle_for)
                 await self.unload(reason="ttl")
                 return
             await anyio.sleep(max(0.05, self.ttl - idle_for if self.in_flight == 0 else self.ttl))
@@ -411,12 +370,18 @@ class ManagedModel:
         self._stop_event.set()
         if self.state == ModelState.READY:
             self._set_state(ModelState.DRAINING, reason=reason)
-            with anyio.move_on_after(self.policy.drain_timeout):
+            with anyio.move_on_after(self.policy.drain_timeout) as self._drain_scope:
                 await self._idle.wait()
+            self._drain_scope = None
         server = self.server
         if server is not None:
             await server.stop(timeout=self.policy.stop_timeout)
         await self._done.wait()
+
+    def cut_drain(self) -> None:
+        """End a drain in progress now (a forced exit): requests still in flight are cut off."""
+        if self._drain_scope is not None:
+            self._drain_scope.cancel()
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -446,9 +411,12 @@ class ManagedModel:
         self, start: Callable[[ManagedModel], None], load_wait: float | None = None
     ) -> AsyncIterator[LlamaServer]:
         """A slot at the child for one request: waits for load and for the concurrency limit."""
-        if self.waiting >= self.queue_limit:
+        # Only what is beyond the in-flight limit waits in the queue: `queue = 0` admits a request
+        # while a slot is free (or will be, once the model loads) and refuses only the surplus.
+        if self.in_flight + self.waiting >= self.max_concurrency + self.queue_limit:
             raise QueueFull(
-                f"model {self.name!r} has {self.waiting} requests waiting (queue = {self.queue_limit})",
+                f"model {self.name!r} has {self.in_flight} requests in flight and {self.waiting} "
+                f"waiting (max_concurrency = {self.max_concurrency}, queue = {self.queue_limit})",
                 retry_after=1.0,
                 hint="retry later, or raise the model's queue / max_concurrency",
             )

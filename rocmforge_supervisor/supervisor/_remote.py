@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from .._errors import PlacementError
 from ..hardware import WorkerDevice, WorkerReport
-from ..models._estimate import MemoryEstimate, estimate_memory
-from ..models._gguf import GGUFInfo
+from ..models import GGUFInfo, MemoryEstimate, estimate_memory
+from ._placement_types import PlacementDecision, WorkerShare
 
 __all__ = ["RemotePlan", "WorkersUnavailable", "plan_on_workers"]
 
@@ -60,18 +60,37 @@ class RemotePlan:
         split = ",".join(f"{x:g}" for x in self.tensor_split)
         return ["--rpc", ",".join(self.addresses), "--tensor-split", split]
 
+    def worker_shares(self) -> tuple[WorkerShare, ...]:
+        """Which worker holds what."""
+        return tuple(
+            WorkerShare(
+                worker=d.address,
+                device=d.index,
+                share=s,
+                layers=self.estimate.device(d.key).layers,
+                estimated_bytes=self.estimate.bytes_on(d.key),
+            )
+            for d, s in zip(self.devices, self.tensor_split, strict=True)
+        )
+
     def shares(self) -> list[dict[str, object]]:
         """For ``forge ps`` / ``/api/models``: which worker holds what."""
-        return [
-            {
-                "worker": d.address,
-                "device": d.index,
-                "share": s,
-                "layers": self.estimate.device(d.key).layers,
-                "estimated_bytes": self.estimate.bytes_on(d.key),
-            }
-            for d, s in zip(self.devices, self.tensor_split, strict=True)
-        ]
+        return [w.to_json() for w in self.worker_shares()]
+
+    def as_decision(self) -> PlacementDecision:
+        """The launch pipeline's decision: every layer on these workers, nothing here evicted."""
+        skipped = "; ".join(f"{a}: {why}" for a, why in self.skipped.items())
+        return PlacementDecision(
+            devices=tuple(self.keys),
+            n_gpu_layers=self.estimate.n_gpu_layers,
+            tensor_split=list(self.tensor_split),
+            evict=[],
+            estimate=self.estimate,
+            need_bytes={},
+            reason=f"every layer on RPC workers {', '.join(self.addresses)}"
+            + (f" (left out: {skipped})" if skipped else ""),
+            workers=self.worker_shares(),
+        )
 
 
 def plan_on_workers(

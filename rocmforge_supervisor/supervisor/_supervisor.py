@@ -1,78 +1,82 @@
 """The supervisor behind ``forge serve``: a registry of managed models in one task group.
 
-It owns every child (through :class:`~.._managed.ManagedModel`), decides placement before each
-start, and answers the HTTP layer's questions (acquire a model, load, unload, reload, status). It
-never formats HTTP: errors cross as typed exceptions.
+It owns every child (through :class:`~._managed.ManagedModel`), decides placement before each
+start (the launch pipeline of :mod:`._launch`), and answers the HTTP layer's questions (acquire a
+model, load, unload, reload, status). It never formats HTTP (errors cross as typed exceptions) and
+never signals a process (``process/`` does).
 
 No orphans, in three layers: children die with us (parent-death signal); a clean stop drains and
 stops them all (shielded from cancellation); and at start, children recorded by a previous run
-that are still alive (checked by pid, start time and command line) are stopped.
+that are still alive are stopped (:class:`~..process.ChildLedger`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
-import psutil
 
-from .._errors import ModelNotFound, PlacementError, ServiceError, UsageError
+from .._errors import ModelNotFound, ModelRetired, PlacementError, ServiceError, UsageError
+from ..build import locate_llama_server
 from ..client._transport import Upstream
-from ..process import InstanceSpec
-from ..settings import ForgeSettings
-from ._events import EventBus
+from ..config import ForgeConfig, ForgeSettings, ModelConfig
+from ..hardware import Inventory, detect, discover_workers, refresh_usage
+from ..process import ChildLedger
+from ._events import EventBus, EventKind
+from ._launch import LaunchPlan, ModelSpec, ResolvedModel, build_plan, decide, decide_on_workers, resolve
 from ._loading import wait_ready_within
-from ._managed import ManagedModel, ModelRetired, ModelState, Prepared, SupervisionPolicy
+from ._managed import ManagedModel
+from ._placement import PlacementDecision
+from ._status import ModelState, ModelStatus
 
-__all__ = ["Supervisor"]
+__all__ = ["ReloadSummary", "Supervisor"]
 
 log = logging.getLogger("rocmforge.supervisor")
 
+ReloadSummary = dict[str, list[str]]
 
-def _policy(cfg: Any) -> SupervisionPolicy:
-    if cfg is None:
-        return SupervisionPolicy()
-    fields = SupervisionPolicy.__dataclass_fields__
-    return SupervisionPolicy(**{k: getattr(cfg, k) for k in fields if hasattr(cfg, k)})
+#: After an eviction: how long to wait for the driver to hand the memory back (Ollama waits 5 s).
+_RELEASE_TIMEOUT = 5.0
+_RELEASE_POLL = 0.25
+#: Seconds an RPC worker may take to answer the device probe (a held one never answers).
+_WORKER_PROBE_TIMEOUT = 10.0
 
 
 class Supervisor:
-    def __init__(self, config: Any, settings: ForgeSettings, *, binary: Path | None = None) -> None:
+    """Every configured model of one ``forge serve``, their children, and the placement lock.
+
+    ``binary`` overrides the llama-server found from the settings: a test passes its fake here.
+    """
+
+    def __init__(self, config: ForgeConfig, *, binary: Path | None = None) -> None:
         self.config = config
-        self.settings = settings
+        self.settings: ForgeSettings = config.settings
         self.binary = binary
         self.events = EventBus()
         self.log_bus = EventBus(history=0, buffer=1024)  # child log lines, for `forge logs -f`
-        self.policy = _policy(getattr(config, "supervisor", None))
+        self.policy = config.supervisor
         self.models: dict[str, ManagedModel] = {}
         self.ready = anyio.Event()
         self.started_at = time.time()
-        self.inventory: Any = None
+        self.inventory: Inventory | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._placement_lock = anyio.Lock()
         self._reload_lock = anyio.Lock()
         self.state_dir: Path = config.state_dir
         self.log_dir: Path = config.log_dir
+        self.ledger = ChildLedger(self.state_dir)
         for name, mc in config.models.items():
-            self.models[name] = self._new_model(name, mc)
+            self.models[name] = self._new_model(name, mc, config)
 
-    # -- construction --------------------------------------------------------------------------
-
-    def _new_model(self, name: str, mc: Any, config: Any = None) -> ManagedModel:
-        cfg = config or self.config
-        fp = cfg.model_fingerprint(name) if name in getattr(cfg, "models", {}) else ""
-        m = ManagedModel(
-            name, mc, policy=self.policy, events=self.events, prepare=self._prepare, fingerprint=fp
-        )
+    def _new_model(self, name: str, mc: ModelConfig, config: ForgeConfig) -> ManagedModel:
+        fp = config.model_fingerprint(name) if name in config.models else ""
+        m = ManagedModel(name, mc, policy=self.policy, events=self.events, plan=self._plan, fingerprint=fp)
         m.on_ready.append(lambda _m: self._record_children())
         return m
 
@@ -80,38 +84,31 @@ class Supervisor:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[Supervisor] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; then drain and stop every child (shielded)."""
-        from ..build import locate_llama_server
-        from ..hardware import detect
-
         if self.binary is None:
             # With [[workers]] the children need --rpc: only an RPC build (`forge build --rpc`) has it.
-            rpc = bool(getattr(self.config, "workers", None))
+            rpc = bool(self.config.workers)
             found = await anyio.to_thread.run_sync(lambda: locate_llama_server(self.settings, rpc=rpc))
             self.binary = found.path
         self.inventory = await anyio.to_thread.run_sync(detect, self.settings)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.reap_stale_children()
+        self.ledger.reap_stale()
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                preload = [m for m in self.models.values() if getattr(m.config, "preload", False)]
+                preload = [m for m in self.models.values() if m.config.preload]
                 for m in preload:
                     m.start_in(tg)
                 task_status.started(self)
                 for m in preload:
-                    await self._settled(m)
+                    await m.settled()
                 self.ready.set()
-                self.events.publish("*", "ready", preloaded=[m.name for m in preload])
+                self.events.publish("*", EventKind.READY, preloaded=[m.name for m in preload])
                 await anyio.sleep_forever()
         finally:
             self._tg = None
             with anyio.CancelScope(shield=True):
                 await self.stop_all()
-
-    async def _settled(self, m: ManagedModel) -> None:
-        while m.state not in (ModelState.READY, ModelState.FAILED, ModelState.STOPPED):
-            await m._changed.wait()
 
     async def stop_all(self) -> None:
         """Drain and stop every model at once (bounded by drain + stop timeouts)."""
@@ -120,10 +117,21 @@ class Supervisor:
                 tg.start_soon(m.unload, "shutdown")
         self._record_children()
 
+    def force_stop(self) -> None:
+        """A forced exit: drains in progress end now, and the shutdown does not drain."""
+        self.policy = self.policy.model_copy(update={"drain_timeout": 0.0})
+        for m in self.models.values():
+            m.set_policy(self.policy)
+            m.cut_drain()
+
     def _start(self, m: ManagedModel) -> None:
         if self._tg is None:
             raise UsageError("the supervisor is not running", hint="start it with `forge serve`")
         m.start_in(self._tg)
+
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        if self._tg is not None:
+            self._tg.start_soon(fn, *args)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -136,11 +144,8 @@ class Supervisor:
 
     def load_wait(self, name: str) -> float:
         """Seconds a request waits for a loading model before a 503: the model's, else the server's."""
-        mc = self.get(name).config
-        own = getattr(mc, "load_wait", None)
-        if own is not None:
-            return float(own)
-        return float(getattr(getattr(self.config, "server", None), "load_wait", 30.0))
+        own = self.get(name).config.load_wait
+        return own if own is not None else self.config.server.load_wait
 
     @asynccontextmanager
     async def acquire(self, name: str, *, load_wait: float | None = None) -> AsyncIterator[Upstream]:
@@ -176,43 +181,41 @@ class Supervisor:
                 continue
         raise ServiceError(f"model {name!r} is being reconfigured", hint="retry in a moment")
 
-    async def load(self, name: str) -> dict[str, Any]:
+    async def load(self, name: str) -> ModelStatus:
         """Load (and wait until ready). Resets a failed model's breaker."""
         m = self.get(name)
         m.reset()
         await m.wait_ready(self._start)
         return m.status()
 
-    async def unload(self, name: str) -> dict[str, Any]:
+    async def unload(self, name: str) -> ModelStatus:
         m = self.get(name)
         await m.unload()
         self._record_children()
         return m.status()
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[ModelStatus]:
+        """Every model's status; the control API sends each one's ``to_json()``."""
         return [m.status() for m in self.models.values()]
 
-    async def add_model(self, name: str, path: Path) -> dict[str, Any]:
+    async def add_model(self, name: str, path: Path) -> ModelStatus:
         """Register a model by path (the HTTP layer checked it is under model_dirs) and load it."""
         if name in self.models:
             raise UsageError(
                 f"a model named {name!r} already exists", hint="choose another name, or unload it"
             )
-        from ..service._config import ModelConfig
-
-        m = self._new_model(name, ModelConfig(path=str(path)))
-        self.models[name] = m
+        self.models[name] = self._new_model(name, ModelConfig(path=str(path)), self.config)
         return await self.load(name)
 
     # -- reload ----------------------------------------------------------------------------------
 
-    async def reload(self, new_config: Any) -> dict[str, list[str]]:
+    async def reload(self, new_config: ForgeConfig) -> ReloadSummary:
         """Apply a new config: unchanged models keep running (limits updated in place); changed
         ones are replaced start-new-first; removed ones are drained; added ones registered."""
         async with self._reload_lock:
             self.config = new_config
-            self.policy = _policy(getattr(new_config, "supervisor", None))
-            summary: dict[str, list[str]] = {
+            self.policy = new_config.supervisor
+            summary: ReloadSummary = {
                 "unchanged": [],
                 "changed": [],
                 "added": [],
@@ -229,37 +232,37 @@ class Supervisor:
                 summary["added"].append(name)
                 m = self._new_model(name, new_config.models[name], new_config)
                 self.models[name] = m
-                if getattr(m.config, "preload", False):
+                if m.config.preload:
                     self._start(m)
             for name in sorted(old_names & new_names):
-                old = self.models[name]
-                fp = new_config.model_fingerprint(name)
-                if fp == old.fingerprint:
-                    summary["unchanged"].append(name)
-                    old.update_limits(new_config.models[name])
-                    old.policy = self.policy
-                    if old.state == ModelState.FAILED:
-                        old.reset()
-                    continue
-                summary["changed"].append(name)
-                if not await self._replace(old, self._new_model(name, new_config.models[name], new_config)):
-                    summary["failed"].append(name)
-            self.events.publish("*", "config", changes=summary)
+                await self._reload_one(self.models[name], new_config, summary)
+            self.events.publish("*", EventKind.CONFIG, changes=summary)
             return summary
+
+    async def _reload_one(self, old: ManagedModel, new_config: ForgeConfig, summary: ReloadSummary) -> None:
+        name = old.name
+        if new_config.model_fingerprint(name) == old.fingerprint:
+            summary["unchanged"].append(name)
+            old.update_limits(new_config.models[name])
+            old.set_policy(self.policy)
+            if old.state == ModelState.FAILED:
+                old.reset()
+            return
+        summary["changed"].append(name)
+        if not await self._replace(old, self._new_model(name, new_config.models[name], new_config)):
+            summary["failed"].append(name)
 
     async def _replace(self, old: ManagedModel, new: ManagedModel) -> bool:
         """Start-new-first. False when the new config does not come up and the old one stays."""
         if not old.running:
             old.retired = True
             self.models[new.name] = new
-            if getattr(new.config, "preload", False):
+            if new.config.preload:
                 self._start(new)
             return True
         # Start the replacement first; the old one serves until the new one is ready.
         self._start(new)
-        while new.state not in (ModelState.READY, ModelState.FAILED, ModelState.STOPPED):
-            await new._changed.wait()
-        if new.state == ModelState.READY:
+        if await new.settled() == ModelState.READY:
             self.models[new.name] = new
             old.retired = True
             self._spawn(old.unload, "replaced")
@@ -279,180 +282,100 @@ class Supervisor:
         self._start(new)
         return True
 
-    def _spawn(self, fn: Any, *args: Any) -> None:
-        if self._tg is not None:
-            self._tg.start_soon(fn, *args)
+    # -- the launch pipeline, with eviction in the middle ------------------------------------------
 
-    # -- placement and spawn spec -----------------------------------------------------------------
-
-    async def _prepare(self, m: ManagedModel) -> Prepared:
-        from ..hardware import child_env, refresh_usage
-        from ..models import resolve_model_path
-        from ..models._gguf import inspect_gguf
-        from ..models._templates import fallback_chat_template_args
-        from ._placement import await_release
-        from ._placement_glue import (
-            CHILD_VERBOSITY,
-            decide_for_service,
-            free_by_device,
-            new_allocation_tracker,
-        )
-        from ._workers_glue import uses_workers
-
-        mc = m.config
-        path = await anyio.to_thread.run_sync(resolve_model_path, str(mc.path), self.settings)
-        info = await anyio.to_thread.run_sync(inspect_gguf, path)
+    async def _plan(self, m: ManagedModel) -> LaunchPlan:
+        spec = ModelSpec.from_config(m.config, workers_configured=bool(self.config.workers))
+        # Resolving may download (hf:), inspecting reads the GGUF: not on the event loop.
+        model = await anyio.to_thread.run_sync(resolve, spec, self.settings)
         async with self._placement_lock:
-            inventory = await anyio.to_thread.run_sync(refresh_usage, self.inventory, self.settings)
-            self.inventory = inventory
-            mode = uses_workers(self.config, mc)
-            try:
-                decision = (
-                    None
-                    if mode in ("only", "all")
-                    else decide_for_service(m, info, inventory, self.settings, self.models.values())
-                )
-            except PlacementError:
-                if mode == "never":
-                    raise
-                decision = None
-            if decision is None:  # it does not fit here (or must not): all layers on RPC workers
-                return await self._prepare_on_workers(m, path, info, inventory)
-            for victim in decision.evict:
-                other = self.models.get(victim)
-                if other is not None:
-                    self.events.publish(victim, "evict", for_model=m.name)
-                    await other.unload("evicted")
-            if decision.evict:
-                # Drivers hand VRAM back a moment after the process exits: wait (bounded) for it.
-                def read_free() -> Any:
-                    self.inventory = refresh_usage(self.inventory, self.settings)
-                    return free_by_device(self.inventory)
-
-                await await_release(read_free, decision.need_bytes)
-                inventory = self.inventory
-        devices = [inventory.by_key(k) for k in decision.devices]
-
-        user_args = list(getattr(mc, "args", []) or [])
-        extra = [*fallback_chat_template_args(info, user_args), *user_args]
-        if decision.tensor_split and len(decision.devices) > 1:
-            extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
-        tracker = new_allocation_tracker(decision.devices)
-        ngl = getattr(mc, "gpu_layers", None)
-        spec = InstanceSpec(
+            decision, inventory = await self._decide(m, spec, model)
+        return build_plan(
+            spec,
+            m.name,
+            model,
+            decision,
+            inventory,
+            self.settings,
             binary=self.binary or Path("llama-server"),
-            model_path=path,
-            alias=m.name,
-            ctx_size=getattr(mc, "ctx_size", None) or decision.ctx_size,
-            n_gpu_layers=decision.n_gpu_layers if ngl in (None, "auto") else ngl,
-            parallel=getattr(mc, "parallel", None) or decision.parallel,
-            extra_args=extra,
-            mask=child_env(devices, inventory, self.settings),
-            cpu_only=all(d.vendor == "cpu" for d in devices),
             log_path=self.log_dir / f"{m.name}.log",
             state_dir=self.state_dir,
             stall_timeout=self.policy.load_stall_timeout,
-            ready_timeout=self.policy.load_deadline(info.file_size_bytes),
+            ready_timeout=self.policy.load_deadline(model.info.file_size_bytes),
             stop_timeout=self.policy.stop_timeout,
-            verbosity=CHILD_VERBOSITY,
-            line_listeners=[tracker.feed, self._log_forwarder(m.name)],
-        )
-        return Prepared(
-            spec=spec,
-            devices=list(decision.devices),
-            estimated_bytes=decision.estimated_bytes,
-            actual=tracker,
+            line_listeners=[self._log_forwarder(m.name)],
         )
 
-    async def _prepare_on_workers(self, m: ManagedModel, path: Path, info: Any, inventory: Any) -> Prepared:
-        from ..models._templates import fallback_chat_template_args
-        from ._workers_glue import prepare_on_workers
+    async def _decide(
+        self, m: ManagedModel, spec: ModelSpec, model: ResolvedModel
+    ) -> tuple[PlacementDecision, Inventory]:
+        """Here (evicting idle models if it must), or on RPC workers when the spec says so or
+        (``auto``) when it does not fit here."""
+        inventory = await self._refresh_inventory()
+        if spec.workers in ("only", "all"):
+            return await self._decide_on_workers(m, spec, model), inventory
+        loaded = [lm for o in self.models.values() if o is not m and (lm := o.as_loaded()) is not None]
+        try:
+            decision = decide(spec, m.name, model, inventory, loaded, allow_evict=True)
+        except PlacementError:
+            if spec.workers == "never":
+                raise
+            return await self._decide_on_workers(m, spec, model), inventory
+        if decision.evict:
+            inventory = await self._evict(decision, for_model=m.name)
+        return decision, inventory
 
-        user_args = list(getattr(m.config, "args", []) or [])
-        return await prepare_on_workers(
-            m,
-            path,
-            info,
-            config=self.config,
-            settings=self.settings,
-            binary=self.binary or Path("llama-server"),
-            inventory=inventory,
-            models=self.models.values(),
-            policy=self.policy,
-            log_dir=self.log_dir,
-            state_dir=self.state_dir,
-            extra_args=[*fallback_chat_template_args(info, user_args), *user_args],
-            listeners=[self._log_forwarder(m.name)],
+    async def _decide_on_workers(
+        self, m: ManagedModel, spec: ModelSpec, model: ResolvedModel
+    ) -> PlacementDecision:
+        """Probe the configured workers no other model holds, then plan on them (pure)."""
+        held = {
+            w.worker
+            for o in self.models.values()
+            if o is not m and o.running and o.plan is not None
+            for w in o.plan.workers
+        }
+        free = [w.address for w in self.config.workers if w.address not in held]
+        binary = self.binary or Path("llama-server")
+        reports = await anyio.to_thread.run_sync(
+            lambda: discover_workers(binary, free, timeout=_WORKER_PROBE_TIMEOUT)
         )
+        return decide_on_workers(spec, m.name, model, reports, held)
+
+    async def _refresh_inventory(self) -> Inventory:
+        if self.inventory is None:
+            self.inventory = await anyio.to_thread.run_sync(detect, self.settings)
+        self.inventory = await anyio.to_thread.run_sync(refresh_usage, self.inventory, self.settings)
+        return self.inventory
+
+    async def _evict(self, decision: PlacementDecision, *, for_model: str) -> Inventory:
+        """Unload what placement chose, then wait (bounded) until the drivers hand the memory back."""
+        for victim in decision.evict:
+            other = self.models.get(victim)
+            if other is not None:
+                self.events.publish(victim, EventKind.EVICT, for_model=for_model)
+                await other.unload("evicted")
+        with anyio.move_on_after(_RELEASE_TIMEOUT):
+            # Polled: the drivers' counters change with no event to wait on.
+            while _short(_free_by_device(await self._refresh_inventory()), decision.need_bytes):  # noqa: ASYNC110
+                await anyio.sleep(_RELEASE_POLL)
+        return await self._refresh_inventory()
 
     def _log_forwarder(self, name: str) -> Callable[[str], None]:
         def forward(line: str) -> None:
-            self.log_bus.publish(name, "log", line=line)
+            self.log_bus.publish(name, EventKind.LOG, line=line)
 
         return forward
 
-    # -- children bookkeeping (for the stale-child sweep of the next run) ----------------------------
-
-    @property
-    def children_file(self) -> Path:
-        return self.state_dir / "children.json"
-
     def _record_children(self) -> None:
-        records = []
-        for m in self.models.values():
-            s = m.server
-            if s is not None and s.alive and s.pid is not None:
-                try:
-                    ct = psutil.Process(s.pid).create_time()
-                except psutil.Error:
-                    continue
-                records.append({"pid": s.pid, "create_time": ct, "model": m.name, "supervisor": os.getpid()})
-        try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.state_dir, prefix=".children-")
-            with os.fdopen(fd, "w") as f:
-                json.dump(records, f)
-            Path(tmp).replace(self.children_file)
-        except OSError as exc:
-            log.warning("could not record children in %s: %s", self.children_file, exc)
-
-    def reap_stale_children(self) -> list[int]:
-        """Stop llama-server children that a previous run recorded and that still run."""
-        try:
-            records = json.loads(self.children_file.read_text())
-        except (OSError, ValueError):
-            return []
-        stopped: list[int] = []
-        procs = []
-        for r in records if isinstance(records, list) else []:
-            try:
-                p = psutil.Process(int(r["pid"]))
-                if abs(p.create_time() - float(r["create_time"])) > 0.5:
-                    continue  # the pid was reused by something else
-                if not any("llama-server" in part for part in p.cmdline()[:4]):
-                    continue
-                owner = int(r.get("supervisor", 0))
-                if owner == os.getpid() or (owner and psutil.pid_exists(owner) and _is_forge(owner)):
-                    continue  # ours, or another live forge serve's on the same state dir
-            except (psutil.Error, KeyError, ValueError, TypeError):
-                continue
-            log.warning(
-                "stopping stale llama-server pid %d (model %s) left by a previous run", p.pid, r.get("model")
-            )
-            p.terminate()
-            procs.append(p)
-        _, alive = psutil.wait_procs(procs, timeout=5)
-        for p in alive:
-            p.kill()
-        stopped = [p.pid for p in procs]
-        self.children_file.unlink(missing_ok=True)
-        return stopped
+        """The ledger the next run's stale-child sweep reads."""
+        self.ledger.record((m.name, m.server) for m in self.models.values() if m.server is not None)
 
 
-def _is_forge(pid: int) -> bool:
-    try:
-        return any(
-            "rocmforge" in part or "forge" in Path(part).name for part in psutil.Process(pid).cmdline()[:4]
-        )
-    except psutil.Error:
-        return False
+def _free_by_device(inventory: Inventory) -> dict[str, int]:
+    return {d.key: d.vram_free_bytes for d in inventory.devices if d.usable}
+
+
+def _short(free: Mapping[str, int], need: Mapping[str, int]) -> dict[str, int]:
+    """Per device: the bytes still missing."""
+    return {k: v - free.get(k, 0) for k, v in need.items() if free.get(k, 0) < v}

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.hardware import detect, refresh_usage
-from rocmforge_supervisor.settings import ForgeSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET_MS = 20.0

@@ -127,9 +127,8 @@ def client_main(spec: dict[str, Any]) -> None:
 
 
 async def server_main(args: argparse.Namespace) -> dict[str, Any]:
-    from rocmforge_supervisor.service._config import load_config
+    from rocmforge_supervisor.config import ForgeSettings, load_config
     from rocmforge_supervisor.service._server import run_service
-    from rocmforge_supervisor.settings import ForgeSettings
 
     tmp = Path(tempfile.mkdtemp(prefix="forge-bench-"))
     cfg_path = tmp / "forge.toml"

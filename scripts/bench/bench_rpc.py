@@ -25,9 +25,9 @@ import anyio
 import httpx
 
 from rocmforge_supervisor.build import locate_llama_server, locate_rpc_server
+from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.models import DEFAULT_MODEL, resolve_model_path
 from rocmforge_supervisor.process import InstanceSpec, LlamaServer, WorkerSpec, free_port, run_supervised
-from rocmforge_supervisor.settings import ForgeSettings
 
 PROMPTS = [
     "The capital of France is",

@@ -24,7 +24,7 @@ from rocmforge_supervisor.build import (
     probe_binary,
 )
 from rocmforge_supervisor.build._plan import RocmToolchain
-from rocmforge_supervisor.settings import ForgeSettings
+from rocmforge_supervisor.config import ForgeSettings
 
 FORGE = [sys.executable, "-m", "rocmforge_supervisor.cli"]
 

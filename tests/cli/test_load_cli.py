@@ -126,3 +126,107 @@ def test_foreground_serves_until_ctrl_c(tiny_gguf: Path, env: dict[str, str]) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("key", ["client-config-key", None])
+def test_foreground_port_and_key_are_the_users(tiny_gguf: Path, env: dict[str, str], key: str | None) -> None:
+    """`--port` and `--api-key` (or `--no-api-key`) so that a client is configured once, not
+    after every start (a new random port and key each run before)."""
+    port = _free_port()
+    auth = ["--api-key", key] if key else ["--no-api-key"]
+    proc = subprocess.Popen(
+        [*FORGE, "load", str(tiny_gguf), "--gpu", "cpu", "-c", "256", "--port", str(port), *auth],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        base = proc.stdout.readline().strip()
+        assert base == f"http://127.0.0.1:{port}/v1", base
+        body = {"prompt": "Hi", "max_tokens": 2}
+        r = httpx.post(f"{base}/completions", json=body, timeout=30)
+        if key:
+            assert r.status_code == 401
+            r = httpx.post(
+                f"{base}/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30
+            )
+        assert r.status_code == 200, r.text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        assert (key in err) if key else ("none (loopback only)" in err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_api_key_options_are_checked(tiny_gguf: Path, env: dict[str, str]) -> None:
+    r = _forge(["load", str(tiny_gguf), "--api-key", "k", "--no-api-key", "-p", "x"], env)
+    assert r.returncode == 2 and "--api-key" in r.stderr
+    r = _forge(["load", str(tiny_gguf), "--api-key", "café key", "-p", "x"], env)
+    assert r.returncode == 2 and "ASCII" in r.stderr
+
+
+def test_shell_completion_installs_and_completes(tmp_path: Path, env: dict[str, str]) -> None:
+    """`forge --install-completion` (typer's) writes a bash completion that really completes."""
+    forge_bin = Path(sys.executable).parent / "forge"
+    if not forge_bin.is_file():
+        pytest.skip("needs the installed forge script")
+    home = tmp_path / "home"
+    home.mkdir()
+    e = dict(
+        env, HOME=str(home), SHELL="/bin/bash", PATH=f"{forge_bin.parent}{os.pathsep}{env.get('PATH', '')}"
+    )
+    r = subprocess.run(
+        [str(forge_bin), "--install-completion"], capture_output=True, text=True, env=e, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    script = home / ".bash_completions" / "forge.sh"
+    assert script.is_file() and str(script) in (home / ".bashrc").read_text()
+    probe = f'source "{script}"; COMP_WORDS=(forge lo); COMP_CWORD=1; _forge_completion forge lo forge; printf "%s\\n" "${{COMPREPLY[@]}}"'
+    r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env=e, timeout=60)
+    assert sorted(r.stdout.split()) == ["load", "logs"], (r.stdout, r.stderr)
+
+
+def test_pull_offline_is_one_line_at_once(env: dict[str, str]) -> None:
+    """No network: one line and an exit code, not ~24 s of huggingface-hub retries. `.invalid`
+    never resolves (RFC 2606), which is what a machine without network or DNS sees."""
+    e = {k: v for k, v in env.items() if k.lower() not in ("https_proxy", "all_proxy")}
+    e.update(HF_ENDPOINT="https://hub.invalid", HF_HUB_OFFLINE="0")
+    r = _forge(["pull", "org/repo:Q4_K_M"], e, timeout=60)
+    assert r.returncode == 1
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: cannot reach hub.invalid: the name does not resolve"), line
+    assert "HF_HUB_OFFLINE=1" in line
+
+
+def test_chat_default_model_answers(env: dict[str, str], smollm2_path: Path) -> None:
+    """`forge chat` with no model: the instruction-tuned default, in a child of its own (no
+    service runs in this state dir), answers a question in English."""
+    r = subprocess.run(
+        [*FORGE, "chat", "--temperature", "0", "-c", "1024", "--gpu", "cpu"],
+        input="What is the capital of France? Answer in one word.\n/exit\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "smollm2-135m ready" in r.stderr
+    assert "Paris" in r.stdout, r.stdout

@@ -68,7 +68,8 @@ def _serve(server: Path, model: Path, tmp: Path, deadline_s: float = 60.0) -> It
                 lines.put(raw.decode("utf-8", "replace"))
             lines.put(None)
 
-        threading.Thread(target=pump, daemon=True).start()
+        pumper = threading.Thread(target=pump, daemon=True)
+        pumper.start()
         try:
             end = started + deadline_s
             url = None
@@ -92,6 +93,9 @@ def _serve(server: Path, model: Path, tmp: Path, deadline_s: float = 60.0) -> It
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+            pumper.join(timeout=10)  # it ends at EOF, now that the child is gone
+            if proc.stderr is not None:
+                proc.stderr.close()
 
 
 @pytest.mark.timeout(90)

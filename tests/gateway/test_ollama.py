@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -57,8 +58,8 @@ def _ollama_url(svc: Service) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def test_ollama_client_list_show_ps(svc: Service) -> None:
-    client = ollama.Client(host=_ollama_url(svc))
+def test_ollama_client_list_show_ps(svc: Service, closing: ExitStack) -> None:
+    client = closing.enter_context(ollama.Client(host=_ollama_url(svc)))
     listed = {m.model: m for m in client.list().models}
     assert set(listed) == {"chat", "plain"}
     assert listed["chat"].details is not None and listed["chat"].details.format == "gguf"
@@ -74,8 +75,8 @@ def test_ollama_client_list_show_ps(svc: Service) -> None:
     assert running["chat"].context_length == 1024 and running["chat"].expires_at is not None
 
 
-def test_ollama_client_chat_generate_embed(svc: Service) -> None:
-    client = ollama.Client(host=svc.url)  # the main port serves the same API
+def test_ollama_client_chat_generate_embed(svc: Service, closing: ExitStack) -> None:
+    client = closing.enter_context(ollama.Client(host=svc.url))  # the main port serves the same API
     reply = client.chat(
         model="chat",
         messages=[{"role": "user", "content": "Hello"}],
@@ -108,8 +109,8 @@ def test_ollama_client_chat_generate_embed(svc: Service) -> None:
     assert len(old.embedding) == 64
 
 
-def test_ollama_tools_and_errors(svc: Service) -> None:
-    client = ollama.Client(host=svc.url)
+def test_ollama_tools_and_errors(svc: Service, closing: ExitStack) -> None:
+    client = closing.enter_context(ollama.Client(host=svc.url))
     tool = {
         "type": "function",
         "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}},
@@ -181,7 +182,9 @@ def test_load_and_unload_idiom(tmp_path: Path, tiny_gguf: Path, llama_server_bin
         assert svc.model("plain")["state"] == "ready"
 
 
-def test_pull_goes_through_forges_hub_pull(tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path) -> None:
+def test_pull_goes_through_forges_hub_pull(
+    tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path, closing: ExitStack
+) -> None:
     """No hub is reachable from the test machine: offline mode gives the hub pull's own clear error
     (as Ollama's error line), and a bad reference is a 400 before anything starts."""
     config = write_config(
@@ -189,7 +192,7 @@ def test_pull_goes_through_forges_hub_pull(tmp_path: Path, tiny_gguf: Path, llam
     )
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     with running_service(config, tmp_path / "state", llama_server_bin, extra_env=env) as svc:
-        client = ollama.Client(host=svc.url)
+        client = closing.enter_context(ollama.Client(host=svc.url))
         with pytest.raises(ollama.ResponseError) as offline:
             client.pull("hf.co/nobody/nothing-GGUF:Q4_K_M")
         assert "offline" in offline.value.error and "forge pull" in offline.value.error

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import openai
 import psutil
 import pytest
 
+from rocmforge_supervisor.service._client import ServiceClient
 from tests.support.service import FORGE, running_service, wait_for, write_config
 
 FAST = """
@@ -166,17 +168,46 @@ def test_crash_loop_opens_the_breaker(tmp_path: Path, tiny_gguf: Path, llama_ser
             assert r.status_code == 200 and r.json()["state"] == "ready"
 
 
+def _health_detection_bound(interval: float, failures: int) -> float:
+    """The documented bound (README, "Hung children"): ``failures`` checks, each one waiting
+    ``interval`` and then at most its timeout, ``min(interval, 5 s)`` but at least 0.5 s."""
+    return failures * (interval + max(0.5, min(interval, 5.0)))
+
+
 def test_sigstopped_child_is_replaced(two_models: Path, tmp_path: Path, llama_server_bin: Path) -> None:
+    """A real SIGSTOP: the hang is detected within the documented bound, and the model is ready
+    again on a new child within that bound + the first restart backoff + the new child's start."""
+    interval, failures, backoff = 0.5, 2, 0.2  # FAST
+    slack = 1.5  # scheduling on a loaded 2-core box; the bound itself is 2 s here
     with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
         pid = svc.model("tiny")["pid"]
-        os.kill(pid, signal.SIGSTOP)  # fault injection: a hung child
-        m = wait_for(
-            lambda: (s := svc.model("tiny"))["state"] == "ready" and s["pid"] != pid and s,
-            timeout=30,
-            what="replaced",
-        )
+        events: list[dict[str, object]] = []
+        watcher = ServiceClient(svc.url)
+        follower = threading.Thread(target=lambda: events.extend(watcher.events()), daemon=True)
+        follower.start()
+        try:
+            wait_for(lambda: svc.model("tiny")["state"] == "ready", what="subscribed")
+            stopped_at = time.time()
+            os.kill(pid, signal.SIGSTOP)  # fault injection: a hung child
+            m = wait_for(
+                lambda: (s := svc.model("tiny"))["state"] == "ready" and s["pid"] != pid and s,
+                timeout=30,
+                what="replaced",
+            )
+        finally:
+            watcher.close()
+            follower.join(timeout=10)
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         assert m["restarts"] >= 1
+        mine = [e for e in events if e.get("model") == "tiny" and float(str(e["time"])) >= stopped_at]
+        hang = next(e for e in mine if e["kind"] == "hang")
+        detected = float(str(hang["time"])) - stopped_at
+        assert detected <= _health_detection_bound(interval, failures) + slack, detected
+        # Killed and restarted right after detection: what remains is the backoff and the new
+        # child's own start, which the service reports as the model's load time.
+        restart = next(e for e in mine if e["kind"] == "restart")
+        assert float(str(restart["time"])) - stopped_at <= _health_detection_bound(interval, failures) + slack
+        assert restart["data"] == {**restart["data"], "backoff": backoff}  # type: ignore[dict-item]
 
 
 def test_supervisor_sigkill_leaves_no_llama_server(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rocmforge_supervisor.settings import ForgeSettings
+from rocmforge_supervisor.config import ForgeSettings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 MACHINES = ("rx7900xtx", "apu780m_rx7800xt", "mi300x_8", "mi300x_cpx", "strix_halo", "corrupted", "no_gpu")

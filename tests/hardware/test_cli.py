@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from rocmforge_supervisor.build import ListedDevice
 from rocmforge_supervisor.cli import _hardware
+from rocmforge_supervisor.config import get_settings
+from rocmforge_supervisor.doctor import compare_listing, load_target
 from rocmforge_supervisor.hardware import detect
-from rocmforge_supervisor.hardware._doctor import compare_listing, load_target
-from rocmforge_supervisor.settings import get_settings
 
 from .conftest import FIXTURES, machine_settings
 

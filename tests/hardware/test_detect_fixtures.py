@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.hardware import Device, Inventory, child_env, detect, refresh_usage
 from rocmforge_supervisor.hardware._kfd import check_kfd
-from rocmforge_supervisor.settings import ForgeSettings
 
 from .conftest import FIXTURES, MACHINES, machine_settings
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from rocmforge_supervisor._errors import UsageError
+from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.hardware import child_env, detect, refresh_usage
 from rocmforge_supervisor.hardware._amdsmi import read_amdsmi
 from rocmforge_supervisor.hardware._nvml import read_nvidia
-from rocmforge_supervisor.settings import ForgeSettings
 
 Settings = Callable[..., ForgeSettings]
 

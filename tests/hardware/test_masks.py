@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from rocmforge_supervisor._errors import UsageError
+from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.hardware import MASK_VARIABLES, child_env, detect
-from rocmforge_supervisor.settings import ForgeSettings
 
 Settings = Callable[..., ForgeSettings]
 

@@ -26,7 +26,7 @@ def test_two_workers_report_their_cpu(
         [dev] = r.devices
         assert dev.key == f"rpc:{r.address}#0"
         assert 0 < dev.free_bytes <= dev.total_bytes
-    assert rdead.state == "unreachable" and rdead.devices == ()
+    assert rdead.state == "unreachable" and rdead.devices == (), rdead.detail
 
 
 def test_a_llama_server_without_rpc_says_so(llama_server_bin: Path, rpc_llama_server_bin: Path) -> None:

@@ -47,6 +47,8 @@ def _actual(
             pytest.fail("llama-server exited before it was ready:\n" + "".join(tail))
     finally:
         _stop(proc)
+        if proc.stderr is not None:
+            proc.stderr.close()
     return ledger
 
 

@@ -244,6 +244,8 @@ def test_llama_server_loads_the_split_parts(split_tiny: list[Path], llama_server
         assert any("additional 2 GGUFs metadata loaded" in line for line in seen)
     finally:
         _stop(proc)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 # -- names ---------------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from rocmforge_supervisor._errors import HubError, InvalidModelFile, ModelNotFound, UsageError
+from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.models import inspect_gguf, parse_hf_reference, pull, resolve_hf_reference
 from rocmforge_supervisor.models._catalog import resolve_model_path
 from rocmforge_supervisor.models._hub import HubRef, select_gguf_files
-from rocmforge_supervisor.settings import ForgeSettings
 
 from .hub_standin import StandinHub, StandinRepo, running_hub
 

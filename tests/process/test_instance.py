@@ -201,3 +201,6 @@ def test_parent_sigkill_takes_the_child_down(llama_server_bin: Path, tiny_gguf: 
         assert _gone(child_pid, timeout=2.0), "the child outlived its SIGKILLed parent"
     finally:
         parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()

@@ -13,8 +13,8 @@ from typing import TextIO
 import anyio
 import pytest
 
+from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.service._logging import connected_to_journal, request_id_var, setup_logging
-from rocmforge_supervisor.settings import ForgeSettings
 
 log = logging.getLogger("rocmforge_supervisor.test")
 
@@ -184,3 +184,57 @@ def test_setup_is_idempotent_and_quiets_httpx(out: TextIO) -> None:
     logging.getLogger("httpx").info("HTTP Request: POST http://127.0.0.1/v1/chat/completions")
     log.info("kept")
     assert [json.loads(line)["message"] for line in lines(out)] == ["kept"]
+
+
+def test_a_task_started_by_a_request_forgets_its_id_when_the_request_ends(out: TextIO) -> None:
+    """A load a request triggered runs in a long-lived task that copied the request's context: its
+    later lines (shutdown ones included) must not carry the finished request's id."""
+    setup_logging("json", ForgeSettings(), stream=out)
+
+    async def main() -> None:
+        with anyio.fail_after(10):
+            request_over, logged, first = anyio.Event(), anyio.Event(), anyio.Event()
+
+            async def long_lived() -> None:  # e.g. a model's supervision task
+                log.info("while the request runs")
+                first.set()
+                await request_over.wait()
+                log.info("stopping llama-server")
+                logged.set()
+
+            async def request(tg: anyio.abc.TaskGroup) -> None:
+                request_id_var.set("req-1")
+                log.info("handling")
+                tg.start_soon(long_lived)  # copies this context
+                await first.wait()  # it logs while the request is still running
+
+            async with anyio.create_task_group() as tg:
+                async with anyio.create_task_group() as req:
+                    req.start_soon(request, tg)
+                request_over.set()
+                await logged.wait()
+
+    anyio.run(main)
+    got = [(o.get("request_id"), o["message"]) for o in map(json.loads, lines(out))]
+    assert got == [
+        ("req-1", "handling"),
+        ("req-1", "while the request runs"),
+        (None, "stopping llama-server"),
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_uvicorn_color_message_is_not_a_context_field(out: TextIO, fmt: str) -> None:
+    """uvicorn logs with ``extra={"color_message": …}`` (ANSI-coloured copy of the message)."""
+    import uvicorn.logging  # noqa: F401  — the real uvicorn, whose loggers add the extra
+
+    setup_logging(fmt, ForgeSettings(), stream=out)  # type: ignore[arg-type]
+    logging.getLogger("uvicorn.error").info(
+        "Uvicorn running on %s",
+        "http://127.0.0.1:1",
+        extra={"color_message": "Uvicorn running on \x1b[1m%s\x1b[0m"},
+    )
+    (line,) = lines(out)
+    assert (
+        "color_message" not in line and "\x1b" not in line and "Uvicorn running on http://127.0.0.1:1" in line
+    )

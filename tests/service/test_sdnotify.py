@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.service._sdnotify import SdNotifier
-from rocmforge_supervisor.settings import ForgeSettings
 
 
 class Listener:

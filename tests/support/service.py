@@ -127,6 +127,8 @@ def running_service(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
         log_file.close()
 
 

@@ -97,4 +97,6 @@ def running_worker(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
         wait_for(lambda: not all_rpc_servers_named(port), timeout=10, what=f"rpc-server on {port} gone")

@@ -20,7 +20,7 @@ from rocmforge_supervisor import (
     aload_model,
     load_model,
 )
-from rocmforge_supervisor.settings import ForgeSettings
+from rocmforge_supervisor.config import ForgeSettings
 
 
 @pytest.fixture
@@ -153,7 +153,7 @@ def test_gguf_without_template_gets_its_architectures_format(
 ) -> None:
     """The embedded gemma GGUF has no chat template: llama-server alone would use ChatML and the
     model would answer with ChatML markers; forge passes llama.cpp's built-in `gemma` format."""
-    from rocmforge_supervisor.models._templates import fallback_chat_template_args
+    from rocmforge_supervisor._argv import fallback_chat_template_args
 
     with load_model(gemma_path, settings=state_settings, ctx_size=1024, gpu="cpu") as model:
         assert list(model.server.spec.extra_args[:3]) == ["--no-jinja", "--chat-template", "gemma"]
@@ -167,4 +167,7 @@ def test_gguf_without_template_gets_its_architectures_format(
         reply = "".join(t.text for t in model.chat([Message("user", "Name a color.")], max_tokens=24))
         assert "<|im_end|>" not in reply and "<|im_start|>" not in reply
     info = model.plan.info
-    assert fallback_chat_template_args(info, ["--chat-template", "chatml"]) == []  # the user's choice wins
+    assert (
+        fallback_chat_template_args(info.has_chat_template, info.architecture, ["--chat-template", "chatml"])
+        == []
+    )  # the user's choice wins

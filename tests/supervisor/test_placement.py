@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,13 +23,10 @@ from rocmforge_supervisor.supervisor._placement import (
     PlacementDecision,
     PlacementPolicy,
     PlacementRequest,
-    await_release,
     free_memory,
     place,
-    wait_for_release,
 )
-
-from .conftest import GIB, LLAMA_8B, LLAMA_70B, LLAMA_405B, MIB, model_like
+from tests.models.conftest import GIB, LLAMA_8B, LLAMA_70B, LLAMA_405B, MIB, model_like
 
 KFD = KfdStatus(present=True, accessible=True)
 
@@ -471,63 +467,6 @@ def test_placement_invariants(
                 after = with_used(after, {k: -v / GIB for k, v in x.bytes_by_device.items()})
             with pytest.raises(PlacementError):
                 place(after, request, [*remaining, m], replace(policy, allow_evict=False))
-
-
-# -- waiting for memory to come back ----------------------------------------------------------------
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-
-
-def test_wait_for_release_until_the_memory_is_back() -> None:
-    clock = _Clock()
-    readings = iter([2 * GIB, 5 * GIB, 9 * GIB, 12 * GIB])
-    result = wait_for_release(
-        lambda: {"amd:0": next(readings)},
-        {"amd:0": 8 * GIB},
-        timeout_s=5,
-        poll_s=0.25,
-        clock=clock,
-        sleep=clock.sleep,
-    )
-    assert result.ok and result.free == {"amd:0": 9 * GIB} and result.waited_s == pytest.approx(0.5)
-
-
-def test_wait_for_release_times_out() -> None:
-    clock = _Clock()
-    calls = []
-
-    def read() -> dict[str, int]:
-        calls.append(clock.now)
-        return {"amd:0": 1 * GIB, "cpu": 50 * GIB}
-
-    result = wait_for_release(
-        read, {"amd:0": 8 * GIB, "cpu": 1 * GIB}, timeout_s=2, poll_s=0.5, clock=clock, sleep=clock.sleep
-    )
-    assert not result.ok and result.short == {"amd:0": 7 * GIB}
-    assert result.waited_s == pytest.approx(2.0) and len(calls) == 5
-
-
-def test_await_release_in_anyio() -> None:
-    readings = iter([0, 0, 4 * GIB])
-
-    async def main() -> None:
-        ok = await await_release(
-            lambda: {"amd:0": next(readings)}, {"amd:0": 4 * GIB}, timeout_s=5, poll_s=0.01
-        )
-        assert ok.ok
-        never = await await_release(lambda: {"amd:0": 0}, {"amd:0": 1}, timeout_s=0.05, poll_s=0.01)
-        assert not never.ok and never.short == {"amd:0": 1}
-
-    anyio.run(main)
 
 
 # -- the committed sysfs fixture machines, as discovery reads them ----------------------------------

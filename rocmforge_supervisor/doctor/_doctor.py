@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from .._errors import ForgeError
-from ..settings import ForgeSettings
-from ._detect import detect
-from ._masks import child_env
-from ._report import device_json
-from ._types import Device, Inventory
+from .._units import format_bytes
+from ..build import locate_llama_server, probe_binary
+from ..config import ForgeSettings
+from ..hardware import Device, Inventory, child_env, detect, device_json, gfx_target_name, parse_gfx_override
+from ..process import clean_child_env
 
 __all__ = [
     "Check",
@@ -36,7 +36,6 @@ __all__ = [
 
 Status = Literal["pass", "warn", "fail"]
 MiB = 1 << 20
-GiB = 1 << 30
 #: Name prefixes of GPU devices in ``--list-devices`` (``ROCm0``, ``CUDA1``, ``Vulkan0``).
 GPU_PREFIXES = ("ROCm", "CUDA", "Vulkan", "SYCL", "MUSA", "Metal", "OpenCL", "CANN")
 _PREFIX_OF = {"amd": "ROCm", "nvidia": "CUDA"}
@@ -95,10 +94,6 @@ class DoctorReport:
         }
 
 
-def _gib(n: int) -> str:
-    return f"{n / GiB:.1f} GiB"
-
-
 def run_doctor(
     settings: ForgeSettings, *, inventory: Inventory | None = None, cross_check_masks: bool = True
 ) -> DoctorReport:
@@ -124,7 +119,7 @@ def run_doctor(
             checks.extend(cross_check(Path(info.path), inv, settings, backends))
         target = load_target(inv, backends)
         where = target.key if target.vendor != "cpu" else "cpu"
-        free = f"{_gib(target.vram_free_bytes)} free"
+        free = f"{format_bytes(target.vram_free_bytes)} free"
         checks.append(Check("load target", "pass", f"a load would go to {where} ({target.name}, {free})"))
     else:
         checks.append(Check("load target", "fail", "a load would fail: there is no llama-server", BUILD_HINT))
@@ -135,9 +130,11 @@ def run_doctor(
 def _cpu_check(inv: Inventory) -> Check:
     cpu = inv.cpu
     available = cpu.extra.get("ram_available_bytes", cpu.vram_free_bytes)
-    avail = _gib(int(available)) if isinstance(available, int) else "?"
+    avail = format_bytes(int(available)) if isinstance(available, int) else "?"
     return Check(
-        "cpu", "pass", f"{cpu.name}: {cpu.cores} cores, {_gib(cpu.vram_total_bytes)} RAM ({avail} available)"
+        "cpu",
+        "pass",
+        f"{cpu.name}: {cpu.cores} cores, {format_bytes(cpu.vram_total_bytes)} RAM ({avail} available)",
     )
 
 
@@ -158,7 +155,7 @@ def _device_checks(inv: Inventory, amd: list[Device]) -> list[Check]:
     for d in [*amd, *(d for d in inv.devices if d.vendor == "nvidia")]:
         label = f"{d.key} {d.name}"
         target = d.gfx_target or d.compute_capability or "?"
-        size = f"{_gib(d.vram_used_bytes)} used of {_gib(d.vram_total_bytes)}"
+        size = f"{format_bytes(d.vram_used_bytes)} used of {format_bytes(d.vram_total_bytes)}"
         if d.usable:
             kind = ", integrated" if d.integrated else ""
             checks.append(Check("gpu", "pass", f"{label}: {target}{kind}, {size}"))
@@ -177,7 +174,6 @@ def _fix_for(d: Device) -> str | None:
 
 
 def _override_check(settings: ForgeSettings, amd: list[Device]) -> Check:
-    from ._gfx import gfx_target_name, parse_gfx_override
 
     raw = settings.hsa_override_gfx_version or ""
     try:
@@ -303,11 +299,6 @@ def _nvml_check(inv: Inventory, settings: ForgeSettings) -> Check:
 
 
 def _binary(settings: ForgeSettings) -> tuple[list[Check], Any]:
-    """Locate llama-server through the build package (imported here: it may not exist yet)."""
-    try:
-        from ..build import locate_llama_server
-    except ImportError as exc:
-        return [Check("llama-server", "fail", f"cannot locate llama-server ({exc})", BUILD_HINT)], None
     try:
         info = locate_llama_server(settings, list_devices=True)
     except ForgeError as exc:
@@ -373,16 +364,6 @@ def _placements(inventory: Inventory, backends: Sequence[str]) -> list[tuple[str
 def _full_env(overrides: Mapping[str, str | None], settings: ForgeSettings) -> dict[str, str]:
     """The environment the child would run with: ours, cleaned as the process layer cleans it,
     with the placement's variables applied."""
-    try:
-        from ..process import clean_child_env
-    except ImportError:  # the process layer is optional here: apply the mask by hand
-        env = dict(os.environ)
-        for key, value in overrides.items():
-            if value is None:
-                env.pop(key, None)
-            else:
-                env[key] = value
-        return env
     return clean_child_env(os.environ, mask=overrides, config_home=settings.state_dir / "empty-config")
 
 
@@ -421,10 +402,6 @@ def cross_check(
     backends: Sequence[str] = ("cpu", "hip", "cuda"),
 ) -> list[Check]:
     """Run ``--list-devices`` under each placement's mask (in parallel) and compare."""
-    try:
-        from ..build import probe_binary
-    except ImportError as exc:
-        return [Check("device masks", "warn", f"cannot run the cross-check ({exc})", BUILD_HINT)]
     placements = _placements(inventory, backends)
 
     def one(item: tuple[str, list[Device]]) -> Check:

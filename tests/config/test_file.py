@@ -8,14 +8,14 @@ import pytest
 from pydantic import SecretStr
 
 from rocmforge_supervisor._errors import ConfigError
-from rocmforge_supervisor.service._config import (
+from rocmforge_supervisor.config import (
     ForgeConfig,
+    ForgeSettings,
     ModelConfig,
     ServerConfig,
     SupervisorConfig,
     load_config,
 )
-from rocmforge_supervisor.settings import ForgeSettings
 
 FULL = """\
 [server]
@@ -483,6 +483,23 @@ def test_config_is_immutable(settings: ForgeSettings, etc: Path) -> None:
     c = load(None, settings, etc)
     with pytest.raises(ValueError, match="frozen"):
         c.server.port = 1
+
+
+def test_the_overlapping_knobs_resolve_in_one_place(tmp_path: Path) -> None:
+    """FORGE_STATE_DIR is the default that server.state_dir (FORGE_SERVER__STATE_DIR) overrides;
+    FORGE_MODEL_DIRS and server.model_dirs (FORGE_SERVER__MODEL_DIRS) add up."""
+    settings = ForgeSettings(
+        state_dir=tmp_path / "from-settings", model_dirs=[tmp_path / "a"], config_home=tmp_path / "none"
+    )
+    plain = load_config(None, settings, env={}, system_dir=tmp_path)
+    assert plain.state_dir == tmp_path / "from-settings" and plain.model_dirs == [tmp_path / "a"]
+    env = {
+        "FORGE_SERVER__STATE_DIR": str(tmp_path / "from-env"),
+        "FORGE_SERVER__MODEL_DIRS": f'["{tmp_path / "b"}"]',
+    }
+    both = load_config(None, settings, env=env, system_dir=tmp_path)
+    assert both.state_dir == tmp_path / "from-env"
+    assert both.model_dirs == [tmp_path / "b", tmp_path / "a"]
 
 
 def test_workers_and_the_per_model_switch(tmp_path: Path, settings: ForgeSettings, etc: Path) -> None:

@@ -191,7 +191,47 @@ def test_print_only_prints(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+_SYSTEMD = Path("/run/systemd/system").is_dir() and bool(os.environ.get("XDG_RUNTIME_DIR"))
+
+
 @needs_forge
+@pytest.mark.skipif(Path("/run/systemd/system").is_dir(), reason="this machine runs systemd")
+@pytest.mark.parametrize("user", [True, False])
+def test_install_without_systemd_says_so(tmp_path: Path, user: bool) -> None:
+    """A machine (container) without systemd: no unit that nothing would start, one line, exit 1;
+    --output still writes one on purpose."""
+    proc = forge(*(["--user"] if user else []), home=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: this machine does not run systemd"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / ".config" / "systemd").exists()
+    out = forge(*(["--user"] if user else []), "--output", str(tmp_path / "f.service"), home=tmp_path)
+    assert out.returncode == 0 and (tmp_path / "f.service").is_file(), out.stderr
+
+
+def test_user_unit_uses_the_cli_hf_cache(tmp_path: Path) -> None:
+    """One Hugging Face cache: a user unit's service finds what `forge pull` put there."""
+    cache = tmp_path / "hf cache%"
+    env_line = next(
+        line
+        for line in unit_lines(render_unit(FORGE, tmp_path / "forge.toml", user=True, hf_cache=cache))
+        if "FORGE_HF_CACHE_DIR" in line
+    )
+    assert env_line == f'Environment="FORGE_HF_CACHE_DIR={tmp_path}/hf cache%%"'
+    system = unit_lines(render_unit(FORGE, tmp_path / "forge.toml", hf_cache=cache))
+    assert "Environment=FORGE_HF_CACHE_DIR=%C/rocmforge/huggingface" in system
+
+
+@needs_forge
+def test_user_install_unit_names_the_cli_cache(tmp_path: Path) -> None:
+    proc = forge("--user", "--print", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    # huggingface-hub's default under this HOME: what `forge pull` run by this user fills
+    assert f"Environment=FORGE_HF_CACHE_DIR={tmp_path}/.cache/huggingface/hub" in proc.stdout.splitlines()
+
+
+@needs_forge
+@pytest.mark.skipif(not _SYSTEMD, reason="needs a machine running systemd with a user manager")
 def test_user_install_goes_to_the_user_unit_dir(tmp_path: Path) -> None:
     proc = forge("--user", home=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,211 @@
+"""llama-server's command line, as forge knows it: the one place its flag vocabulary lives.
+
+Everyone who reads or writes a llama-server argument comes here: the config refuses the flags forge
+owns (``is_owned_flag``), placement reads the flags that change a child's size (``SIZE_FLAGS``),
+the launch adds a chat template for GGUFs without one (``fallback_chat_template_args``), the
+process layer builds the argv (``server_argv``) and logs it without secrets (``redact``).
+
+It sits at the bottom of the package, beside ``_errors``, because the config (the lowest layer)
+validates against it; ``process/`` is the only package that runs what it builds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = [
+    "SIZE_FLAGS",
+    "TEMPLATE_FLAGS",
+    "embedding_args",
+    "fallback_chat_template_args",
+    "is_owned_flag",
+    "normalise_flag",
+    "redact",
+    "server_argv",
+]
+
+#: llama-server flags forge sets itself (or that would turn the child into something else: another
+#: model source, a router, TLS, a log format the supervisor cannot read). Long forms are compared
+#: after llama.cpp's own ``--foo_bar`` → ``--foo-bar`` normalisation.
+OWNED_FLAGS = frozenset(
+    {
+        "-m", "--model", "-mu", "--model-url",
+        "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-dr", "--docker-repo",
+        "--host", "--port", "--reuse-port",
+        "-a", "--alias",
+        "--api-key", "--api-key-file",
+        "--metrics", "--no-webui", "--webui", "--ui", "--no-ui",
+        "--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload",
+        "--ssl-key-file", "--ssl-cert-file",
+        "-lv", "--verbosity",
+    }
+)  # fmt: skip
+OWNED_PREFIXES = ("--log-",)
+
+#: Flags that change how much memory a child takes → the placement request field they set.
+SIZE_FLAGS: Mapping[str, str] = {
+    "-c": "ctx_size",
+    "--ctx-size": "ctx_size",
+    "-np": "parallel",
+    "--parallel": "parallel",
+    "-ctk": "cache_type_k",
+    "--cache-type-k": "cache_type_k",
+    "-ctv": "cache_type_v",
+    "--cache-type-v": "cache_type_v",
+    "-fa": "flash_attn",
+    "--flash-attn": "flash_attn",
+    "-ub": "n_ubatch",
+    "--ubatch-size": "n_ubatch",
+    "-ngl": "n_gpu_layers",
+    "--gpu-layers": "n_gpu_layers",
+    "--n-gpu-layers": "n_gpu_layers",
+    "-ts": "tensor_split",
+    "--tensor-split": "tensor_split",
+}
+
+#: A user's own chat-template flags: when any is given, forge adds none.
+TEMPLATE_FLAGS = (
+    "--chat-template",
+    "--chat-template-file",
+    "--chat-template-kwargs",
+    "--jinja",
+    "--no-jinja",
+)
+
+#: Architectures whose chat format is unambiguous → llama.cpp built-in template name.
+_TEMPLATE_BY_ARCH = {
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "gemma3": "gemma",
+    "gemma3n": "gemma",
+    "phi3": "phi3",
+    "command-r": "command-r",
+    "cohere2": "command-r",
+    "deepseek2": "deepseek2",
+    "exaone": "exaone3",
+}
+
+#: Architectures whose GGUF names its own pooling (embedding models): forge leaves it alone.
+_POOLED_ARCHITECTURES = frozenset(
+    {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert", "neo-bert",
+     "t5encoder", "gemma-embedding"}
+)  # fmt: skip
+
+_SECRET_WORDS = ("token", "key", "password", "secret")
+
+
+def normalise_flag(arg: str) -> str | None:
+    """The flag an argument names, as llama.cpp matches it (``--foo_bar=1`` → ``--foo-bar``)."""
+    if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
+        return None  # a value (negative numbers included), not a flag
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    return name
+
+
+def is_owned_flag(arg: str) -> bool:
+    flag = normalise_flag(arg)
+    return flag is not None and (flag in OWNED_FLAGS or flag.startswith(OWNED_PREFIXES))
+
+
+def fallback_chat_template_args(
+    has_chat_template: bool, architecture: str, extra_args: Sequence[str]
+) -> list[str]:
+    """A built-in chat template for a GGUF that carries none.
+
+    llama-server falls back to ChatML when a GGUF has no ``tokenizer.chat_template``; for a model
+    trained on another format that gives garbage (seen with the embedded gemma-3-270m GGUF, whose
+    replies echoed ``<|im_end|>``). Where the architecture names its format unambiguously, pass
+    llama.cpp's built-in template of that name. The built-in names only work without jinja: with
+    jinja on (the server's default) ``--chat-template gemma`` is taken as a literal Jinja template
+    and every prompt renders as the word "gemma" (seen through ``/apply-template``). Hence
+    ``--no-jinja``; a GGUF without a template has no tool template either, so nothing is lost.
+    A user's own template flags always win.
+    """
+    if has_chat_template:
+        return []
+    if any(a.split("=", 1)[0] in TEMPLATE_FLAGS for a in extra_args):
+        return []
+    name = _TEMPLATE_BY_ARCH.get(architecture)
+    return ["--no-jinja", "--chat-template", name] if name else []
+
+
+def embedding_args(embeddings: bool, user_args: Sequence[str], architecture: str = "") -> list[str]:
+    """``embeddings = true``: what llama-server needs for OpenAI-shaped ``/v1/embeddings`` at the
+    pinned commit: ``--embeddings``, and a pooled vector. A chat model's default pooling is
+    ``none`` (answered 400 "Pooling type 'none' is not OAI compatible"), so ``--pooling mean``;
+    an embedding model's GGUF carries its own (cls, mean, last), which is kept."""
+    if not embeddings:
+        return []
+    flags = {a.split("=", 1)[0] for a in user_args}
+    out = [] if flags & {"--embeddings", "--embedding"} else ["--embeddings"]
+    if "--pooling" not in flags and architecture not in _POOLED_ARCHITECTURES:
+        out += ["--pooling", "mean"]
+    return out
+
+
+def server_argv(
+    *,
+    binary: Path,
+    model_path: Path,
+    host: str,
+    port: int,
+    alias: str,
+    api_key_file: Path | None,
+    ctx_size: int | None,
+    cpu_only: bool,
+    n_gpu_layers: int | str | None,
+    parallel: int | None,
+    verbosity: int | None,
+    extra_args: Sequence[str],
+) -> list[str]:
+    """The whole command line of one child; ``extra_args`` come last, so they win."""
+    a = [
+        str(binary),
+        "--model", str(model_path),
+        "--host", host,
+        "--port", str(port),
+        "--alias", alias,
+        "--metrics",
+        "--no-webui",
+        "--log-colors", "off",
+    ]  # fmt: skip
+    if api_key_file is not None:  # None: no key at all (a loopback-only child)
+        a += ["--api-key-file", str(api_key_file)]
+    if ctx_size is not None:
+        a += ["--ctx-size", str(ctx_size)]
+    if cpu_only:
+        a += ["--device", "none"]  # no offload at all (an -ngl would only add warnings)
+    elif n_gpu_layers is not None:
+        a += ["--n-gpu-layers", str(n_gpu_layers)]
+    if parallel is not None:
+        a += ["--parallel", str(parallel)]
+    if verbosity is not None:
+        a += ["--log-verbosity", str(verbosity)]
+    a += list(extra_args)
+    return a
+
+
+def redact(args: Sequence[str]) -> list[str]:
+    """Values of secret-looking flags (``--hf-token X``) never reach the log."""
+    out: list[str] = []
+    hide_next = False
+    for a in args:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        name, eq, _ = a.partition("=")
+        secret = (
+            name.startswith("-")
+            and any(w in name.lower() for w in _SECRET_WORDS)
+            and not name.endswith("-file")
+        )
+        if secret and eq:
+            out.append(f"{name}=***")
+        else:
+            out.append(a)
+            hide_next = secret
+    return out

@@ -1,0 +1,47 @@
+"""Configuration, at the bottom of the package: everything above takes these typed values.
+
+Two sources, one package:
+
+- :class:`ForgeSettings` (``_settings``): process-wide knobs from ``FORGE_*`` variables (where
+  caches, state and the llama-server binary live; hardware switches; systemd's variables).
+- :class:`ForgeConfig` (``_schema``): ``forge serve``'s ``forge.toml``, overridden by
+  ``FORGE_<SECTION>__<KEY>`` variables, built by :func:`load_config` (``_file``) with the
+  settings; ``_explain`` turns every invalid value into one line naming its key.
+
+Two knobs exist in both, on purpose (one is per-process, one per service config), and are resolved
+in ONE place, :class:`ForgeConfig`:
+
+- ``FORGE_STATE_DIR`` is the default; ``server.state_dir`` (or ``FORGE_SERVER__STATE_DIR``) wins
+  for ``forge serve`` (:attr:`ForgeConfig.state_dir`).
+- ``FORGE_MODEL_DIRS`` and ``server.model_dirs`` (``FORGE_SERVER__MODEL_DIRS``) add up
+  (:attr:`ForgeConfig.model_dirs`).
+
+The GPU choice and the layer count have one type and one parser each (``_values``).
+"""
+
+from ._file import CONFIG_NAME, SYSTEM_CONFIG_DIR, config_search_path, load_config
+from ._names import MODEL_NAME, is_loopback
+from ._schema import ForgeConfig, ModelConfig, ServerConfig, SupervisorConfig, WorkerConfig
+from ._settings import ForgeSettings, get_settings
+from ._values import GpuChoice, GpuLayers, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
+
+__all__ = [
+    "CONFIG_NAME",
+    "MODEL_NAME",
+    "SYSTEM_CONFIG_DIR",
+    "ForgeConfig",
+    "ForgeSettings",
+    "GpuChoice",
+    "GpuLayers",
+    "ModelConfig",
+    "ServerConfig",
+    "SupervisorConfig",
+    "WorkerConfig",
+    "config_search_path",
+    "get_settings",
+    "gpu_layers_for_placement",
+    "is_loopback",
+    "load_config",
+    "parse_gpu",
+    "parse_gpu_layers",
+]

@@ -1,0 +1,116 @@
+"""Why a config is invalid, in one line: the dotted key, the reason, and where to fix it.
+
+Every validation error of forge.toml, of a ``FORGE_*`` variable or of a CLI override becomes one
+:class:`ConfigError` here, naming the file or the variable that set the value.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
+
+from .._errors import ConfigError
+
+__all__ = ["CONFIG_NAME", "custom", "fix_hint", "translate", "where"]
+
+CONFIG_NAME = "forge.toml"
+
+_SECRET_KEYS = frozenset({"api_key"})
+#: Our own error kinds: their messages already quote the value.
+_CUSTOM_KINDS = frozenset(
+    {"gpu_layers", "gpu", "owned_flag", "insecure_bind", "backoff_order", "worker_address"}
+)
+#: Errors raised by a section's model validator, and the key they are about.
+_VALIDATOR_FIELD = {"insecure_bind": "host", "backoff_order": "restart_backoff_max"}
+
+
+def custom(kind: str, message: str, **ctx: Any) -> PydanticCustomError:
+    """A validation error whose text is exactly ``message`` (no "Value error, " prefix).
+
+    pydantic substitutes ``{name}`` only for names in ``ctx``, so braces in ``message`` are safe.
+    """
+    return PydanticCustomError(kind, message, ctx or None)
+
+
+def where(source: Path | None, env_keys: Mapping[str, str], loc: tuple[str, ...]) -> str:
+    var = _env_var_for(loc, env_keys)
+    if var is not None:
+        return f"config {var}"
+    return f"config {source.name}" if source is not None else "config"
+
+
+def fix_hint(source: Path | None, env_keys: Mapping[str, str], loc: tuple[str, ...], verb: str) -> str:
+    var = _env_var_for(loc, env_keys)
+    if var is not None:
+        return f"{verb} in the environment variable {var}"
+    if source is not None:
+        return f"{verb} in {source}"
+    return f"{verb} in {CONFIG_NAME} or the FORGE_* environment"
+
+
+def _env_var_for(loc: tuple[str, ...], env_keys: Mapping[str, str]) -> str | None:
+    """The variable that set the value at ``loc``, if one did (the most specific one)."""
+    for i in range(len(loc), 0, -1):
+        name = "forge_" + "__".join(loc[:i]).lower()
+        if name in env_keys:
+            return env_keys[name]
+    if loc[:2] == ("server", "api_key") and "forge_api_key" in env_keys:
+        return env_keys["forge_api_key"]
+    deeper = "forge_" + "__".join(loc).lower() + "__"
+    return next((var for name, var in sorted(env_keys.items()) if name.startswith(deeper)), None)
+
+
+def translate(
+    exc: ValidationError,
+    prefix: tuple[str, ...],
+    *,
+    source: Path | None,
+    env_keys: Mapping[str, str],
+    overrides: Mapping[str, Any] | None = None,
+    known_keys: Callable[[tuple[str, ...]], list[str]],
+) -> ConfigError:
+    """pydantic's first error → one line naming the dotted key, the reason and where to fix it."""
+    errors = exc.errors(include_url=False)
+    err = errors[0]
+    loc = (*prefix, *(str(p) for p in err["loc"]))
+    kind = err["type"]
+    reason = err["msg"]
+    verb = "fix the value"
+    if kind in _VALIDATOR_FIELD:  # a model validator's error: point at the key to change
+        loc = (*loc, _VALIDATOR_FIELD[kind])
+    if kind == "extra_forbidden":
+        reason = "unknown key"
+        guess = difflib.get_close_matches(loc[-1], known_keys(loc[:-1]), n=1)
+        if guess:
+            reason += f" — did you mean {guess[0]!r}?"
+        verb = "remove it or fix the spelling"
+    elif kind == "missing":
+        verb = "add it"
+    elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        reason = "Input should be a table (a [section] or {key = value} in TOML)"
+    quote_input = kind not in _CUSTOM_KINDS and kind not in ("extra_forbidden", "missing")
+    if quote_input and loc[-1] not in _SECRET_KEYS and _is_scalar(err.get("input")):
+        reason += f" (got {err['input']!r})"
+    key = ".".join(loc)
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    if overrides is not None and loc[1:2] and loc[1] in overrides:
+        option = f"--{loc[1].replace('_', '-')}"
+        place, hint = f"the {option} option", f"fix the {option} option"
+    else:
+        place, hint = where(source, env_keys, loc), fix_hint(source, env_keys, loc, verb)
+    if kind == "insecure_bind":
+        in_file = f" in {source}" if source is not None else ""
+        hint = (
+            f"set api_key in [server]{in_file} (or FORGE_API_KEY); or allow_unauthenticated = true "
+            f"in [server]{in_file} if the network is trusted; or bind 127.0.0.1"
+        )
+    return ConfigError(f"{place}: {key}: {reason}{more}", key=key, hint=hint)
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool) and len(repr(value)) <= 80

@@ -1,0 +1,321 @@
+"""The forge.toml schema: ``[server]``, ``[supervisor]``, ``[models.NAME]``, and the whole file.
+
+Immutable pydantic models; :func:`~._file.load_config` builds them from the file and the
+environment. Typos do not pass silently: unknown keys are errors (``extra="forbid"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from .._argv import is_owned_flag
+from ._explain import custom, translate
+from ._names import is_loopback
+from ._settings import ForgeSettings
+from ._values import GpuChoice, GpuLayers, parse_gpu, parse_gpu_layers
+
+__all__ = ["ForgeConfig", "ModelConfig", "ServerConfig", "SupervisorConfig", "WorkerConfig", "known_keys"]
+
+# -- field shapes ----------------------------------------------------------------------------------
+
+
+def _gpu_layers(value: Any) -> Any:
+    """One clear error instead of pydantic's one-per-union-member for ``int | "auto" | "all"``."""
+    try:
+        return parse_gpu_layers(value)
+    except ValueError as exc:
+        raise custom("gpu_layers", str(exc)) from None
+
+
+def _gpu(value: Any) -> Any:
+    try:
+        return parse_gpu(value)
+    except ValueError as exc:
+        raise custom("gpu", str(exc)) from None
+
+
+GpuLayersField = Annotated[GpuLayers, BeforeValidator(_gpu_layers)]
+GpuChoiceField = Annotated[GpuChoice, BeforeValidator(_gpu)]
+
+
+def _empty_is_none(value: Any) -> Any:
+    return None if value == "" else value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Section):
+    """``[server]``: the gateway's socket, auth, limits and where it keeps state and logs."""
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=8080, ge=0, le=65535)
+    """0: pick a free port (``forge serve`` prints it)."""
+    api_key: Annotated[SecretStr | None, BeforeValidator(_empty_is_none)] = None
+    """Clients must send ``Authorization: Bearer <key>`` (or ``X-Api-Key``). Also ``FORGE_API_KEY``."""
+    allow_unauthenticated: bool = False
+    """Needed to bind a non-loopback host without an api_key: an explicit "yes, open to the network"."""
+    cors_origins: list[str] = Field(default_factory=list)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    log_format: Literal["text", "json"] = "text"
+    state_dir: Path | None = None
+    """Default: ``ForgeSettings.state_dir``; see :attr:`ForgeConfig.state_dir`."""
+    log_dir: Path | None = None
+    """Default: ``<state_dir>/logs``; see :attr:`ForgeConfig.log_dir`."""
+    model_dirs: list[Path] = Field(default_factory=list)
+    """Directories a model may be loaded from by path through the API (nothing else is)."""
+    load_wait: float = Field(default=30.0, ge=0)
+    """Seconds a request waits for a loading model; then 503 + Retry-After + load progress."""
+    sse_keepalive: float = Field(default=5.0, ge=0)
+    """Seconds between ``: keep-alive`` comments while a stream waits for its first token; 0: off."""
+    ollama_port: int | None = Field(default=None, ge=0, le=65535)
+    """A second listener for Ollama clients, which look on 11434 (same routes, same auth)."""
+
+    @property
+    def is_loopback(self) -> bool:
+        return is_loopback(self.host)
+
+    @model_validator(mode="after")
+    def _refuse_open_bind(self) -> ServerConfig:
+        # Checked here, not in the gateway, so that no path (file, env, a CLI override through
+        # ForgeConfig.with_server) can start an open, unauthenticated server by accident.
+        if not self.is_loopback and self.api_key is None and not self.allow_unauthenticated:
+            raise custom(
+                "insecure_bind",
+                f"host {self.host!r} is reachable from the network, and there is no api_key",
+            )
+        return self
+
+
+class SupervisorConfig(_Section):
+    """``[supervisor]``: restart policy, health checks and timeouts (seconds)."""
+
+    restart_backoff_initial: float = Field(default=1.0, gt=0)
+    restart_backoff_max: float = Field(default=60.0, gt=0)
+    crash_loop_max: int = Field(default=5, ge=1)
+    """This many crashes within ``crash_loop_window`` → the model is marked failed."""
+    crash_loop_window: float = Field(default=300.0, gt=0)
+    health_interval: float = Field(default=5.0, gt=0)
+    """Seconds between ``/health`` checks of a ready child."""
+    health_failures: int = Field(default=3, ge=1)
+    """Consecutive failed checks → the child is hung: killed and restarted."""
+    load_stall_timeout: float = Field(default=300.0, gt=0)
+    load_deadline_base: float = Field(default=300.0, gt=0)
+    """A load's deadline: this plus ``load_deadline_per_gib`` per GiB of model file."""
+    load_deadline_per_gib: float = Field(default=20.0, ge=0)
+    stop_timeout: float = Field(default=10.0, gt=0)
+    drain_timeout: float = Field(default=30.0, ge=0)
+
+    def load_deadline(self, size_bytes: int) -> float:
+        """The whole load's deadline: base + per GiB of model file (LocalAI: 5 min + 20 s/GiB), so
+        that big models on slow disks do not hit a fixed timeout (lemonade#674, #1594, #3386)."""
+        return self.load_deadline_base + self.load_deadline_per_gib * size_bytes / 2**30
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> SupervisorConfig:
+        if self.restart_backoff_max < self.restart_backoff_initial:
+            raise custom(
+                "backoff_order",
+                f"restart_backoff_max ({self.restart_backoff_max:g}) is below "
+                f"restart_backoff_initial ({self.restart_backoff_initial:g})",
+            )
+        return self
+
+
+#: ModelConfig fields that do not change the running child: a reload that only touches these
+#: keeps the child (see :meth:`ForgeConfig.model_fingerprint`).
+_NOT_IN_FINGERPRINT = frozenset({"ttl", "max_concurrency", "queue", "preload", "load_wait", "max_tokens"})
+
+
+class ModelConfig(_Section):
+    """``[models.NAME]``: one model the service can serve under ``NAME``."""
+
+    path: str = Field(min_length=1)
+    """A GGUF path, an embedded default's name (``gemma-3-270m``) or ``hf:org/repo:QUANT``."""
+    ctx_size: int | None = Field(default=None, ge=0)
+    gpu_layers: GpuLayersField = None
+    """None: forge decides from the memory estimate; or a number, ``"auto"`` (llama-server fits),
+    ``"all"``."""
+    parallel: int | None = Field(default=None, ge=1)
+    gpu: GpuChoiceField = "auto"
+    preload: bool = False
+    ttl: float = Field(default=0.0, ge=0)
+    """Idle seconds before the model is unloaded; 0 = never."""
+    max_concurrency: int | None = Field(default=None, ge=1)
+    """Requests in flight at the child; more wait in the queue. Default: ``parallel``, else 4."""
+    queue: int = Field(default=64, ge=0)
+    """Requests allowed to wait beyond ``max_concurrency`` (0: none); past it the gateway answers 429."""
+    load_wait: float | None = Field(default=None, ge=0)
+    """This model's ``server.load_wait`` (seconds a request waits for its load)."""
+    embeddings: bool = False
+    """Serve ``/v1/embeddings``: starts llama-server with ``--embeddings`` and, unless ``args``
+    choose one, ``--pooling mean`` (OpenAI-shaped embeddings need a pooled vector)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Default ``max_tokens`` for chat/completions requests that send none (None: to the end of
+    the slot's context)."""
+    args: list[str] = Field(default_factory=list)
+    """Extra llama-server arguments; flags forge sets itself are refused."""
+    workers: Literal["auto", "never", "only", "all"] = "auto"
+    """RPC workers (``[[workers]]``): ``auto`` uses the fewest that hold it when the model does not
+    fit on this machine; ``only``: always on the fewest workers, never here; ``all``: a share on every
+    usable worker; ``never``: this machine only."""
+
+    @property
+    def effective_max_concurrency(self) -> int:
+        return self.max_concurrency or self.parallel or 4
+
+    @field_validator("args")
+    @classmethod
+    def _no_owned_flags(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if is_owned_flag(arg):
+                raise custom(
+                    "owned_flag",
+                    f"{arg!r} is set by forge itself and cannot be passed in args "
+                    "(use the model's own keys: path, ctx_size, gpu_layers, parallel, gpu)",
+                )
+        return args
+
+
+class WorkerConfig(_Section):
+    """``[[workers]]``: one llama.cpp RPC worker (``forge worker`` on another machine)."""
+
+    address: str = Field(min_length=3)
+    """``HOST:PORT``, as `forge worker` prints it."""
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or "," in value:
+            raise custom("worker_address", f'{value!r} is not HOST:PORT (e.g. "10.0.0.2:50052")')
+        return f"{host}:{int(port)}"
+
+
+# -- the whole file --------------------------------------------------------------------------------
+
+
+class ForgeConfig(BaseSettings):
+    """The whole config. Build it with :func:`load_config`; it is immutable.
+
+    A ``BaseSettings`` only so that pydantic-settings' env source knows its prefix and nesting;
+    constructing one directly reads no environment (only :func:`load_config` feeds it).
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="FORGE_",
+        env_nested_delimiter="__",
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    workers: list[WorkerConfig] = Field(default_factory=list)
+
+    _source: Path | None = PrivateAttr(default=None)
+    _settings: ForgeSettings | None = PrivateAttr(default=None)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+    @property
+    def source(self) -> Path | None:
+        """The file this config was read from; None when no file was found."""
+        return self._source
+
+    @property
+    def settings(self) -> ForgeSettings:
+        """The process-wide settings this config was loaded with (``FORGE_STATE_DIR``, …).
+
+        A config built directly (tests) has the defaults, without reading ``FORGE_*`` again.
+        """
+        return self._settings if self._settings is not None else ForgeSettings.model_construct()
+
+    @property
+    def state_dir(self) -> Path:
+        """``server.state_dir`` (file or ``FORGE_SERVER__STATE_DIR``), else ``FORGE_STATE_DIR`` /
+        the XDG default: the one place the two knobs are resolved."""
+        return self.server.state_dir or self.settings.state_dir
+
+    @property
+    def model_dirs(self) -> list[Path]:
+        """``server.model_dirs`` and ``FORGE_MODEL_DIRS`` together (both are "may load from")."""
+        dirs = [*self.server.model_dirs, *self.settings.model_dirs]
+        return list(dict.fromkeys(dirs))
+
+    @property
+    def log_dir(self) -> Path:
+        """``server.log_dir``, else ``<state_dir>/logs``."""
+        return self.server.log_dir or self.state_dir / "logs"
+
+    def model_fingerprint(self, name: str) -> str:
+        """A stable hash of what the running child of model ``name`` depends on.
+
+        Equal fingerprints across a reload mean the child can be kept; ``ttl``, ``max_concurrency``,
+        ``queue`` and ``preload`` are the gateway's business and are left out. KeyError if unknown.
+        """
+        model = self.models[name]
+        data = model.model_dump(mode="json", exclude=set(_NOT_IN_FINGERPRINT))
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def with_server(self, **changes: Any) -> ForgeConfig:
+        """A copy with ``[server]`` keys replaced (CLI overrides), validated like the file.
+
+        ``model_copy(update=...)`` would skip validation, so an open bind could slip through.
+        """
+        data = self.server.model_dump()
+        data.update(changes)
+        try:
+            server = ServerConfig.model_validate(data)
+        except ValidationError as exc:
+            raise translate(
+                exc, ("server",), source=self.source, env_keys={}, overrides=changes, known_keys=known_keys
+            ) from exc
+        new = self.model_copy(update={"server": server})
+        new._source = self._source
+        new._settings = self._settings
+        return new
+
+
+def known_keys(parent: tuple[str, ...]) -> list[str]:
+    section: type[BaseModel] | None = None
+    if parent == ():
+        section = ForgeConfig
+    elif parent == ("server",):
+        section = ServerConfig
+    elif parent == ("supervisor",):
+        section = SupervisorConfig
+    elif len(parent) == 2 and parent[0] == "models":
+        section = ModelConfig
+    elif len(parent) == 2 and parent[0] == "workers":
+        section = WorkerConfig
+    return list(section.model_fields) if section is not None else []

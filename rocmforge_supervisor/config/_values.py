@@ -1,0 +1,86 @@
+"""The two load knobs every caller spells: which GPUs (``gpu``) and how many layers (``n_gpu_layers``).
+
+One parser and one type each, used by forge.toml, ``FORGE_*`` variables, the ``forge load`` flags
+and ``load_model(...)`` keywords alike, so that ``"0,1"``, ``[0, 1]`` and ``--gpu 0,1`` mean the
+same thing everywhere and every bad value gets the same one-line message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+__all__ = [
+    "GpuChoice",
+    "GpuLayers",
+    "gpu_layers_for_placement",
+    "parse_gpu",
+    "parse_gpu_layers",
+]
+
+#: ``"auto"``, ``"cpu"``, one GPU (an ordinal ``1`` or a device key ``"amd:1"``) or a list of them.
+GpuChoice = Literal["auto", "cpu"] | int | str | list[int | str]
+#: None: forge decides from the memory estimate; a count; ``"auto"`` (llama-server fits); ``"all"``.
+GpuLayers = int | Literal["auto", "all"] | None
+
+_KEY = re.compile(r"[a-z]+:\d+")
+GPU_HELP = "'auto', 'cpu', a GPU index (0) or a list of indices ([0, 1]; 0,1), or device keys (amd:0)"
+
+
+def _gpu_ref(value: object, original: object) -> int | str:
+    if isinstance(value, bool):
+        raise ValueError(f"{original!r} is not {GPU_HELP}")
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v.isdigit():
+            return int(v)
+        if _KEY.fullmatch(v):
+            return v
+    raise ValueError(f"{original!r} is not {GPU_HELP}")
+
+
+def parse_gpu(value: object) -> GpuChoice:
+    """The one parser for a GPU choice; ValueError with a one-line message when it is none."""
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("auto", "cpu", ""):
+            return "auto" if v == "" else v
+        if "," in v or ";" in v:
+            value = [p for p in v.replace(";", ",").split(",")]
+        else:
+            return _gpu_ref(v, value)
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if not value:
+            raise ValueError(f"{list(value)!r} is not {GPU_HELP}")
+        refs = [_gpu_ref(p, value) for p in value]
+        if len(set(refs)) != len(refs):
+            raise ValueError(f"{list(value)!r} names a GPU twice")
+        return refs
+    return _gpu_ref(value, value)
+
+
+def parse_gpu_layers(value: object) -> GpuLayers:
+    """The one parser for ``n_gpu_layers``: a count >= 0, ``auto`` or ``all`` (-1 means all, as in
+    llama.cpp); ValueError with a one-line message otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("auto", "all"):
+            return v  # type: ignore[return-value]
+        if v.lstrip("-").isdigit():
+            value = int(v)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value == -1:
+            return "all"
+        if value >= 0:
+            return value
+    raise ValueError(f"{value!r} is not a number of layers (>= 0), 'auto' or 'all'")
+
+
+def gpu_layers_for_placement(value: GpuLayers) -> int | None:
+    """The placer's spelling: None = all layers where they fit (``auto``/``all``/unset)."""
+    return value if isinstance(value, int) else None

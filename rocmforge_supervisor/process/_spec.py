@@ -1,0 +1,92 @@
+"""What a child is to run (:class:`InstanceSpec`), and how to say how it ended."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .._argv import server_argv
+
+__all__ = ["START_HINTS", "InstanceSpec", "InstanceState", "describe_returncode", "unwrap_group"]
+
+InstanceState = Literal["new", "starting", "loading", "ready", "stopping", "exited"]
+
+#: What to do about a start failure, by its reason (:func:`classify_failure`'s classes).
+START_HINTS = {
+    "file_not_found": "check the model path",
+    "invalid_model": "the file is not a loadable GGUF: re-download it or check `forge inspect`",
+    "unsupported": "this llama-server does not know the model's architecture: update llama.cpp or use another model",
+    "oom": "not enough device memory: lower --ctx-size or --n-gpu-layers, or use a smaller quant",
+    "bind": "the port is in use: choose another --port or leave it unset",
+    "timeout": "the load stalled or ran past its deadline: check the log; for very large models raise supervisor.load_stall_timeout or load_deadline_base / load_deadline_per_gib",
+    "bad_args": "an extra llama-server argument was rejected: check `args` / the flags you passed",
+    "rpc_worker": "an RPC worker is down or unreachable: check `forge worker` on that machine",
+    "cancelled": "it was stopped on request",
+    "crashed": "see the log lines above",
+}
+
+
+def describe_returncode(rc: int | None) -> str:
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+@dataclass
+class InstanceSpec:
+    """How to run one llama-server. ``None`` values are left to llama-server's own defaults."""
+
+    binary: Path
+    model_path: Path
+    alias: str
+    ctx_size: int | None = None
+    n_gpu_layers: int | str | None = None  # int, "auto", "all"
+    parallel: int | None = None
+    extra_args: Sequence[str] = ()
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free one, retried if the bind races
+    mask: Mapping[str, str | None] = field(default_factory=dict)
+    cpu_only: bool = False
+    log_path: Path | None = None
+    state_dir: Path | None = None
+    """For the api-key file and the empty config home: the caller's (``FORGE_STATE_DIR``, the
+    service's state dir). None: a private temporary directory, removed when the child is done."""
+    stall_timeout: float = 300.0  # no output at all for this long while loading: give up
+    ready_timeout: float | None = None  # overall cap on loading (None: only the stall timeout)
+    stop_timeout: float = 10.0
+    verbosity: int | None = None
+    parent_env: Mapping[str, str] | None = None
+    line_listeners: Sequence[Callable[[str], object]] = ()
+    bind_retries: int = 3
+    api_key: str | None = None  # None: a new random key per start; "": no key (loopback only)
+
+    def args(self, port: int, api_key_file: Path) -> list[str]:
+        return server_argv(
+            binary=self.binary,
+            model_path=self.model_path,
+            host=self.host,
+            port=port,
+            alias=self.alias,
+            api_key_file=api_key_file if self.api_key != "" else None,
+            ctx_size=self.ctx_size,
+            cpu_only=self.cpu_only,
+            n_gpu_layers=self.n_gpu_layers,
+            parallel=self.parallel,
+            verbosity=self.verbosity,
+            extra_args=self.extra_args,
+        )
+
+
+def unwrap_group(exc: BaseException) -> BaseException:
+    """A start failure inside a task group arrives as an ExceptionGroup of one: hand out the one."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

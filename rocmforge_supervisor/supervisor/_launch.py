@@ -1,0 +1,230 @@
+"""The launch pipeline, written once: model spec → resolve, inspect → place → launch plan → child.
+
+``load_model`` (one model in this process) and the :class:`~._supervisor.Supervisor` (many, under
+``forge serve``) both go through these three steps; the supervisor only adds what sits between
+placing and launching (unloading the models placement chose to evict, waiting for their memory):
+
+1. :func:`resolve` — the model reference to a GGUF file, inspected (a bad file is refused before
+   any spawn). Blocking: may download (``hf:``) and reads the file.
+2. :func:`decide` — the pure placement decision (:func:`~._placement.place`).
+   With ``[[workers]]``, :func:`decide_on_workers` is this step for a model that goes to llama.cpp
+   RPC workers (``workers = "only"``/``"all"``, or ``"auto"`` when it does not fit here): pure
+   too, from what the workers reported (the supervisor probes them; :mod:`._remote` plans).
+3. :func:`build_plan` — the device mask, the chat-template fallback, the tensor split, the
+   allocation ledger and the :class:`~..process.InstanceSpec`: a :class:`LaunchPlan`.
+
+The context and slot count the estimate assumed go to the child, so that llama-server's own
+``--fit`` cannot pick other ones and the estimate and the child agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .._argv import embedding_args, fallback_chat_template_args
+from ..config import ForgeSettings, GpuChoice, GpuLayers, ModelConfig, gpu_layers_for_placement
+from ..hardware import Inventory, WorkerReport, child_env
+from ..models import (
+    REQUIRED_VERBOSITY,
+    AllocationLedger,
+    GGUFInfo,
+    MemoryEstimate,
+    inspect_gguf,
+    resolve_model_path,
+)
+from ..process import InstanceSpec
+from ._placement import LoadedModel, PlacementDecision, PlacementPolicy, PlacementRequest, place
+from ._placement_types import WorkerShare
+from ._remote import plan_on_workers
+
+__all__ = [
+    "LaunchPlan",
+    "ModelSpec",
+    "ResolvedModel",
+    "WorkerMode",
+    "build_plan",
+    "decide",
+    "decide_on_workers",
+    "resolve",
+]
+
+#: ``[models.NAME] workers``: ``never`` (also whenever no ``[[workers]]`` are configured), ``auto``
+#: (workers only when it does not fit here), ``only`` (the fewest workers), ``all`` (every one).
+WorkerMode = Literal["auto", "never", "only", "all"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the user asked for, named the llama-server way: the one shape of "run this model"."""
+
+    path: str
+    """A GGUF path, an embedded default's name or ``hf:org/repo:QUANT``."""
+    ctx_size: int | None = None
+    n_gpu_layers: GpuLayers = None
+    parallel: int | None = None
+    gpu: GpuChoice = "auto"
+    args: tuple[str, ...] = ()
+    embeddings: bool = False
+    workers: WorkerMode = "never"
+
+    @classmethod
+    def from_config(cls, mc: ModelConfig, *, workers_configured: bool = False) -> ModelSpec:
+        return cls(
+            workers=mc.workers if workers_configured else "never",
+            path=mc.path,
+            ctx_size=mc.ctx_size,
+            n_gpu_layers=mc.gpu_layers,
+            parallel=mc.parallel,
+            gpu=mc.gpu,
+            args=tuple(mc.args),
+            embeddings=mc.embeddings,
+        )
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    path: Path
+    info: GGUFInfo
+
+
+@dataclass
+class LaunchPlan:
+    """Everything decided before the spawn (``forge load`` prints it; the supervisor keeps it)."""
+
+    spec: InstanceSpec
+    decision: PlacementDecision
+    model_path: Path
+    info: GGUFInfo
+    actual: AllocationLedger
+    """What the child really allocated, per device, fed by its log lines."""
+
+    @property
+    def devices(self) -> list[str]:
+        return list(self.decision.devices)
+
+    @property
+    def estimate(self) -> MemoryEstimate:
+        return self.decision.estimate
+
+    @property
+    def estimated_bytes(self) -> dict[str, int]:
+        return self.decision.estimated_bytes
+
+    @property
+    def workers(self) -> list[WorkerShare]:
+        """The RPC workers' shares when the layers went there; else empty."""
+        return list(self.decision.workers)
+
+
+def resolve(spec: ModelSpec, settings: ForgeSettings) -> ResolvedModel:
+    """Step 1 (blocking). A bad magic, a truncated file or a wrong version is refused here."""
+    path = resolve_model_path(spec.path, settings)
+    return ResolvedModel(path=path, info=inspect_gguf(path))
+
+
+def decide(
+    spec: ModelSpec,
+    name: str,
+    model: ResolvedModel,
+    inventory: Inventory,
+    loaded: Sequence[LoadedModel] = (),
+    *,
+    allow_evict: bool = False,
+) -> PlacementDecision:
+    """Step 2 (pure): where it goes, and which idle models must make room."""
+    request = PlacementRequest(
+        name=name,
+        info=model.info,
+        gpu=spec.gpu,
+        ctx_size=spec.ctx_size,
+        parallel=spec.parallel,
+        n_gpu_layers=gpu_layers_for_placement(spec.n_gpu_layers),
+        extra_args=spec.args,
+    )
+    return place(inventory, request, loaded, PlacementPolicy(allow_evict=allow_evict))
+
+
+def decide_on_workers(
+    spec: ModelSpec,
+    name: str,
+    model: ResolvedModel,
+    reports: Sequence[WorkerReport],
+    held: Collection[str] = (),
+) -> PlacementDecision:
+    """Step 2 for RPC workers (pure): every layer on the fewest usable workers (``all``: on each),
+    split by their free memory. ``held``: workers another model uses (one client per worker).
+    Raises :class:`~._remote.WorkersUnavailable` (retryable) when they cannot hold it now."""
+    return plan_on_workers(
+        model.info,
+        reports,
+        ctx_size=spec.ctx_size,
+        parallel=spec.parallel,
+        held=held,
+        name=name,
+        spread=spec.workers == "all",
+    ).as_decision()
+
+
+def build_plan(
+    spec: ModelSpec,
+    name: str,
+    model: ResolvedModel,
+    decision: PlacementDecision,
+    inventory: Inventory,
+    settings: ForgeSettings,
+    *,
+    binary: Path,
+    log_path: Path,
+    state_dir: Path,
+    port: int | None = None,
+    api_key: str | None = None,
+    stall_timeout: float = 300.0,
+    ready_timeout: float | None = None,
+    stop_timeout: float = 10.0,
+    verbosity: int | None = None,
+    line_listeners: Sequence[Callable[[str], object]] = (),
+) -> LaunchPlan:
+    """Step 3: the child's mask, flags and ledger, from a decision already carried out."""
+    remote = decision.rpc_servers
+    # On workers, this machine's GPUs stay out (a mixed local + remote split is not done yet).
+    devices = [] if remote else [inventory.by_key(k) for k in decision.devices]
+    info = model.info
+    extra = [*fallback_chat_template_args(info.has_chat_template, str(info.architecture), spec.args)]
+    extra += embedding_args(spec.embeddings, spec.args, str(info.architecture))
+    extra += spec.args
+    if remote:
+        extra += ["--rpc", ",".join(remote)]
+    if decision.tensor_split and (remote or len(decision.devices) > 1):
+        extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
+    # The ledger maps the child's own device names (ROCm0, CUDA0: its *visible* devices, after
+    # the mask) back to our keys.
+    gpus = [d for d in decision.devices if d != "cpu" and not remote]
+    ledger = AllocationLedger(gpu_keys=gpus or None)
+    est = decision.estimate
+    # Unset: the layers placement decided. Set (a count, "auto", "all"): the user's, as given.
+    ngl = spec.n_gpu_layers if spec.n_gpu_layers is not None or not remote else "all"
+    instance = InstanceSpec(
+        binary=binary,
+        model_path=model.path,
+        alias=name,
+        ctx_size=spec.ctx_size or est.ctx_size,
+        n_gpu_layers=(None if decision.on_cpu else decision.n_gpu_layers) if ngl is None else ngl,
+        parallel=spec.parallel or est.parallel,
+        extra_args=extra,
+        port=port,
+        api_key=api_key,
+        mask=child_env(devices, inventory, settings),
+        cpu_only=not remote and all(d.vendor == "cpu" for d in devices),
+        log_path=log_path,
+        state_dir=state_dir,
+        stall_timeout=stall_timeout,
+        ready_timeout=ready_timeout,
+        stop_timeout=stop_timeout,
+        # llama-server prints its per-device buffer sizes (what it really allocated) only at -lv 4.
+        verbosity=REQUIRED_VERBOSITY if verbosity is None else verbosity,
+        line_listeners=[ledger.feed, *line_listeners],
+    )
+    return LaunchPlan(spec=instance, decision=decision, model_path=model.path, info=info, actual=ledger)

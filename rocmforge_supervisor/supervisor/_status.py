@@ -1,0 +1,200 @@
+"""A supervised model's states, the moves allowed between them, its crash breaker, its status.
+
+States::
+
+    unloaded → loading → ready → draining → stopped
+                  ↑  ↺     │                   │
+                  └────────┘  crash / hang: restart after backoff (loading again)
+    loading/ready/draining → failed   the breaker opened (or the input can never start); reason kept
+    failed → unloaded                 reset (``forge load NAME``, a reload)
+    stopped → loading                 started again by the next request
+
+:data:`TRANSITIONS` is the table :class:`~._managed.ManagedModel` checks every move against, as
+llama-swap's ``isValidTransition`` does: a move not in it is a bug, raised, not a state.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from ._placement_types import WorkerShare
+
+if TYPE_CHECKING:
+    from ._managed import ManagedModel
+
+__all__ = [
+    "TRANSITIONS",
+    "Breaker",
+    "IllegalTransition",
+    "ModelState",
+    "ModelStatus",
+    "check_transition",
+    "model_status",
+]
+
+
+class ModelState(StrEnum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+_S = ModelState
+TRANSITIONS: Mapping[ModelState, frozenset[ModelState]] = {
+    _S.UNLOADED: frozenset({_S.LOADING}),
+    # loading → loading: a restart's backoff (no child now) and the next attempt.
+    _S.LOADING: frozenset({_S.LOADING, _S.READY, _S.FAILED, _S.STOPPED}),
+    _S.READY: frozenset({_S.LOADING, _S.DRAINING, _S.FAILED, _S.STOPPED}),
+    _S.DRAINING: frozenset({_S.STOPPED, _S.FAILED}),
+    _S.STOPPED: frozenset({_S.LOADING}),
+    _S.FAILED: frozenset({_S.UNLOADED}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A state change the table does not allow: a bug in the state machine."""
+
+
+def check_transition(old: ModelState, new: ModelState) -> None:
+    if new not in TRANSITIONS[old]:
+        raise IllegalTransition(f"{old.value} → {new.value} is not an allowed transition")
+
+
+class Breaker:
+    """Opens after ``max_crashes`` crashes within ``window`` seconds (a crash loop)."""
+
+    def __init__(self, max_crashes: int, window: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_crashes = max_crashes
+        self.window = window
+        self._clock = clock
+        self._times: collections.deque[float] = collections.deque()
+
+    def record(self) -> bool:
+        """Count one crash now; True when that opens the breaker."""
+        now = self._clock()
+        self._times.append(now)
+        while self._times and now - self._times[0] > self.window:
+            self._times.popleft()
+        return len(self._times) >= self.max_crashes
+
+    @property
+    def crashes(self) -> int:
+        return len(self._times)
+
+    def reset(self) -> None:
+        self._times.clear()
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One model as the control API reports it (``GET /api/models``); :meth:`to_json` is the wire."""
+
+    name: str
+    state: ModelState
+    since: float
+    path: str
+    pid: int | None = None
+    port: int | None = None
+    devices: list[str] = field(default_factory=list)
+    restarts: int = 0
+    last_error: str | None = None
+    uptime: float | None = None
+    in_flight: int = 0
+    waiting: int = 0
+    load_seconds: float | None = None
+    estimated_bytes: dict[str, int] = field(default_factory=dict)
+    actual_bytes: dict[str, int] = field(default_factory=dict)
+    log_path: str | None = None
+    # For the status page: why it failed, what the child said last, when TTL unloads it.
+    failure_kind: str | None = None
+    last_stderr: list[str] = field(default_factory=list)
+    log_last: list[str] = field(default_factory=list)
+    ttl: float | None = None
+    ttl_left: float | None = None
+    max_concurrency: int = 0
+    queue_limit: int = 0
+    requests_total: int = 0
+    workers: list[WorkerShare] = field(default_factory=list)
+    """The RPC workers holding its layers (``[[workers]]``), with their shares; else empty."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "since": self.since,
+            "pid": self.pid,
+            "port": self.port,
+            "devices": list(self.devices),
+            "workers": [w.to_json() for w in self.workers],
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "uptime": self.uptime,
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "load_seconds": self.load_seconds,
+            "path": self.path,
+            "memory": {
+                "estimated_bytes": dict(self.estimated_bytes),
+                "actual_bytes": dict(self.actual_bytes),
+            },
+            "log_path": self.log_path,
+            "failure_kind": self.failure_kind,
+            "last_stderr": list(self.last_stderr),
+            "log_last": list(self.log_last),
+            "ttl": self.ttl,
+            "ttl_left": self.ttl_left,
+            "max_concurrency": self.max_concurrency,
+            "queue_limit": self.queue_limit,
+            "requests_total": self.requests_total,
+        }
+
+
+def model_status(m: ManagedModel) -> ModelStatus:
+    """What the control API reports of ``m`` now."""
+    server, plan = m.server, m.plan
+    alive = server is not None and server.alive
+    ready = m.ready_since is not None and m.state == ModelState.READY
+    return ModelStatus(
+        failure_kind=m.failure_kind,
+        last_stderr=m.last_stderr[-15:],
+        log_last=server.log.tail(1)[-1:] if server else [],
+        ttl=m.ttl or None,
+        ttl_left=_ttl_left(m),
+        max_concurrency=m.max_concurrency,
+        queue_limit=m.queue_limit,
+        requests_total=m.requests_total,
+        name=m.name,
+        state=m.state,
+        since=m.state_since,
+        path=m.config.path,
+        pid=server.pid if server is not None and alive else None,
+        port=server.port if server is not None and alive else None,
+        devices=plan.devices if plan else [],
+        workers=plan.workers if plan else [],
+        restarts=m.restarts,
+        last_error=m.last_error,
+        uptime=time.monotonic() - m.ready_since if ready and m.ready_since else None,
+        in_flight=m.in_flight,
+        waiting=m.waiting,
+        load_seconds=m.load_seconds,
+        estimated_bytes=plan.estimated_bytes if plan else {},
+        actual_bytes=plan.actual.device_totals() if plan else {},
+        log_path=str(plan.spec.log_path) if plan and plan.spec.log_path else None,
+    )
+
+
+def _ttl_left(m: ManagedModel) -> float | None:
+    """Seconds until the TTL unloads an idle ready model; the full TTL while it is busy."""
+    if m.ttl <= 0 or m.state != ModelState.READY:
+        return None
+    if m.in_flight or m.waiting:
+        return m.ttl
+    return max(0.0, m.ttl - (time.monotonic() - m.last_used))

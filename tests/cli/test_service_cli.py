@@ -1,0 +1,181 @@
+"""The CLI against a real running `forge serve` (one per module): the pasteable examples it prints,
+`forge chat` / `forge load -p` using it instead of a second llama-server, and the commands that
+talk to it (ps, logs, unload, reload). Real subprocesses, real llama-server, the real openai SDK."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.service import FORGE, Service, running_service, wait_for, write_config
+
+LONG = "a-model-with-a-rather-long-descriptive-name-for-the-terminal-q4"  # 63 characters
+
+
+@pytest.fixture(scope="module")
+def svc(
+    tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path, tiny_gguf: Path, llama_server_bin: Path
+) -> Iterator[Service]:
+    tmp = tmp_path_factory.mktemp("svc")
+    cfg = write_config(
+        tmp / "forge.toml",
+        f'[models.smollm2-135m]\npath = "smollm2-135m"\nctx_size = 2048\nparallel = 2\ngpu = "cpu"\npreload = true\n'
+        f'[models.{LONG}]\npath = "{tiny_gguf}"\nctx_size = 512\ngpu = "cpu"\n',
+    )
+    with running_service(cfg, tmp / "state", llama_server_bin) as s:
+        wait_for(lambda: s.model("smollm2-135m")["state"] == "ready", timeout=120, what="smollm2 ready")
+        yield s
+
+
+def forge(
+    svc: Service, *args: str, stdin: str | None = None, columns: int = 200, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, FORGE_STATE_DIR=str(svc.state_dir), COLUMNS=str(columns), NO_COLOR="1")
+    env.pop("FORGE_API_KEY", None)
+    return subprocess.run(
+        [*FORGE, *args], input=stdin, capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def _printed_examples(stderr: str) -> tuple[str, str]:
+    """The curl line and the python heredoc `forge serve` printed after `try it`."""
+    lines = stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("try it"))
+    curl = next(line for line in lines[start:] if line.startswith("curl "))
+    py_start = next(i for i in range(start, len(lines)) if lines[i].startswith("python3 - <<'EOF'"))
+    py_end = next(i for i in range(py_start + 1, len(lines)) if lines[i] == "EOF")
+    return curl, "\n".join(lines[py_start : py_end + 1])
+
+
+def _bash(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    full = dict(os.environ, PATH=path, **(env or {}))
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120, env=full)
+
+
+def test_printed_examples_paste_and_run(svc: Service) -> None:
+    """What `forge serve` prints pastes into a shell as it is: no `…`, a key the SDK accepts, a
+    max_tokens. (Before: a SyntaxError in Python, then a UnicodeEncodeError inside httpx.)"""
+    err = svc.stderr_text()
+    curl, program = _printed_examples(err)
+    assert "…" not in curl + program and '"max_tokens": 64' in curl and "max_tokens=64" in program
+    r = _bash(curl)
+    assert r.returncode == 0, r.stderr
+    body = json.loads(r.stdout)
+    assert body["choices"][0]["message"]["content"].strip(), body
+    assert body["usage"]["completion_tokens"] <= 64
+    r = _bash(program)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert "color_message" not in err  # uvicorn's extra stays out of the log lines
+
+
+def test_printed_examples_with_an_api_key(tmp_path: Path, smollm2_path: Path, llama_server_bin: Path) -> None:
+    cfg = write_config(
+        tmp_path / "forge.toml",
+        '[server]\napi_key = "s3cret-key"\n[models.smollm2-135m]\npath = "smollm2-135m"\n'
+        'ctx_size = 1024\nparallel = 1\ngpu = "cpu"\npreload = true\n',
+    )
+    with running_service(cfg, tmp_path / "state", llama_server_bin, api_key="s3cret-key") as keyed:
+        wait_for(lambda: keyed.model("smollm2-135m")["state"] == "ready", timeout=120, what="ready")
+        err = keyed.stderr_text()
+        assert "s3cret-key" not in err  # the key itself is never printed
+        curl, program = _printed_examples(err)
+        assert "$FORGE_API_KEY" in curl and 'os.environ["FORGE_API_KEY"]' in program
+        assert _bash(curl + " -o /dev/null -w '%{http_code}'", {"FORGE_API_KEY": "wrong"}).stdout == "401"
+        r = _bash(curl, {"FORGE_API_KEY": "s3cret-key"})
+        assert json.loads(r.stdout)["choices"][0]["message"]["content"].strip(), r.stdout
+        r = _bash(program, {"FORGE_API_KEY": "s3cret-key"})
+        assert r.returncode == 0 and r.stdout.strip(), r.stderr
+
+
+def test_chat_uses_the_running_service(svc: Service) -> None:
+    """`forge chat NAME` with a service serving NAME: no second llama-server (like `ollama run`)."""
+    before = {p.pid for p in svc.llama_children()}
+    r = forge(
+        svc, "chat", "--temperature", "0", stdin="What is the capital of France? Answer in one word.\n/exit\n"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout, r.stdout
+    assert f"forge service at {svc.url}" in r.stderr
+    # the chat ran in the service's child: no llama-server child of the CLI, none added to the service
+    assert {p.pid for p in svc.llama_children()} == before
+
+
+def test_load_prompt_uses_the_running_service(svc: Service) -> None:
+    r = forge(svc, "load", LONG, "-p", "Hello", "-n", "4")  # not loaded yet: the service loads it
+    assert r.returncode == 0, r.stderr
+    assert "4 completion tokens" in r.stderr and f"forge service at {svc.url}" in r.stderr
+    assert svc.model(LONG)["state"] == "ready"
+    # The service's child, not ours: unload it, so that the test leaves what it found.
+    assert forge(svc, "unload", LONG).returncode == 0
+    wait_for(lambda: not any(LONG in " ".join(p.cmdline()) for p in svc.llama_children()), what="unloaded")
+
+
+def test_private_flag_starts_a_child_of_its_own(svc: Service, tiny_gguf: Path) -> None:
+    r = forge(svc, "load", "smollm2-135m", "--private", "-p", "Hello", "-n", "3", "-c", "512", "--gpu", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "forge service" not in r.stderr and "3 completion tokens" in r.stderr
+
+
+def test_url_chooses_the_service(svc: Service) -> None:
+    r = forge(svc, "load", "smollm2-135m", "--url", svc.url + "/v1", "-p", "Hi", "-n", "2")
+    assert r.returncode == 0, r.stderr
+    r = forge(svc, "chat", "nope", "--url", svc.url, stdin="/exit\n")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"error: the forge service at {svc.url} does not serve 'nope'"), r.stderr
+    assert "smollm2-135m" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = forge(svc, "chat", "--url", "http://127.0.0.1:9", stdin="/exit\n")
+    assert r.returncode == 1 and r.stderr.startswith("error: no forge service answers at http://127.0.0.1:9")
+
+
+def test_ps_keeps_names_whole_on_80_columns(svc: Service) -> None:
+    """Columns go before a name is cut (`gemma…` at 80 columns before)."""
+    r = forge(svc, "ps", columns=80)
+    assert r.returncode == 0, r.stderr
+    assert LONG in r.stdout and "smollm2-135m" in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
+    assert "state" in r.stdout and "columns left out" in r.stderr
+    wide = forge(svc, "ps", columns=250)
+    assert "last error" in wide.stdout and "columns left out" not in wide.stderr
+
+
+@pytest.mark.parametrize("command", ["logs", "unload"])
+def test_unknown_model_is_one_line_exit_2(svc: Service, command: str) -> None:
+    """`forge logs nope` printed the raw JSON body and exited 1; `unload nope` one line, exit 2."""
+    r = forge(svc, command, "nope")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "nope" in line and "{" not in line
+
+
+def test_reload_prints_a_summary(svc: Service) -> None:
+    r = forge(svc, "reload")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "config reloaded: 0 changed, 0 added, 0 removed, 2 unchanged"
+    r = forge(svc, "reload", "--json")
+    assert set(json.loads(r.stdout)["unchanged"]) == {"smollm2-135m", LONG}
+
+
+def test_the_service_answers_with_the_default_model(svc: Service) -> None:
+    with httpx.Client(base_url=svc.url, timeout=60) as c:
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "model": "smollm2-135m",
+                "temperature": 0,
+                "max_tokens": 16,
+                "messages": [
+                    {"role": "user", "content": "What is the capital of France? Answer in one word."}
+                ],
+            },
+        )
+    assert r.status_code == 200, r.text
+    assert "Paris" in r.json()["choices"][0]["message"]["content"]

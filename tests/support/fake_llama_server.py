@@ -1,0 +1,171 @@
+"""A FAKE llama-server: a small stdlib-only script that the tests run as the child instead of the
+compiled binary, to drive the supervisor's state machine in milliseconds.
+
+It is not llama.cpp and computes nothing. It speaks just enough of llama-server's surface for the
+supervisor: it takes llama-server's command line (``--host``, ``--port``, ``--api-key-file``, the
+rest ignored), prints the ``main: server is listening on http://H:P - starting the main loop``
+line, answers ``/health`` (503 while "loading", then 200), and streams SSE for
+``/v1/chat/completions`` and ``/v1/completions`` (a few ``data:`` chunks, then ``[DONE]``).
+
+Faults on command, through extra arguments a test puts in a model's ``args`` (so each model of one
+supervisor can behave differently):
+
+``--fake-load-seconds S``   stay "loading" (503, no listening line yet) for S seconds
+``--fake-crash-after S``    exit with status 1 S seconds after becoming ready
+``--fake-refuse``           print llama.cpp's "failed to load model" error and exit 1 at once
+``--fake-token-delay S``    wait S seconds between streamed chunks (a slow, held stream)
+``--fake-chunks N``         stream N chunks (default 3)
+
+``--version`` and ``--list-devices`` answer as a CPU-only build, so ``FORGE_LLAMA_SERVER`` may
+point at the fake (a ``forge serve`` subprocess in the service tests).
+
+A hang needs no flag: the test SIGSTOPs the process, as it would a real one.
+The real-process tests under tests/process and tests/gateway are what prove the fake honest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def _args(argv: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            name, eq, value = a.partition("=")
+            if eq:
+                out[name] = value
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out[name] = argv[i + 1]
+                i += 1
+            else:
+                out[name] = ""
+        i += 1
+    return out
+
+
+def _name_process() -> None:
+    """Show as ``llama-server`` in ps (and to the tests' no-orphans check and the stale sweep)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, b"llama-server", 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def main() -> None:
+    """llama-server's life, faked: parse, "load", listen, serve until a signal or a fault."""
+    _name_process()
+    if "--version" in sys.argv:  # as `forge` probes a binary: a CPU-only build
+        print("version: 0 (build 0, commit 0fa4e)", file=sys.stderr, flush=True)
+        return
+    if "--list-devices" in sys.argv:
+        print("Available devices:", flush=True)
+        return
+    opts = _args(sys.argv[1:])
+    print(f"fake llama-server: model {opts.get('--model')}", file=sys.stderr, flush=True)
+    if "--fake-refuse" in opts:
+        print(
+            "llama_model_load: error loading model: failed to load model (fake refusal)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(1)
+    key = ""
+    if opts.get("--api-key-file"):
+        with open(opts["--api-key-file"]) as f:
+            key = f.read().strip()
+    host, port = opts.get("--host", "127.0.0.1"), int(opts["--port"])
+    load_s = float(opts.get("--fake-load-seconds", "0"))
+    token_delay = float(opts.get("--fake-token-delay", "0"))
+    chunks = int(opts.get("--fake-chunks", "3"))
+    ready = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:  # quiet, like -lv 0
+            pass
+
+        def _send(self, status: int, body: dict[str, object]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                if ready.is_set():
+                    self._send(200, {"status": "ok"})
+                else:
+                    self._send(503, {"error": {"code": 503, "message": "Loading model"}})
+            elif self.path == "/metrics":
+                self._send(200, {})
+            else:
+                self._send(404, {"error": {"code": 404, "message": "File Not Found"}})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if key and self.headers.get("Authorization") != f"Bearer {key}":
+                self._send(401, {"error": {"code": 401, "message": "Invalid API Key"}})
+                return
+            if self.path not in ("/v1/chat/completions", "/v1/completions"):
+                self._send(404, {"error": {"code": 404, "message": "File Not Found"}})
+                return
+            chat = self.path == "/v1/chat/completions"
+            if not body.get("stream"):
+                text = " ".join("tok" for _ in range(chunks))
+                choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+                self._send(
+                    200, {"object": "fake", "choices": [{"index": 0, "finish_reason": "length", **choice}]}
+                )
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(chunks):
+                delta = {"delta": {"content": f"tok{i} "}} if chat else {"text": f"tok{i} "}
+                self._chunk(f"data: {json.dumps({'choices': [{'index': 0, **delta}]})}\n\n")
+                time.sleep(token_delay)
+            self._chunk("data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+
+        def _chunk(self, text: str) -> None:
+            data = text.encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    if load_s:
+        print("llama_model_load: loading (fake)", file=sys.stderr, flush=True)
+        time.sleep(load_s)
+    ready.set()
+    print(
+        f"main: server is listening on http://{host}:{port} - starting the main loop",
+        file=sys.stderr,
+        flush=True,
+    )
+    crash_after = opts.get("--fake-crash-after")
+    if crash_after is not None:
+        time.sleep(float(crash_after))
+        print("fake llama-server: crashing on command", file=sys.stderr, flush=True)
+        os._exit(1)
+    threading.Event().wait()  # until a signal ends us (SIGTERM's default action)
+
+
+if __name__ == "__main__":
+    main()
