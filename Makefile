@@ -26,8 +26,9 @@ $(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -qq -e '.[demo,dev]'
 	@touch $(DEV_STAMP)
 
+# --rpc: llama-server with the RPC backend and llama.cpp's RPC worker (forge worker), one build.
 llama-server: venv
-	$(FORGE) build
+	$(FORGE) build --rpc
 
 model: venv
 	$(BIN)/python -c "from rocmforge_supervisor.models import ensure_embedded, DEFAULT_MODEL; \
@@ -59,6 +60,7 @@ bench: setup dev ## the benchmarks (numbers, not pass/fail): see scripts/bench/
 	$(BIN)/python scripts/bench/bench_sse.py
 	$(BIN)/python scripts/bench/bench_instance.py
 	$(BIN)/python scripts/bench/bench_gateway.py --max-streams 512
+	$(BIN)/python scripts/bench/bench_rpc.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -84,6 +84,22 @@ def no_orphans() -> Iterator[None]:
     assert not alive, f"llama-server children left running: {sorted(p.pid for p in alive)}"
 
 
+@pytest.fixture(scope="session")
+def rpc_server_bin(forge_settings: ForgeSettings) -> Path:
+    """llama.cpp's RPC worker from the project's `forge build --rpc` (`make setup` builds it)."""
+    from rocmforge_supervisor.build import locate_rpc_server
+
+    return locate_rpc_server(forge_settings)
+
+
+@pytest.fixture(scope="session")
+def rpc_llama_server_bin(forge_settings: ForgeSettings) -> Path:
+    """A llama-server that accepts --rpc (the same `forge build --rpc`)."""
+    from rocmforge_supervisor.build import locate_llama_server
+
+    return locate_llama_server(forge_settings, rpc=True).path
+
+
 @pytest.fixture
 def fake_bin(tmp_path: Path) -> Path:
     """An executable named ``llama-server`` that runs tests/support/fake_llama_server.py (a FAKE:

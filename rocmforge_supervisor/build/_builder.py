@@ -3,6 +3,7 @@
 Layout of the cache (``$XDG_CACHE_HOME/rocmforge/builds``)::
 
     <key>/bin/llama-server       a finished build (self-contained: static ggml/llama)
+    <key>-rpc/bin/ggml-rpc-server  an RPC build (``--rpc``): both binaries with ``GGML_RPC=ON``
     <key>/build-info.json        written last, inside the staging dir: its presence means "finished"
     .work/<key>/                 the cmake tree (kept so an interrupted build resumes incrementally)
     .work/<key>/build.log        the full configure + build log
@@ -35,7 +36,7 @@ from ..config import ForgeSettings
 from ..hardware import detect
 from ..process import kill_process_group
 from ._locate import BinaryInfo, probe_binary
-from ._plan import Backend, BuildPlan, cache_key, choose_backend, make_plan
+from ._plan import RPC_SERVER_TARGET, Backend, BuildPlan, cache_key, choose_backend, make_plan
 from ._source import SourceTree, resolve_source
 
 __all__ = ["BuildResult", "ProgressFn", "build_llama_server", "detected_gpu_targets"]
@@ -76,7 +77,9 @@ def build_llama_server(
     jobs: int | None = None,
     progress: ProgressFn | None = None,
     force: bool = False,
+    rpc: bool = False,
 ) -> BuildResult:
+    """Build (or find cached) llama-server; ``rpc`` also builds llama.cpp's RPC worker beside it."""
     started = time.monotonic()
     chosen: Backend = choose_backend(backend)
     targets: tuple[str, ...] = ()
@@ -87,11 +90,11 @@ def build_llama_server(
     # The cache is checked before sources are resolved: a cache hit must not download anything.
     pinned = source is None and settings.llama_cpp_source is None
     if pinned and not force:
-        hit = _finished(settings.builds_dir / cache_key(LLAMA_CPP_COMMIT, chosen, targets))
+        hit = _finished(settings.builds_dir / cache_key(LLAMA_CPP_COMMIT, chosen, targets, rpc=rpc), rpc)
         if hit is not None:
             return BuildResult(hit, hit.path.parents[1].name, True, time.monotonic() - started, None)
     tree = resolve_source(settings, source)
-    key = cache_key(tree.commit, chosen, targets)
+    key = cache_key(tree.commit, chosen, targets, rpc=rpc)
     if tree.origin == "explicit":
         # Trees without git all report commit "unknown": the path keeps them apart.
         key += "-src" + hashlib.sha256(str(tree.path).encode()).hexdigest()[:8]
@@ -99,12 +102,18 @@ def build_llama_server(
     final = builds / key
     work = builds / ".work" / key
     plan = make_plan(
-        backend=chosen, source=tree.path, build_dir=work, commit=tree.commit, gpu_targets=targets, jobs=jobs
+        backend=chosen,
+        source=tree.path,
+        build_dir=work,
+        commit=tree.commit,
+        gpu_targets=targets,
+        jobs=jobs,
+        rpc=rpc,
     )
     builds.mkdir(parents=True, exist_ok=True)
     with FileLock(str(builds / f"{key}.lock")):
         if not force:
-            hit = _finished(final)
+            hit = _finished(final, rpc)
             if hit is not None:
                 return BuildResult(hit, key, True, time.monotonic() - started, tree)
         work.mkdir(parents=True, exist_ok=True)
@@ -114,9 +123,11 @@ def build_llama_server(
     return BuildResult(info, key, False, time.monotonic() - started, tree)
 
 
-def _finished(final: Path) -> BinaryInfo | None:
+def _finished(final: Path, rpc: bool = False) -> BinaryInfo | None:
     binary = final / "bin" / "llama-server"
     if not (final / "build-info.json").is_file() or not binary.is_file():
+        return None
+    if rpc and not (final / "bin" / RPC_SERVER_TARGET).is_file():
         return None
     try:
         return probe_binary(binary, list_devices=False, source="cache")
@@ -181,24 +192,27 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
 def _install(
     work: Path, final: Path, builds: Path, plan: BuildPlan, tree: SourceTree, key: str
 ) -> BinaryInfo:
-    built = work / "bin" / "llama-server"
-    if not built.is_file():
-        raise BuildError(
-            f"the build finished but {built} is missing",
-            hint="remove the work directory and rebuild: forge build --force",
-            log_path=str(work / "build.log"),
-        )
+    names = ["llama-server", *([RPC_SERVER_TARGET] if plan.rpc else [])]
+    for name in names:
+        if not (work / "bin" / name).is_file():
+            raise BuildError(
+                f"the build finished but {work / 'bin' / name} is missing",
+                hint="remove the work directory and rebuild: forge build --force",
+                log_path=str(work / "build.log"),
+            )
     staging = Path(tempfile.mkdtemp(prefix=f".staging-{key}-", dir=builds))
     staging.chmod(0o755)  # mkdtemp makes it 0700: a service user must be able to run the build
     try:
         (staging / "bin").mkdir()
-        shutil.copy2(built, staging / "bin" / "llama-server")
+        for name in names:
+            shutil.copy2(work / "bin" / name, staging / "bin" / name)
         meta = {
             "commit": tree.commit,
             "source": tree.origin,
             "source_path": str(tree.path),
             "backend": plan.backend,
             "gpu_targets": list(plan.gpu_targets),
+            "rpc": plan.rpc,
             "configure": plan.configure,
             "env": plan.env,
             "built_at": time.time(),

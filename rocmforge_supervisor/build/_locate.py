@@ -20,22 +20,21 @@ from pathlib import Path
 from .._errors import BinaryNotFound
 from .._version import LLAMA_CPP_COMMIT
 from ..config import ForgeSettings
+from ..hardware import ListedDevice, parse_device_list
+from ._plan import RPC_SERVER_TARGET
 
-__all__ = ["BinaryInfo", "ListedDevice", "cached_builds", "locate_llama_server", "probe_binary"]
+__all__ = [
+    "BinaryInfo",
+    "ListedDevice",
+    "cached_builds",
+    "locate_llama_server",
+    "locate_rpc_server",
+    "parse_device_list",
+    "probe_binary",
+]
 
 _VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*([0-9a-fA-F]+|unknown)\)")
-_DEVICE_RE = re.compile(r"^\s+(\w+?):\s+(.*?)\s+\((\d+) MiB,\s*(\d+) MiB free\)\s*$")
 _BACKEND_OF = {"ROCm": "hip", "CUDA": "cuda", "Vulkan": "vulkan", "Metal": "metal", "SYCL": "sycl"}
-
-
-@dataclass(frozen=True)
-class ListedDevice:
-    """One line of ``llama-server --list-devices``: ``ROCm0: <name> (<total> MiB, <free> MiB free)``."""
-
-    name: str
-    description: str
-    total_mib: int
-    free_mib: int
 
 
 @dataclass(frozen=True)
@@ -93,10 +92,7 @@ def probe_binary(
             ).stdout
         except (OSError, subprocess.SubprocessError):
             out = ""
-        for line in out.splitlines():
-            dm = _DEVICE_RE.match(line)
-            if dm:
-                devices.append(ListedDevice(dm[1], dm[2], int(dm[3]), int(dm[4])))
+        devices = parse_device_list(out)
     backends = ["cpu"]
     for d in devices:
         b = _BACKEND_OF.get(re.sub(r"\d+$", "", d.name), d.name.lower())
@@ -134,9 +130,17 @@ _BACKEND_PREFERENCE = {"hip": 0, "cuda": 1, "vulkan": 2, "cpu": 3}
 
 
 def locate_llama_server(
-    settings: ForgeSettings, *, configured: Path | None = None, list_devices: bool = False
+    settings: ForgeSettings,
+    *,
+    configured: Path | None = None,
+    list_devices: bool = False,
+    rpc: bool = False,
 ) -> BinaryInfo:
-    """The llama-server every command uses. ``list_devices`` also asks it for its devices (slower)."""
+    """The llama-server every command uses. ``list_devices`` also asks it for its devices (slower).
+
+    ``rpc``: one that accepts ``--rpc`` (a ``forge build --rpc`` build). Without it a plain build
+    is preferred over an RPC one of the same backend; both behave the same without ``--rpc``.
+    """
     tried: list[str] = []
     explicit = configured or settings.llama_server
     if explicit is not None:
@@ -145,9 +149,11 @@ def locate_llama_server(
     builds = [
         (b, meta)
         for b, meta in cached_builds(settings)
-        if str(meta.get("commit", ""))[:7] == LLAMA_CPP_COMMIT[:7]
+        if str(meta.get("commit", ""))[:7] == LLAMA_CPP_COMMIT[:7] and (meta.get("rpc") is True or not rpc)
     ]
-    builds.sort(key=lambda bm: _BACKEND_PREFERENCE.get(str(bm[1].get("backend")), 9))
+    builds.sort(
+        key=lambda bm: (_BACKEND_PREFERENCE.get(str(bm[1].get("backend")), 9), bm[1].get("rpc") is True)
+    )
     for binary, meta in builds:
         try:
             info = probe_binary(binary, list_devices=list_devices, source="cache")
@@ -155,14 +161,53 @@ def locate_llama_server(
             tried.append(f"{binary}: {exc.message}")
             continue
         return BinaryInfo(**{**info.__dict__, "build_backend": str(meta.get("backend"))})
-    on_path = shutil.which("llama-server")
+    on_path = None if rpc else shutil.which("llama-server")  # unknown whether it has --rpc
     if on_path:
         try:
             return probe_binary(Path(on_path), list_devices=list_devices, source="path")
         except BinaryNotFound as exc:
             tried.append(f"{on_path}: {exc.message}")
     detail = f" (skipped: {'; '.join(tried)})" if tried else ""
+    if rpc:
+        raise BinaryNotFound(
+            f"no llama-server built with the RPC backend found{detail}",
+            hint="run `forge build --rpc` (same backend as the workers'), "
+            "or set FORGE_LLAMA_SERVER to a llama-server built with -DGGML_RPC=ON",
+        )
     raise BinaryNotFound(
         f"no llama-server found{detail}",
         hint="run `forge build` (or `make setup`), or set FORGE_LLAMA_SERVER to a llama-server binary",
+    )
+
+
+def locate_rpc_server(settings: ForgeSettings, *, configured: Path | None = None) -> Path:
+    """llama.cpp's RPC worker (``ggml-rpc-server``): ``configured``, else the cached RPC build of the
+    pinned commit (GPU backends first), else ``ggml-rpc-server`` / ``rpc-server`` on PATH.
+
+    It has no ``--version``; a candidate is checked by being an executable file only, and a wrong
+    one fails at the worker's start with its own output in the error.
+    """
+    if configured is not None:
+        path = configured.expanduser()
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise BinaryNotFound(
+                f"{path} is not an executable file", hint="point --rpc-server at a ggml-rpc-server binary"
+            )
+        return path
+    builds = [
+        (b.parent / RPC_SERVER_TARGET, meta)
+        for b, meta in cached_builds(settings)
+        if str(meta.get("commit", ""))[:7] == LLAMA_CPP_COMMIT[:7] and meta.get("rpc") is True
+    ]
+    builds.sort(key=lambda bm: _BACKEND_PREFERENCE.get(str(bm[1].get("backend")), 9))
+    for binary, _meta in builds:
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return binary
+    for name in (RPC_SERVER_TARGET, "rpc-server"):
+        found = shutil.which(name)
+        if found:
+            return Path(found)
+    raise BinaryNotFound(
+        "no ggml-rpc-server found",
+        hint="run `forge build --rpc` (it builds llama.cpp's RPC worker beside llama-server)",
     )

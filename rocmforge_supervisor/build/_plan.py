@@ -18,6 +18,7 @@ from .._errors import ToolchainMissing, UsageError
 
 __all__ = [
     "BACKENDS",
+    "RPC_SERVER_TARGET",
     "Backend",
     "BuildPlan",
     "RocmToolchain",
@@ -33,6 +34,10 @@ BACKENDS: tuple[str, ...] = ("auto", "hip", "cuda", "vulkan", "cpu")
 
 Which = Callable[[str], str | None]
 
+#: The cmake target and binary name of llama.cpp's RPC worker at the pinned commit
+#: (``tools/rpc/CMakeLists.txt``; older trees called it ``rpc-server``).
+RPC_SERVER_TARGET = "ggml-rpc-server"
+
 
 @dataclass(frozen=True)
 class RocmToolchain:
@@ -47,13 +52,21 @@ class BuildPlan:
     configure: list[str]
     build: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    rpc: bool = False
 
 
-def cache_key(commit: str, backend: Backend, gpu_targets: Sequence[str]) -> str:
-    """Builds are cached per (commit, backend, targets): the same inputs never build twice."""
+def cache_key(commit: str, backend: Backend, gpu_targets: Sequence[str], *, rpc: bool = False) -> str:
+    """Builds are cached per (commit, backend, targets, rpc): the same inputs never build twice.
+
+    An RPC build gets its own key (``…-rpc``) rather than replacing the plain one: ``GGML_USE_RPC``
+    is a PUBLIC definition of ggml, so turning it on in an existing tree recompiles llama, common
+    and the server anyway (most of a build), and a plain build already in a cache stays valid.
+    """
     key = f"{commit[:12]}-{backend}"
     if gpu_targets:
         key += "-" + "_".join(sorted(gpu_targets))
+    if rpc:
+        key += "-rpc"
     return key
 
 
@@ -138,8 +151,13 @@ def make_plan(
     jobs: int | None = None,
     which: Which = shutil.which,
     rocm: RocmToolchain | None = None,
+    rpc: bool = False,
 ) -> BuildPlan:
-    """The cmake configure and build commands for ``backend``, following llama.cpp's docs/build.md."""
+    """The cmake configure and build commands for ``backend``, following llama.cpp's docs/build.md.
+
+    ``rpc``: also ``GGML_RPC=ON`` and the ``ggml-rpc-server`` target. Both binaries come from the
+    one tree: a llama-server only accepts ``--rpc`` when it was built with the RPC backend too.
+    """
     _require_common(which)
     generator = ["-G", "Ninja"] if which("ninja") else []
     configure = [
@@ -197,8 +215,11 @@ def make_plan(
                 hint="install them (Debian/Ubuntu: sudo apt-get install libvulkan-dev glslc)",
             )
         configure.append("-DGGML_VULKAN=ON")
+    if rpc:
+        configure.append("-DGGML_RPC=ON")
     build = [
-        "cmake", "--build", str(build_dir), "--config", "Release", "--target", "llama-server",
+        "cmake", "--build", str(build_dir), "--config", "Release",
+        "--target", "llama-server", *([RPC_SERVER_TARGET] if rpc else []),
         "-j", str(jobs or os.cpu_count() or 1),
     ]  # fmt: skip
-    return BuildPlan(backend=backend, gpu_targets=targets, configure=configure, build=build, env=env)
+    return BuildPlan(backend=backend, gpu_targets=targets, configure=configure, build=build, env=env, rpc=rpc)

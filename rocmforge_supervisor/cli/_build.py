@@ -8,7 +8,14 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..build import BACKENDS, BuildResult, build_llama_server, locate_llama_server
+from ..build import (
+    BACKENDS,
+    RPC_SERVER_TARGET,
+    BuildResult,
+    build_llama_server,
+    locate_llama_server,
+    locate_rpc_server,
+)
 from ..build._builder import ProgressFn
 from ..config import get_settings
 from ._common import console, err_console
@@ -31,11 +38,19 @@ def build(
         False, "--print-path", help="Only locate the binary to use and print what it reports."
     ),
     as_json: bool = typer.Option(False, "--json", help="With --print-path: machine-readable output."),
+    rpc: bool = typer.Option(
+        False,
+        "--rpc",
+        help="Also build llama.cpp's RPC worker (ggml-rpc-server, for `forge worker`) with an "
+        "RPC-capable llama-server, cached under its own key.",
+    ),
 ) -> None:
     """Build llama-server from the pinned llama.cpp (cached), or print the one in use."""
     settings = get_settings()
     if print_path:
-        info = locate_llama_server(settings, list_devices=True)
+        info = locate_llama_server(settings, list_devices=True, rpc=rpc)
+        if rpc:
+            err_console.print(f"rpc worker: {locate_rpc_server(settings)}", markup=False)
         if as_json:
             console.print_json(json.dumps(info.to_json()))
             return
@@ -57,6 +72,7 @@ def build(
             jobs=jobs,
             force=force,
             progress=progress,
+            rpc=rpc,
         )
 
     if verbose:
@@ -84,6 +100,8 @@ def build(
         f"llama-server {result.info.version} (commit {result.info.commit}), {result.key}, {what}",
         markup=False,
     )
+    if rpc:
+        err_console.print(f"rpc worker: {result.info.path.parent / RPC_SERVER_TARGET}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -105,6 +105,11 @@ def serve(
         None, "--port", min=0, max=65535, help="Override server.port (0 = a free one)."
     ),
     log_format: str | None = typer.Option(None, "--log-format", help="text or json."),
+    check_config: bool = typer.Option(
+        False,
+        "--check-config",
+        help="Only validate the config (file + FORGE_* variables): exit 0, or 2 and the error.",
+    ),
 ) -> None:
     """Run the supervisor: many models behind one OpenAI-compatible endpoint, until SIGTERM/Ctrl-C."""
     from ..config import load_config
@@ -119,6 +124,9 @@ def serve(
     }
     if overrides:
         cfg = cfg.with_server(**overrides)
+    if check_config:
+        err_console.print(f"config OK: {cfg.source or 'defaults'} ({len(cfg.models)} models)", markup=False)
+        return
     setup_logging(cfg.server.log_format, settings)
     notifier = SdNotifier.from_settings(settings)
     source = cfg.source
@@ -189,7 +197,7 @@ def _ps_cells(r: dict[str, Any]) -> list[str]:
         str(r["name"]),
         str(r["state"]),
         str(r.get("pid") or "-"),
-        ",".join(r.get("devices") or []) or "-",
+        _devices(r),
         str(r.get("port") or "-"),
         str(r.get("restarts", 0)),
         f"{_fmt_bytes(est)} / {_fmt_bytes(act)}",
@@ -205,6 +213,14 @@ def _fit_columns(rows: list[list[str]], width: int) -> int:
     while keep > 1 and sum(need[:keep]) + 1 > width:
         keep -= 1
     return keep
+
+
+def _devices(row: dict[str, Any]) -> str:
+    """Local device keys, or for a model on RPC workers each worker with its share of the layers."""
+    workers = row.get("workers") or []
+    if workers:
+        return ", ".join(f"{w['worker']} {float(w['share']):.0%} ({w['layers']} layers)" for w in workers)
+    return ",".join(row.get("devices") or []) or "-"
 
 
 def ps(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -16,7 +17,7 @@ from .._errors import ServiceError, UsageError
 from ..config import ForgeSettings, get_settings
 from ._common import console, err_console
 
-__all__ = ["register", "render_unit", "service_app", "systemd_quote"]
+__all__ = ["register", "render_unit", "render_worker_unit", "service_app", "systemd_quote"]
 
 service_app = typer.Typer(
     name="service",
@@ -55,8 +56,28 @@ def render_unit(forge: Path, config: Path, *, user: bool = False, hf_cache: Path
         if user and hf_cache is not None
         else "FORGE_HF_CACHE_DIR=%C/rocmforge/huggingface"
     )
+    return _render(
+        "forge.service",
+        user,
+        forge=systemd_quote(str(forge)),
+        config=systemd_quote(str(config)),
+        hf_cache=hf_env,
+    )
+
+
+def render_worker_unit(forge: Path, args: list[str], *, user: bool = False) -> str:
+    """The unit of ``forge worker ARGS`` (llama.cpp RPC workers)."""
+    return _render(
+        "forge-worker.service",
+        user,
+        forge=systemd_quote(str(forge)),
+        args="".join(" " + systemd_quote(a) for a in args),
+    )
+
+
+def _render(template_name: str, user: bool, **fields: str) -> str:
     # Through the top package: naming the service package would import the whole gateway.
-    template = resources.files("rocmforge_supervisor").joinpath("service", "forge.service").read_text()
+    template = resources.files("rocmforge_supervisor").joinpath("service", template_name).read_text()
     lines = []
     for line in template.splitlines():
         if line.startswith(_TEMPLATE_NOTE):
@@ -66,15 +87,8 @@ def render_unit(forge: Path, config: Path, *, user: bool = False, hf_cache: Path
                 continue
             line = line[len(_SYSTEM_ONLY) :]
         lines.append(line)
-    return (
-        "\n".join(lines).format(
-            forge=systemd_quote(str(forge)),
-            config=systemd_quote(str(config)),
-            wanted_by="default.target" if user else "multi-user.target",
-            hf_cache=hf_env,
-        )
-        + "\n"
-    )
+    wanted_by = "default.target" if user else "multi-user.target"
+    return "\n".join(lines).format(wanted_by=wanted_by, **fields) + "\n"
 
 
 def _forge_executable() -> Path:
@@ -134,11 +148,21 @@ def install(
     ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the unit here instead."),
     print_only: bool = typer.Option(False, "--print", help="Print the unit on stdout; write nothing."),
+    worker: bool = typer.Option(
+        False, "--worker", help="The unit of `forge worker` (RPC workers) instead: forge-worker.service."
+    ),
+    worker_args: str = typer.Option(
+        "", "--worker-args", help="With --worker: its arguments, e.g. '--host 10.0.0.2 --allow-network'."
+    ),
 ) -> None:
-    """Write a systemd unit that runs `forge serve` from this install."""
+    """Write a systemd unit that runs `forge serve` (or, with --worker, `forge worker`) from this install."""
     settings = get_settings()
     config_path = (config.expanduser() if config else _default_config(user, settings)).absolute()
-    unit = render_unit(_forge_executable(), config_path, user=user, hf_cache=_hf_cache(settings))
+    if worker:
+        unit = render_worker_unit(_forge_executable(), shlex.split(worker_args), user=user)
+    else:
+        unit = render_unit(_forge_executable(), config_path, user=user, hf_cache=_hf_cache(settings))
+    unit_name = "forge-worker.service" if worker else "forge.service"
     if print_only:
         sys.stdout.write(unit)
         return
@@ -147,12 +171,12 @@ def install(
     if output is not None:
         target = output.expanduser().absolute()
     elif user:
-        target = _user_unit_dir() / "forge.service"
+        target = _user_unit_dir() / unit_name
     else:
-        target = SYSTEM_UNIT_DIR / "forge.service"
+        target = SYSTEM_UNIT_DIR / unit_name
     _write_atomically(target, unit)
     console.print(f"wrote {target}", markup=False)
-    if not config_path.is_file():
+    if not worker and not config_path.is_file():
         err_console.print(
             f"note: {config_path} does not exist yet; the service will not start until it does "
             "(an empty file is a valid config: every default, no preloaded models)",

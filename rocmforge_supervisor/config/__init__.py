@@ -21,7 +21,7 @@ The GPU choice and the layer count have one type and one parser each (``_values`
 
 from ._file import CONFIG_NAME, SYSTEM_CONFIG_DIR, config_search_path, load_config
 from ._names import MODEL_NAME, is_loopback
-from ._schema import ForgeConfig, ModelConfig, ServerConfig, SupervisorConfig
+from ._schema import ForgeConfig, ModelConfig, ServerConfig, SupervisorConfig, WorkerConfig
 from ._settings import ForgeSettings, get_settings
 from ._values import GpuChoice, GpuLayers, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
 
@@ -36,6 +36,7 @@ __all__ = [
     "ModelConfig",
     "ServerConfig",
     "SupervisorConfig",
+    "WorkerConfig",
     "config_search_path",
     "get_settings",
     "gpu_layers_for_placement",

@@ -22,7 +22,9 @@ CONFIG_NAME = "forge.toml"
 
 _SECRET_KEYS = frozenset({"api_key"})
 #: Our own error kinds: their messages already quote the value.
-_CUSTOM_KINDS = frozenset({"gpu_layers", "gpu", "owned_flag", "insecure_bind", "backoff_order"})
+_CUSTOM_KINDS = frozenset(
+    {"gpu_layers", "gpu", "owned_flag", "insecure_bind", "backoff_order", "worker_address"}
+)
 #: Errors raised by a section's model validator, and the key they are about.
 _VALIDATOR_FIELD = {"insecure_bind": "host", "backoff_order": "restart_backoff_max"}
 

@@ -30,7 +30,7 @@ from ._names import is_loopback
 from ._settings import ForgeSettings
 from ._values import GpuChoice, GpuLayers, parse_gpu, parse_gpu_layers
 
-__all__ = ["ForgeConfig", "ModelConfig", "ServerConfig", "SupervisorConfig", "known_keys"]
+__all__ = ["ForgeConfig", "ModelConfig", "ServerConfig", "SupervisorConfig", "WorkerConfig", "known_keys"]
 
 # -- field shapes ----------------------------------------------------------------------------------
 
@@ -172,6 +172,10 @@ class ModelConfig(_Section):
     the slot's context)."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
+    workers: Literal["auto", "never", "only", "all"] = "auto"
+    """RPC workers (``[[workers]]``): ``auto`` uses the fewest that hold it when the model does not
+    fit on this machine; ``only``: always on the fewest workers, never here; ``all``: a share on every
+    usable worker; ``never``: this machine only."""
 
     @property
     def effective_max_concurrency(self) -> int:
@@ -188,6 +192,21 @@ class ModelConfig(_Section):
                     "(use the model's own keys: path, ctx_size, gpu_layers, parallel, gpu)",
                 )
         return args
+
+
+class WorkerConfig(_Section):
+    """``[[workers]]``: one llama.cpp RPC worker (``forge worker`` on another machine)."""
+
+    address: str = Field(min_length=3)
+    """``HOST:PORT``, as `forge worker` prints it."""
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or "," in value:
+            raise custom("worker_address", f'{value!r} is not HOST:PORT (e.g. "10.0.0.2:50052")')
+        return f"{host}:{int(port)}"
 
 
 # -- the whole file --------------------------------------------------------------------------------
@@ -211,6 +230,7 @@ class ForgeConfig(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
+    workers: list[WorkerConfig] = Field(default_factory=list)
 
     _source: Path | None = PrivateAttr(default=None)
     _settings: ForgeSettings | None = PrivateAttr(default=None)
@@ -296,4 +316,6 @@ def known_keys(parent: tuple[str, ...]) -> list[str]:
         section = SupervisorConfig
     elif len(parent) == 2 and parent[0] == "models":
         section = ModelConfig
+    elif len(parent) == 2 and parent[0] == "workers":
+        section = WorkerConfig
     return list(section.model_fields) if section is not None else []

@@ -1,23 +1,32 @@
-"""Hardware discovery: /dev/kfd, AMD GPUs (KFD/DRM sysfs, amdsmi), NVIDIA (NVML), the CPU; device masks."""
+"""Hardware discovery: /dev/kfd, AMD GPUs (KFD/DRM sysfs, amdsmi), NVIDIA (NVML), the CPU; device masks;
+the devices of llama.cpp RPC workers."""
 
 from ._detect import detect, refresh_usage
 from ._gfx import gfx_target_name, parse_gfx_override
+from ._listing import ListedDevice, parse_device_list
 from ._masks import MASK_VARIABLES, child_env
 from ._report import device_json, inventory_json
 from ._types import Device, Inventory, KfdStatus, ProbeStatus, Vendor
+from ._workers import WorkerDevice, WorkerReport, discover_workers, parse_worker_address
 
 __all__ = [
     "MASK_VARIABLES",
     "Device",
     "Inventory",
     "KfdStatus",
+    "ListedDevice",
     "ProbeStatus",
     "Vendor",
+    "WorkerDevice",
+    "WorkerReport",
     "child_env",
     "detect",
     "device_json",
+    "discover_workers",
     "gfx_target_name",
     "inventory_json",
+    "parse_device_list",
     "parse_gfx_override",
+    "parse_worker_address",
     "refresh_usage",
 ]

@@ -4,8 +4,10 @@ from ._env import clean_child_env
 from ._groups import kill_process_group
 from ._instance import LlamaServer
 from ._ledger import ChildLedger
-from ._logs import LogRing, classify_failure
+from ._logs import LogRing, classify_failure, crash_cause
 from ._ports import free_port, port_is_free
+from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
+from ._spawn import with_parent_death
 from ._spec import InstanceSpec, InstanceState, describe_returncode, unwrap_group
 
 __all__ = [
@@ -14,11 +16,19 @@ __all__ = [
     "InstanceState",
     "LlamaServer",
     "LogRing",
+    "RpcWorker",
+    "WorkerEvent",
+    "WorkerSpec",
     "classify_failure",
     "clean_child_env",
+    "crash_cause",
     "describe_returncode",
     "free_port",
+    "is_loopback_host",
     "kill_process_group",
     "port_is_free",
+    "run_supervised",
     "unwrap_group",
+    "with_parent_death",
+    "worker_specs",
 ]

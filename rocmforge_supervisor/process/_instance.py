@@ -25,7 +25,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,18 +39,12 @@ from .._errors import StartFailed, UsageError
 from ._env import clean_child_env
 from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
 from ._ports import free_port, port_is_free
+from ._spawn import with_parent_death
 from ._spec import START_HINTS, InstanceSpec, InstanceState, describe_returncode, unwrap_group
 
 log = logging.getLogger("rocmforge.process")
 
 __all__ = ["LlamaServer"]
-
-_SHIM = (
-    "import ctypes,os,signal,sys;"
-    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL);"
-    "os.getppid()==int(sys.argv[1]) or os._exit(1);"
-    "os.execv(sys.argv[2],sys.argv[2:])"
-)
 
 
 class LlamaServer:
@@ -285,13 +278,7 @@ class LlamaServer:
 
     def _command(self, port: int) -> list[str]:
         assert self._key_file is not None
-        args = self.spec.args(port, self._key_file)
-        setpriv = shutil.which("setpriv")
-        if sys.platform.startswith("linux"):
-            if setpriv:
-                return [setpriv, "--pdeathsig", "KILL", "--", *args]
-            return [sys.executable, "-c", _SHIM, str(os.getpid()), *args]
-        return args
+        return with_parent_death(self.spec.args(port, self._key_file))
 
     async def _spawn_and_wait(self, port: int) -> None:
         if self._key_file is None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["OOM_PATTERNS", "LogRing", "classify_failure"]
+__all__ = ["OOM_PATTERNS", "RPC_FAILED_RE", "LogRing", "classify_failure", "crash_cause"]
 
 #: What GPU backends print when an allocation fails (the strings peers match too).
 OOM_PATTERNS = re.compile(
@@ -22,6 +22,11 @@ OOM_PATTERNS = re.compile(
 )
 LISTENING_RE = re.compile(r"listening on (https?://\S+)")
 BIND_FAILED_RE = re.compile(r"couldn't bind HTTP server socket")
+#: What llama-server aborts with when an RPC worker it placed layers on dies or drops the link
+#: (ggml-rpc.cpp's RPC_STATUS_ASSERT), or when one is unreachable at load.
+RPC_FAILED_RE = re.compile(
+    r"Remote RPC server crashed|Failed to connect to .*:\d+|failed to register RPC device"
+)
 
 LineListener = Callable[[str], object]
 
@@ -67,6 +72,9 @@ class LogRing:
 
 
 _CLASSIFY: list[tuple[str, re.Pattern[str]]] = [
+    # First: an abort prints a gdb backtrace whose "…/wait4.c: No such file or directory" lines
+    # would otherwise read as a missing model file.
+    ("rpc_worker", RPC_FAILED_RE),
     ("bind", BIND_FAILED_RE),
     ("file_not_found", re.compile(r"failed to open GGUF file .*No such file|No such file or directory")),
     ("unsupported", re.compile(r"unknown model architecture|unsupported model architecture")),
@@ -86,3 +94,10 @@ def classify_failure(lines: list[str]) -> str:
         if pattern.search(text):
             return name
     return "crashed"
+
+
+def crash_cause(lines: list[str]) -> str | None:
+    """A running child's death that its log explains (an RPC worker gone), as a phrase; else None."""
+    if any(RPC_FAILED_RE.search(line) for line in lines):
+        return "an RPC worker it placed layers on failed (Remote RPC server crashed or unreachable)"
+    return None

@@ -23,6 +23,7 @@ START_HINTS = {
     "bind": "the port is in use: choose another --port or leave it unset",
     "timeout": "the load stalled or ran past its deadline: check the log; for very large models raise supervisor.load_stall_timeout or load_deadline_base / load_deadline_per_gib",
     "bad_args": "an extra llama-server argument was rejected: check `args` / the flags you passed",
+    "rpc_worker": "an RPC worker is down or unreachable: check `forge worker` on that machine",
     "cancelled": "it was stopped on request",
     "crashed": "see the log lines above",
 }

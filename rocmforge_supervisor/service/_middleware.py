@@ -25,7 +25,8 @@ from ._state import GatewayState
 
 __all__ = ["RequestContext", "read_body"]
 
-_PUBLIC_PATHS = frozenset({"/health"}) | PAGE_PATHS  # the page's files hold no data
+# Probes (a Kubernetes kubelet, a load balancer) cannot send the key: /ready answers status only.
+_PUBLIC_PATHS = frozenset({"/health", "/ready"}) | PAGE_PATHS  # the page's files hold no data
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 

@@ -32,6 +32,7 @@ class EventKind(StrEnum):
     READY = "ready"  # the supervisor is up, preloads done (model "*")
     CONFIG = "config"  # a reload was applied (model "*")
     LOG = "log"  # one line of a child's log (the log bus only)
+    WAITING = "waiting"  # its RPC workers are down or busy: the start waits (backoff) and re-plans
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ placing and launching (unloading the models placement chose to evict, waiting fo
 1. :func:`resolve` — the model reference to a GGUF file, inspected (a bad file is refused before
    any spawn). Blocking: may download (``hf:``) and reads the file.
 2. :func:`decide` — the pure placement decision (:func:`~._placement.place`).
+   With ``[[workers]]``, :func:`decide_on_workers` is this step for a model that goes to llama.cpp
+   RPC workers (``workers = "only"``/``"all"``, or ``"auto"`` when it does not fit here): pure
+   too, from what the workers reported (the supervisor probes them; :mod:`._remote` plans).
 3. :func:`build_plan` — the device mask, the chat-template fallback, the tensor split, the
    allocation ledger and the :class:`~..process.InstanceSpec`: a :class:`LaunchPlan`.
 
@@ -16,13 +19,14 @@ The context and slot count the estimate assumed go to the child, so that llama-s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from .._argv import embedding_args, fallback_chat_template_args
 from ..config import ForgeSettings, GpuChoice, GpuLayers, ModelConfig, gpu_layers_for_placement
-from ..hardware import Inventory, child_env
+from ..hardware import Inventory, WorkerReport, child_env
 from ..models import (
     REQUIRED_VERBOSITY,
     AllocationLedger,
@@ -33,8 +37,23 @@ from ..models import (
 )
 from ..process import InstanceSpec
 from ._placement import LoadedModel, PlacementDecision, PlacementPolicy, PlacementRequest, place
+from ._placement_types import WorkerShare
+from ._remote import plan_on_workers
 
-__all__ = ["LaunchPlan", "ModelSpec", "ResolvedModel", "build_plan", "decide", "resolve"]
+__all__ = [
+    "LaunchPlan",
+    "ModelSpec",
+    "ResolvedModel",
+    "WorkerMode",
+    "build_plan",
+    "decide",
+    "decide_on_workers",
+    "resolve",
+]
+
+#: ``[models.NAME] workers``: ``never`` (also whenever no ``[[workers]]`` are configured), ``auto``
+#: (workers only when it does not fit here), ``only`` (the fewest workers), ``all`` (every one).
+WorkerMode = Literal["auto", "never", "only", "all"]
 
 
 @dataclass(frozen=True)
@@ -49,10 +68,12 @@ class ModelSpec:
     gpu: GpuChoice = "auto"
     args: tuple[str, ...] = ()
     embeddings: bool = False
+    workers: WorkerMode = "never"
 
     @classmethod
-    def from_config(cls, mc: ModelConfig) -> ModelSpec:
+    def from_config(cls, mc: ModelConfig, *, workers_configured: bool = False) -> ModelSpec:
         return cls(
+            workers=mc.workers if workers_configured else "never",
             path=mc.path,
             ctx_size=mc.ctx_size,
             n_gpu_layers=mc.gpu_layers,
@@ -92,6 +113,11 @@ class LaunchPlan:
     def estimated_bytes(self) -> dict[str, int]:
         return self.decision.estimated_bytes
 
+    @property
+    def workers(self) -> list[WorkerShare]:
+        """The RPC workers' shares when the layers went there; else empty."""
+        return list(self.decision.workers)
+
 
 def resolve(spec: ModelSpec, settings: ForgeSettings) -> ResolvedModel:
     """Step 1 (blocking). A bad magic, a truncated file or a wrong version is refused here."""
@@ -121,6 +147,27 @@ def decide(
     return place(inventory, request, loaded, PlacementPolicy(allow_evict=allow_evict))
 
 
+def decide_on_workers(
+    spec: ModelSpec,
+    name: str,
+    model: ResolvedModel,
+    reports: Sequence[WorkerReport],
+    held: Collection[str] = (),
+) -> PlacementDecision:
+    """Step 2 for RPC workers (pure): every layer on the fewest usable workers (``all``: on each),
+    split by their free memory. ``held``: workers another model uses (one client per worker).
+    Raises :class:`~._remote.WorkersUnavailable` (retryable) when they cannot hold it now."""
+    return plan_on_workers(
+        model.info,
+        reports,
+        ctx_size=spec.ctx_size,
+        parallel=spec.parallel,
+        held=held,
+        name=name,
+        spread=spec.workers == "all",
+    ).as_decision()
+
+
 def build_plan(
     spec: ModelSpec,
     name: str,
@@ -141,20 +188,24 @@ def build_plan(
     line_listeners: Sequence[Callable[[str], object]] = (),
 ) -> LaunchPlan:
     """Step 3: the child's mask, flags and ledger, from a decision already carried out."""
-    devices = [inventory.by_key(k) for k in decision.devices]
+    remote = decision.rpc_servers
+    # On workers, this machine's GPUs stay out (a mixed local + remote split is not done yet).
+    devices = [] if remote else [inventory.by_key(k) for k in decision.devices]
     info = model.info
     extra = [*fallback_chat_template_args(info.has_chat_template, str(info.architecture), spec.args)]
     extra += embedding_args(spec.embeddings, spec.args, str(info.architecture))
     extra += spec.args
-    if decision.tensor_split and len(decision.devices) > 1:
+    if remote:
+        extra += ["--rpc", ",".join(remote)]
+    if decision.tensor_split and (remote or len(decision.devices) > 1):
         extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
     # The ledger maps the child's own device names (ROCm0, CUDA0: its *visible* devices, after
     # the mask) back to our keys.
-    gpus = [d for d in decision.devices if d != "cpu"]
+    gpus = [d for d in decision.devices if d != "cpu" and not remote]
     ledger = AllocationLedger(gpu_keys=gpus or None)
     est = decision.estimate
     # Unset: the layers placement decided. Set (a count, "auto", "all"): the user's, as given.
-    ngl = spec.n_gpu_layers
+    ngl = spec.n_gpu_layers if spec.n_gpu_layers is not None or not remote else "all"
     instance = InstanceSpec(
         binary=binary,
         model_path=model.path,
@@ -166,7 +217,7 @@ def build_plan(
         port=port,
         api_key=api_key,
         mask=child_env(devices, inventory, settings),
-        cpu_only=all(d.vendor == "cpu" for d in devices),
+        cpu_only=not remote and all(d.vendor == "cpu" for d in devices),
         log_path=log_path,
         state_dir=state_dir,
         stall_timeout=stall_timeout,

@@ -22,11 +22,12 @@ import anyio.abc
 
 from .._errors import ForgeError, ModelRetired, PlacementError, QueueFull, ServiceError, StartFailed
 from ..config import ModelConfig, SupervisorConfig
-from ..process import LlamaServer, describe_returncode, unwrap_group
+from ..process import LlamaServer, crash_cause, describe_returncode, unwrap_group
 from ._events import EventBus, EventKind
 from ._launch import LaunchPlan
 from ._loading import wait_ready_within
 from ._placement import LoadedModel
+from ._remote import WorkersUnavailable
 from ._status import Breaker, ModelState, ModelStatus, check_transition, model_status
 
 __all__ = ["ManagedModel", "PlanFn"]
@@ -216,13 +217,21 @@ class ManagedModel:
         if self.state != ModelState.LOADING:
             self._set_state(ModelState.LOADING, restarts=self.restarts)
         self.loading_since = time.monotonic()
-        try:
-            return await self._plan(self)
-        except ForgeError as exc:
-            self._fail(str(exc), [], kind="placement" if isinstance(exc, PlacementError) else "invalid")
-        except Exception as exc:  # a bug must fail this model, not the whole service
-            log.exception("model %s: planning the start failed", self.name)
-            self._fail(f"internal error while planning the start: {exc!r}", [], kind="internal")
+        while not self._stop_requested:
+            try:
+                return await self._plan(self)
+            except WorkersUnavailable as exc:  # workers down or busy, not a broken model: re-plan
+                self.last_error = str(exc)
+                self._events.publish(self.name, EventKind.WAITING, reason="workers", message=exc.message)
+                self._set_state(ModelState.LOADING, waiting_for="workers", retry_in=self._backoff)
+                await self._wait_backoff()
+            except ForgeError as exc:
+                self._fail(str(exc), [], kind="placement" if isinstance(exc, PlacementError) else "invalid")
+                return None
+            except Exception as exc:  # a bug must fail this model, not the whole service
+                log.exception("model %s: planning the start failed", self.name)
+                self._fail(f"internal error while planning the start: {exc!r}", [], kind="internal")
+                return None
         return None
 
     async def _run_child(self, plan: LaunchPlan) -> _Exit:
@@ -243,7 +252,8 @@ class ManagedModel:
         if self._stop_requested:
             return _Exit.STOPPED
         how = describe_returncode(server.returncode)
-        self.last_error = f"llama-server {how}"
+        cause = crash_cause(server.log.tail(40))  # e.g. an RPC worker it placed layers on died
+        self.last_error = f"llama-server {how}" + (f": {cause}" if cause else "")
         self.last_stderr = server.log.tail(15)
         self._events.publish(
             self.name, EventKind.CRASH, returncode=server.returncode, message=self.last_error
@@ -330,13 +340,8 @@ class ManagedModel:
                 continue
             failures += 1
             limit = self.policy.health_failures
-            log.warning(
-                "model %s: /health check failed (%d/%d)",
-                self.name,
-                failures,
-                limit,
-                extra={"model": self.name},
-            )
+            msg = "model %s: /health check failed (%d/%d)"
+            log.warning(msg, self.name, failures, limit, extra={"model": self.name})
             if failures >= self.policy.health_failures:
                 self._events.publish(self.name, EventKind.HANG, failures=failures)
                 self.last_error = f"no answer to /health {failures} times in a row: killed"

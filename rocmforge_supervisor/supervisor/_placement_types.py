@@ -19,6 +19,7 @@ __all__ = [
     "PlacementDecision",
     "PlacementPolicy",
     "PlacementRequest",
+    "WorkerShare",
     "describe_device",
     "free_memory",
 ]
@@ -102,6 +103,28 @@ class PlacementPolicy:
 
 
 @dataclass(frozen=True)
+class WorkerShare:
+    """One RPC worker device's part of a model (``forge ps``, ``/api/models``' ``workers``)."""
+
+    worker: str
+    """The worker's ``HOST:PORT``."""
+    device: int
+    """The device's index on that worker."""
+    share: float
+    layers: int
+    estimated_bytes: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "worker": self.worker,
+            "device": self.device,
+            "share": self.share,
+            "layers": self.layers,
+            "estimated_bytes": self.estimated_bytes,
+        }
+
+
+@dataclass(frozen=True)
 class PlacementDecision:
     devices: tuple[str, ...]
     """GPU keys in the child's device order, or ``("cpu",)``."""
@@ -113,10 +136,17 @@ class PlacementDecision:
     need_bytes: dict[str, int]
     """Per device: what must be free before the spawn (estimate plus margin plus reserve)."""
     reason: str
+    workers: tuple[WorkerShare, ...] = ()
+    """Set when every layer goes to RPC workers (``devices`` are then their devices' keys)."""
 
     @property
     def on_cpu(self) -> bool:
         return self.devices == ("cpu",)
+
+    @property
+    def rpc_servers(self) -> tuple[str, ...]:
+        """``--rpc``'s list, in the order llama-server numbers the devices."""
+        return tuple(dict.fromkeys(w.worker for w in self.workers))
 
     @property
     def estimated_bytes(self) -> dict[str, int]:
@@ -132,6 +162,7 @@ class PlacementDecision:
             "need_bytes": dict(self.need_bytes),
             "reason": self.reason,
             "estimate": self.estimate.to_json(),
+            "workers": [w.to_json() for w in self.workers],
         }
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from ._placement_types import WorkerShare
+
 if TYPE_CHECKING:
     from ._managed import ManagedModel
 
@@ -120,6 +122,8 @@ class ModelStatus:
     max_concurrency: int = 0
     queue_limit: int = 0
     requests_total: int = 0
+    workers: list[WorkerShare] = field(default_factory=list)
+    """The RPC workers holding its layers (``[[workers]]``), with their shares; else empty."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +133,7 @@ class ModelStatus:
             "pid": self.pid,
             "port": self.port,
             "devices": list(self.devices),
+            "workers": [w.to_json() for w in self.workers],
             "restarts": self.restarts,
             "last_error": self.last_error,
             "uptime": self.uptime,
@@ -173,6 +178,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
         pid=server.pid if server is not None and alive else None,
         port=server.port if server is not None and alive else None,
         devices=plan.devices if plan else [],
+        workers=plan.workers if plan else [],
         restarts=m.restarts,
         last_error=m.last_error,
         uptime=time.monotonic() - m.ready_since if ready and m.ready_since else None,

@@ -22,14 +22,14 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._errors import ModelNotFound, ModelRetired, ServiceError, UsageError
+from .._errors import ModelNotFound, ModelRetired, PlacementError, ServiceError, UsageError
 from ..build import locate_llama_server
 from ..client._transport import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig
-from ..hardware import Inventory, detect, refresh_usage
+from ..hardware import Inventory, detect, discover_workers, refresh_usage
 from ..process import ChildLedger
 from ._events import EventBus, EventKind
-from ._launch import LaunchPlan, ModelSpec, build_plan, decide, resolve
+from ._launch import LaunchPlan, ModelSpec, ResolvedModel, build_plan, decide, decide_on_workers, resolve
 from ._loading import wait_ready_within
 from ._managed import ManagedModel
 from ._placement import PlacementDecision
@@ -44,6 +44,8 @@ ReloadSummary = dict[str, list[str]]
 #: After an eviction: how long to wait for the driver to hand the memory back (Ollama waits 5 s).
 _RELEASE_TIMEOUT = 5.0
 _RELEASE_POLL = 0.25
+#: Seconds an RPC worker may take to answer the device probe (a held one never answers).
+_WORKER_PROBE_TIMEOUT = 10.0
 
 
 class Supervisor:
@@ -83,7 +85,10 @@ class Supervisor:
     async def run(self, *, task_status: anyio.abc.TaskStatus[Supervisor] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; then drain and stop every child (shielded)."""
         if self.binary is None:
-            self.binary = (await anyio.to_thread.run_sync(locate_llama_server, self.settings)).path
+            # With [[workers]] the children need --rpc: only an RPC build (`forge build --rpc`) has it.
+            rpc = bool(self.config.workers)
+            found = await anyio.to_thread.run_sync(lambda: locate_llama_server(self.settings, rpc=rpc))
+            self.binary = found.path
         self.inventory = await anyio.to_thread.run_sync(detect, self.settings)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -280,15 +285,11 @@ class Supervisor:
     # -- the launch pipeline, with eviction in the middle ------------------------------------------
 
     async def _plan(self, m: ManagedModel) -> LaunchPlan:
-        spec = ModelSpec.from_config(m.config)
+        spec = ModelSpec.from_config(m.config, workers_configured=bool(self.config.workers))
         # Resolving may download (hf:), inspecting reads the GGUF: not on the event loop.
         model = await anyio.to_thread.run_sync(resolve, spec, self.settings)
         async with self._placement_lock:
-            inventory = await self._refresh_inventory()
-            loaded = [lm for o in self.models.values() if o is not m and (lm := o.as_loaded()) is not None]
-            decision = decide(spec, m.name, model, inventory, loaded, allow_evict=True)
-            if decision.evict:
-                inventory = await self._evict(decision, for_model=m.name)
+            decision, inventory = await self._decide(m, spec, model)
         return build_plan(
             spec,
             m.name,
@@ -304,6 +305,42 @@ class Supervisor:
             stop_timeout=self.policy.stop_timeout,
             line_listeners=[self._log_forwarder(m.name)],
         )
+
+    async def _decide(
+        self, m: ManagedModel, spec: ModelSpec, model: ResolvedModel
+    ) -> tuple[PlacementDecision, Inventory]:
+        """Here (evicting idle models if it must), or on RPC workers when the spec says so or
+        (``auto``) when it does not fit here."""
+        inventory = await self._refresh_inventory()
+        if spec.workers in ("only", "all"):
+            return await self._decide_on_workers(m, spec, model), inventory
+        loaded = [lm for o in self.models.values() if o is not m and (lm := o.as_loaded()) is not None]
+        try:
+            decision = decide(spec, m.name, model, inventory, loaded, allow_evict=True)
+        except PlacementError:
+            if spec.workers == "never":
+                raise
+            return await self._decide_on_workers(m, spec, model), inventory
+        if decision.evict:
+            inventory = await self._evict(decision, for_model=m.name)
+        return decision, inventory
+
+    async def _decide_on_workers(
+        self, m: ManagedModel, spec: ModelSpec, model: ResolvedModel
+    ) -> PlacementDecision:
+        """Probe the configured workers no other model holds, then plan on them (pure)."""
+        held = {
+            w.worker
+            for o in self.models.values()
+            if o is not m and o.running and o.plan is not None
+            for w in o.plan.workers
+        }
+        free = [w.address for w in self.config.workers if w.address not in held]
+        binary = self.binary or Path("llama-server")
+        reports = await anyio.to_thread.run_sync(
+            lambda: discover_workers(binary, free, timeout=_WORKER_PROBE_TIMEOUT)
+        )
+        return decide_on_workers(spec, m.name, model, reports, held)
 
     async def _refresh_inventory(self) -> Inventory:
         if self.inventory is None:

@@ -208,3 +208,32 @@ def test_print_path_reports_the_binary(llama_server_bin: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(llama_server_bin)
     assert "commit 4df29be" in r.stderr and "backends: cpu" in r.stderr
+
+
+def test_rpc_plan_builds_both_binaries_under_their_own_key() -> None:
+    plan = make_plan(
+        backend="cpu",
+        source=Path("/s"),
+        build_dir=Path("/b"),
+        commit=LLAMA_CPP_COMMIT,
+        jobs=2,
+        which=_which("cmake", "c++", "ninja"),
+        rpc=True,
+    )
+    assert plan.configure[-1] == "-DGGML_RPC=ON"
+    assert plan.build == [
+        "cmake", "--build", "/b", "--config", "Release", "--target", "llama-server", "ggml-rpc-server", "-j", "2",
+    ]  # fmt: skip
+    assert cache_key(LLAMA_CPP_COMMIT, "cpu", (), rpc=True) == "4df29be4f4c3-cpu-rpc"
+    assert cache_key(LLAMA_CPP_COMMIT, "cpu", ()) == "4df29be4f4c3-cpu"  # a plain build stays valid
+
+
+def test_rpc_build_is_located(rpc_server_bin: Path, rpc_llama_server_bin: Path) -> None:
+    assert rpc_server_bin.name == "ggml-rpc-server"
+    assert rpc_server_bin.parent == rpc_llama_server_bin.parent  # one build, one tree
+    proc = subprocess.run(
+        [*FORGE, "build", "--rpc", "--print-path"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(rpc_llama_server_bin)
+    assert f"rpc worker: {rpc_server_bin}" in proc.stderr

@@ -251,3 +251,30 @@ def test_unwritable_target_is_one_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: cannot write ")
     assert "Traceback" not in proc.stderr
+
+
+@needs_analyze
+@needs_forge
+def test_systemd_accepts_the_worker_unit(tmp_path: Path) -> None:
+    from rocmforge_supervisor.cli._service import render_worker_unit
+
+    unit = tmp_path / "forge-worker.service"
+    text = render_worker_unit(FORGE, ["--host", "10.0.0.2", "--allow-network"])
+    unit.write_text(text)
+    assert verify(unit) == []
+    [exec_start] = [line for line in unit_lines(text) if line.startswith("ExecStart=")]
+    assert exec_start == f"ExecStart={FORGE} worker --host 10.0.0.2 --allow-network"
+
+
+@needs_forge
+def test_install_worker_writes_its_own_unit(tmp_path: Path) -> None:
+    out = tmp_path / "forge-worker.service"
+    proc = subprocess.run(
+        [str(FORGE), "service", "install", "--worker", "--worker-args", "--port 50060", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "worker --port 50060" in text and "serve" not in "".join(unit_lines(text))

@@ -500,3 +500,35 @@ def test_the_overlapping_knobs_resolve_in_one_place(tmp_path: Path) -> None:
     both = load_config(None, settings, env=env, system_dir=tmp_path)
     assert both.state_dir == tmp_path / "from-env"
     assert both.model_dirs == [tmp_path / "b", tmp_path / "a"]
+
+
+def test_workers_and_the_per_model_switch(tmp_path: Path, settings: ForgeSettings, etc: Path) -> None:
+    f = write(
+        tmp_path / "forge.toml",
+        '[[workers]]\naddress = "10.0.0.2:50052"\n[[workers]]\naddress = " gpu-box:050053 "\n'
+        '[models.big]\npath = "gemma-3-270m"\nworkers = "all"\n',
+    )
+    cfg = load(f, settings, etc)
+    assert [w.address for w in cfg.workers] == ["10.0.0.2:50052", "gpu-box:50053"]
+    assert cfg.models["big"].workers == "all"
+    assert load(write(tmp_path / "none.toml", ""), settings, etc).workers == []
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "why"),
+    [
+        ('[[workers]]\naddress = "10.0.0.2"\n', "workers.0.address", "is not HOST:PORT"),
+        ('[[workers]]\naddress = "a:1"\nport = 2\n', "workers.0.port", "unknown key"),
+        (
+            '[models.m]\npath = "x"\nworkers = "sometimes"\n',
+            "models.m.workers",
+            "'auto', 'never', 'only' or 'all'",
+        ),
+    ],
+)
+def test_bad_worker_config_names_the_key(
+    tmp_path: Path, settings: ForgeSettings, etc: Path, text: str, key: str, why: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        load(write(tmp_path / "forge.toml", text), settings, etc)
+    assert f": {key}: " in str(e.value) and why in str(e.value)

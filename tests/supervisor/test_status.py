@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rocmforge_supervisor.supervisor._placement_types import WorkerShare
 from rocmforge_supervisor.supervisor._status import (
     TRANSITIONS,
     Breaker,
@@ -79,6 +80,7 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "pid": 7,
         "port": None,
         "devices": [],
+        "workers": [],
         "restarts": 0,
         "last_error": None,
         "uptime": None,
@@ -97,3 +99,11 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "queue_limit": 0,
         "requests_total": 0,
     }
+
+
+def test_status_json_names_each_rpc_worker_share() -> None:
+    share = WorkerShare(worker="10.0.0.2:50052", device=0, share=0.25, layers=5, estimated_bytes=1 << 20)
+    s = ModelStatus(name="m", state=S.READY, since=1.0, path="/m.gguf", workers=[share])
+    assert s.to_json()["workers"] == [
+        {"worker": "10.0.0.2:50052", "device": 0, "share": 0.25, "layers": 5, "estimated_bytes": 1 << 20}
+    ]

@@ -1,0 +1,107 @@
+"""`forge worker`: real llama.cpp rpc-server children, supervised — ready, restarted, never orphaned,
+and never open to the network by accident."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from rocmforge_supervisor.process import free_port
+from tests.support.service import wait_for
+from tests.support.workers import all_rpc_servers_named, running_worker
+
+FORGE = [sys.executable, "-m", "rocmforge_supervisor.cli"]
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def test_worker_listens_and_stops_cleanly(rpc_server_bin: Path, tmp_path: Path) -> None:
+    with running_worker(rpc_server_bin, tmp_path) as w:
+        assert _listening(w.port)
+        [child] = w.rpc_servers()
+        assert child.cmdline()[-6:] == ["-H", "127.0.0.1", "-p", str(w.port), "-t", "1"]
+        w.proc.send_signal(signal.SIGTERM)
+        assert w.proc.wait(timeout=20) == 0
+        assert not child.is_running() or child.status() == "zombie"
+    log = (tmp_path / "logs").glob("worker-cpu.log")
+    assert any("Starting RPC server" in p.read_text() for p in log)  # its banner reached the log
+
+
+def test_killed_rpc_server_is_restarted(rpc_server_bin: Path, tmp_path: Path) -> None:
+    with running_worker(rpc_server_bin, tmp_path) as w:
+        [first] = w.rpc_servers()
+        first.send_signal(signal.SIGKILL)
+        wait_for(
+            lambda: [p for p in w.rpc_servers() if p.pid != first.pid] and _listening(w.port),
+            timeout=30,
+            what="a new rpc-server listening",
+        )
+        assert "worker cpu: exited killed by SIGKILL" in w.log.read_text()
+
+
+def test_no_orphan_when_forge_worker_is_sigkilled(rpc_server_bin: Path, tmp_path: Path) -> None:
+    with running_worker(rpc_server_bin, tmp_path) as w:
+        [child] = w.rpc_servers()
+        os.kill(w.proc.pid, signal.SIGKILL)
+        w.proc.wait(timeout=10)
+        # No cleanup of ours ran: the parent-death signal alone ends the rpc-server.
+        wait_for(lambda: not all_rpc_servers_named(w.port), timeout=10, what="rpc-server gone")
+        assert not _listening(w.port)
+        assert not child.is_running() or child.status() == "zombie"
+
+
+def test_non_loopback_bind_needs_the_flag(rpc_server_bin: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*FORGE, "worker", "--host", "0.0.0.0", "--cpu", "--rpc-server", str(rpc_server_bin)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "FORGE_STATE_DIR": str(tmp_path)},
+    )
+    assert proc.returncode == 2
+    assert "no authentication" in proc.stderr and "--allow-network" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_port_in_use_is_one_clear_error(rpc_server_bin: Path, tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        proc = subprocess.run(
+            [*FORGE, "worker", "--cpu", "-t", "1", "--port", str(port), "--rpc-server", str(rpc_server_bin)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "FORGE_STATE_DIR": str(tmp_path)},
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert f"could not listen on 127.0.0.1:{port}" in proc.stderr.splitlines()[0]
+    assert not all_rpc_servers_named(port)
+
+
+def test_a_dead_worker_is_named_even_under_a_gdb_backtrace() -> None:
+    """The lines a split llama-server left when its worker was SIGKILLed (captured from a real run):
+    the backtrace's "No such file or directory" must not read as a missing model."""
+    from rocmforge_supervisor.process import classify_failure, crash_cause
+
+    lines = [
+        "2.44.729.291 E recv failed (bytes_recv=0, size_to_recv=8)",
+        "/root/.cache/rocmforge/src/llama.cpp-4df29be4f4c3/ggml/src/ggml-rpc/ggml-rpc.cpp:519: "
+        "Remote RPC server crashed or returned malformed response",
+        "30\t../sysdeps/unix/sysv/linux/wait4.c: No such file or directory.",
+        "360\t../csu/libc-start.c: No such file or directory.",
+    ]
+    assert classify_failure(lines) == "rpc_worker"
+    assert crash_cause(lines) and "RPC worker" in str(crash_cause(lines))
+    assert crash_cause(lines[2:]) is None

@@ -1,0 +1,95 @@
+"""Planning a model onto RPC workers, from what the workers reported (the real gemma GGUF's size)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rocmforge_supervisor.config import ForgeConfig
+from rocmforge_supervisor.hardware import WorkerDevice, WorkerReport, detect
+from rocmforge_supervisor.models._gguf import inspect_gguf
+from rocmforge_supervisor.supervisor._launch import ModelSpec, ResolvedModel, build_plan, decide_on_workers
+from rocmforge_supervisor.supervisor._remote import WorkersUnavailable, plan_on_workers
+
+GIB = 1 << 30
+
+
+def _worker(port: int, free_gib: float) -> WorkerReport:
+    addr = f"10.0.0.{port % 250}:{port}"
+    return WorkerReport(addr, "ok", (WorkerDevice(addr, 0, addr, 64 * GIB, int(free_gib * GIB)),))
+
+
+def test_fewest_workers_unless_spread(gemma_path: Path) -> None:
+    info = inspect_gguf(gemma_path)
+    reports = [_worker(50052, 8), _worker(50053, 16)]
+    one = plan_on_workers(info, reports, ctx_size=4096, parallel=1)
+    assert one.addresses == ("10.0.0.53:50053",)  # the one with more room
+    assert one.child_args() == ["--rpc", "10.0.0.53:50053", "--tensor-split", "1"]
+    both = plan_on_workers(info, reports, ctx_size=4096, parallel=1, spread=True)
+    assert both.addresses == ("10.0.0.52:50052", "10.0.0.53:50053")  # configured order
+    assert both.tensor_split == pytest.approx((1 / 3, 2 / 3), abs=0.01)
+    shares = both.shares()
+    assert [s["worker"] for s in shares] == list(both.addresses)
+    assert sum(int(s["layers"]) for s in shares) == info.block_count
+
+
+def test_down_busy_and_held_workers_are_left_out_and_named(gemma_path: Path) -> None:
+    info = inspect_gguf(gemma_path)
+    reports = [
+        WorkerReport("10.0.0.1:1", "unreachable", detail="nothing answers on 10.0.0.1:1"),
+        _worker(50052, 8),
+        _worker(50053, 8),
+    ]
+    plan = plan_on_workers(info, reports, ctx_size=2048, parallel=1, held={"10.0.0.53:50053"}, spread=True)
+    assert plan.addresses == ("10.0.0.52:50052",)
+    assert plan.skipped == {
+        "10.0.0.1:1": "nothing answers on 10.0.0.1:1",
+        "10.0.0.53:50053": "in use by another model",
+    }
+
+
+def test_too_little_room_is_retryable_and_says_how_much(gemma_path: Path) -> None:
+    info = inspect_gguf(gemma_path)
+    with pytest.raises(WorkersUnavailable, match=r"lack .* GiB on rpc:10\.0\.0\.52:50052#0.*nothing answers"):
+        plan_on_workers(
+            info,
+            [_worker(50052, 0.1), WorkerReport("10.0.0.9:9", "unreachable", detail="nothing answers")],
+            ctx_size=4096,
+            parallel=1,
+        )
+
+
+def test_the_launch_pipeline_starts_a_worker_plan_with_rpc_and_split(
+    gemma_path: Path, make_config: Callable[..., ForgeConfig], tmp_path: Path
+) -> None:
+    """decide_on_workers → build_plan: every layer on the workers, no local device, no --device none."""
+    spec = ModelSpec(path=str(gemma_path), ctx_size=2048, parallel=1, workers="all")
+    model = ResolvedModel(gemma_path, inspect_gguf(gemma_path))
+    decision = decide_on_workers(spec, "big", model, [_worker(50052, 8), _worker(50053, 16)])
+    settings = make_config({}).settings
+    plan = build_plan(
+        spec,
+        "big",
+        model,
+        decision,
+        detect(settings),
+        settings,
+        binary=Path("llama-server"),
+        log_path=tmp_path / "big.log",
+        state_dir=tmp_path,
+    )
+    argv = plan.spec.args(8080, tmp_path / "key")
+    assert argv[argv.index("--rpc") + 1] == "10.0.0.52:50052,10.0.0.53:50053"
+    split = [float(x) for x in argv[argv.index("--tensor-split") + 1].split(",")]
+    assert split == pytest.approx([1 / 3, 2 / 3], abs=0.01)
+    assert argv[argv.index("--n-gpu-layers") + 1] == "all" and "--device" not in argv
+    assert [w.worker for w in plan.workers] == ["10.0.0.52:50052", "10.0.0.53:50053"]
+    assert plan.devices == ["rpc:10.0.0.52:50052#0", "rpc:10.0.0.53:50053#0"]
+
+
+def test_without_workers_configured_a_spec_never_uses_them(make_config: Callable[..., ForgeConfig]) -> None:
+    mc = make_config({"m": {"workers": "only"}}).models["m"]
+    assert ModelSpec.from_config(mc).workers == "never"
+    assert ModelSpec.from_config(mc, workers_configured=True).workers == "only"
