@@ -44,6 +44,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
+#: No byte for this long on a stream counts as an error, not a wait: llama.cpp's router sometimes
+#: leaves a proxied request hanging (seen at c=4 on this box), which stalled a whole run 10 minutes.
+STALL = httpx.Timeout(60.0, connect=10.0)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
@@ -244,7 +249,7 @@ async def probe_health(p: Path_, out: list[float], stop: anyio.Event) -> None:
 async def measure(paths: list[Path_], args: argparse.Namespace) -> dict[str, list[float]]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)  # httpx's 5 s expiry
     for p in paths:
-        p.client = httpx.AsyncClient(timeout=600, limits=limits)
+        p.client = httpx.AsyncClient(timeout=STALL, limits=limits)
         await run_round(p, 1, 4)  # warm: the router loads its model on the first request
     probes: dict[str, list[float]] = {p.name: [] for p in paths}
     stop = anyio.Event()
@@ -322,8 +327,8 @@ async def ceiling(gw: Path_, direct: Path_, streams: list[int], tokens: int) -> 
     ]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     async with (
-        httpx.AsyncClient(timeout=600, limits=limits) as c1,
-        httpx.AsyncClient(timeout=600, limits=limits) as c2,
+        httpx.AsyncClient(timeout=STALL, limits=limits) as c1,
+        httpx.AsyncClient(timeout=STALL, limits=limits) as c2,
     ):
         direct.client, gw.client = c1, c2
         for p in (direct, gw):
