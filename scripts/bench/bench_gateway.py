@@ -370,6 +370,13 @@ def main() -> None:
     ap.add_argument("--ceiling", type=int, nargs="*", default=[32, 64])
     ap.add_argument("--ceiling-tokens", type=int, default=192)
     ap.add_argument("--pause", type=float, default=1.0, help="idle seconds between rounds")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="llama-server compute threads (default 1: on a small shared box, ggml's spinning thread "
+        "barrier turns any other load into 10x swings of every path; 0 = llama-server's default)",
+    )
     args = ap.parse_args()
 
     from rocmforge_supervisor.build import locate_llama_server
@@ -392,6 +399,7 @@ def run(args: argparse.Namespace, binary: Path, model: Path, tmp: Path) -> None:
     tiny = write_tiny_gguf(tmp / "tiny.gguf")
     n_ceil = max(args.ceiling, default=0)
     cfg = tmp / "forge.toml"
+    threads = f'args = ["--threads", "{args.threads}"]\n' if args.threads else ""
     text = f"""
 [models.bench]
 path = "{model}"
@@ -401,7 +409,7 @@ parallel = {args.parallel}
 max_concurrency = {args.parallel}
 queue = 4096
 preload = true
-"""
+{threads}"""
     if n_ceil:
         text += f"""
 [models.tiny]
@@ -457,7 +465,7 @@ preload = true
             for p in paths:
                 rss[p.name] = psutil.Process(p.pid).memory_info().rss / 2**20
             print(
-                f"\n## Gateway data path ({args.rounds} interleaved rounds, medians; {args.tokens} tokens, parallel {args.parallel}, {model.name}, CPU)\n"
+                f"\n## Gateway data path ({args.rounds} interleaved rounds, medians; {args.tokens} tokens, parallel {args.parallel}, --threads {args.threads or 'default'}, {model.name}, CPU)\n"
             )
             print(table(paths, ka, rss, args.concurrency))
             print(f"\nforge serve RSS: idle {idle_rss:.0f} MiB, after the rounds {rss['forge']:.0f} MiB")
