@@ -37,8 +37,8 @@ ServiceInfo = dict[str, Any]
 
 
 def loop_options() -> dict[str, Any]:
-    """uvloop when installed (the ``fast`` extra): the gateway's per-chunk cost is event-loop
-    bound. Looked up, not imported, so the package type-checks without it."""
+    """uvloop (a dependency on Linux; uvicorn picks httptools by itself): the gateway's per-chunk
+    cost is event-loop bound. Looked up, not imported: a platform without it still serves."""
     return {"use_uvloop": True} if importlib.util.find_spec("uvloop") is not None else {}
 
 
