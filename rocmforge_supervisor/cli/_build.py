@@ -8,21 +8,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..build import (
-    BACKENDS,
-    RPC_SERVER_TARGET,
-    BuildResult,
-    build_llama_server,
-    locate_llama_server,
-    locate_rpc_server,
-)
-from ..build._builder import ProgressFn
-from ..config import get_settings
-from ._common import console, err_console
+from ..build import BACKENDS, RPC_SERVER_TARGET  # the light ``_plan`` only: the build package is lazy
+from ._common import console, err_console, get_settings
+
+if TYPE_CHECKING:
+    from ..build import BuildResult
+    from ..build._builder import ProgressFn
 
 __all__ = ["plain_progress", "register"]
 
@@ -50,6 +45,8 @@ def build(
     ),
 ) -> None:
     """Build llama-server from the pinned llama.cpp (cached), or print the one in use."""
+    from ..build import build_llama_server, locate_llama_server, locate_rpc_server  # start-up time
+
     settings = get_settings()
     if print_path:
         info = locate_llama_server(settings, list_devices=True, rpc=rpc)
@@ -84,6 +81,8 @@ def build(
     elif not err_console.is_terminal:
         result = plain_progress(build)
     else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         with Progress(
             TextColumn("[bold]building llama-server[/]"),
             BarColumn(),
