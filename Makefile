@@ -59,7 +59,7 @@ bench: setup dev ## the benchmarks (numbers, not pass/fail): see scripts/bench/
 	$(BIN)/python scripts/bench/bench_detect.py
 	$(BIN)/python scripts/bench/bench_sse.py
 	$(BIN)/python scripts/bench/bench_instance.py
-	$(BIN)/python scripts/bench/bench_gateway.py --max-streams 512
+	$(BIN)/python scripts/bench/bench_gateway.py
 	$(BIN)/python scripts/bench/bench_rpc.py
 
 clean:

@@ -123,23 +123,8 @@ async def run_service(
             with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
                 await tg.start(supervisor.run)
                 gateway_done = anyio.Event()
-
-                async def serve_gateway() -> None:
-                    try:
-                        await uv.serve(sockets)
-                    finally:
-                        gateway_done.set()
-
-                tg.start_soon(serve_gateway)
-                config_file = str(config_path) if config_path else None
-                ollama_port = sockets[1].getsockname()[1] if len(sockets) > 1 else None
-                written = {
-                    "url": base_url,
-                    "pid": os.getpid(),
-                    "config": config_file,
-                    "ollama_port": ollama_port,
-                }
-                _write_info(info_path, written)
+                tg.start_soon(_serve_gateway, uv, sockets, gateway_done)
+                _publish(info_path, base_url, config_path, sockets)
                 if on_listening is not None:
                     on_listening(base_url)
                 tg.start_soon(_announce_ready, supervisor, notifier)
@@ -164,6 +149,24 @@ async def run_service(
             info_path.unlink(missing_ok=True)
     if forced is not None:
         raise ForcedExit(forced)
+
+
+async def _serve_gateway(uv: _Uvicorn, sockets: list[socket.socket], done: anyio.Event) -> None:
+    try:
+        await uv.serve(sockets)
+    finally:
+        done.set()
+
+
+def _publish(info_path: Path, base_url: str, config_path: Path | None, sockets: list[socket.socket]) -> None:
+    """service.json: how ``forge ps``/``chat``/``load`` find this service (removed at exit)."""
+    info = {
+        "url": base_url,
+        "pid": os.getpid(),
+        "config": str(config_path) if config_path else None,
+        "ollama_port": sockets[1].getsockname()[1] if len(sockets) > 1 else None,
+    }
+    _write_info(info_path, info)
 
 
 def _gateway(

@@ -231,8 +231,17 @@ def test_queue_full_gives_429(tmp_path: Path, gemma_path: Path, llama_server_bin
         FAST + _model("slow", gemma_path, preload=True, parallel=1, max_concurrency=1, queue=1),
     )
     with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
-        long = {"model": "slow", "prompt": "Tell a long story.", "max_tokens": 120, "stream": True}
+        # ignore_eos and a budget longer than the test: the slot stays held until the test lets go
+        # (a fast machine finished a 120-token story before the 429 was asked for).
+        long = {
+            "model": "slow",
+            "prompt": "Tell a long story.",
+            "max_tokens": 900,
+            "stream": True,
+            "ignore_eos": True,
+        }
         started = threading.Event()
+        release = threading.Event()
         results: list[int] = []
 
         def hold() -> None:
@@ -243,20 +252,26 @@ def test_queue_full_gives_429(tmp_path: Path, gemma_path: Path, llama_server_bin
                 results.append(r.status_code)
                 for _ in r.iter_lines():
                     started.set()
+                    if release.is_set():
+                        break  # closing the stream gives the slot back
 
         first = threading.Thread(target=hold)
         first.start()
-        assert started.wait(60)
         waiter = threading.Thread(target=hold)  # takes the one queue place
-        waiter.start()
-        wait_for(lambda: svc.model("slow")["waiting"] == 1, what="one waiting")
-        with svc.client() as c:
-            r = c.post("/v1/completions", json={"model": "slow", "prompt": "x", "max_tokens": 1})
-        assert r.status_code == 429
-        assert r.headers["retry-after"] == "1"
-        assert r.json()["error"]["code"] == "queue_full"
-        for t in (first, waiter):
-            t.join(120)
+        try:
+            assert started.wait(60)
+            waiter.start()
+            wait_for(lambda: svc.model("slow")["waiting"] == 1, what="one waiting")
+            with svc.client() as c:
+                r = c.post("/v1/completions", json={"model": "slow", "prompt": "x", "max_tokens": 1})
+            assert r.status_code == 429
+            assert r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == "queue_full"
+        finally:
+            release.set()
+            for t in (first, waiter):
+                if t.is_alive() or t.ident is not None:
+                    t.join(120)
         assert results == [200, 200]
 
 

@@ -94,9 +94,9 @@ def _tab_to(driver: WebDriver, selector: str, limit: int = 60) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # three loads and a generation of the real model, in a browser
 def test_status_page_live_actions_crash_and_chat(
-    tmp_path: Path, gemma_path: Path, tiny_gguf: Path, llama_server_bin: Path
+    tmp_path: Path, smollm2_path: Path, tiny_gguf: Path, llama_server_bin: Path
 ) -> None:
-    cfg = _config(tmp_path, gemma_path, "gemma", parallel=2, ttl=900)
+    cfg = _config(tmp_path, smollm2_path, "smollm2", parallel=2, ttl=900)
     with cfg.open("a") as f:  # a second model whose child refuses its arguments: a failed row
         f.write(
             f'[models.broken]\npath = "{tiny_gguf}"\ngpu = "cpu"\npreload = true\nargs = ["--no-such-flag"]\n'
@@ -111,12 +111,12 @@ def test_status_page_live_actions_crash_and_chat(
         assert "content-security-policy" in httpx.get(f"{svc.url}/ui/app.js").headers
 
         d.get(svc.url + "/")
-        wait_until(d, lambda d: row_state(d, "gemma") == "ready", "the model row to say ready")
-        pid = svc.model("gemma")["pid"]
-        wait_until(d, lambda d: cell(d, "gemma", "PID · port").startswith(str(pid)), "the pid in the row")
-        wait_until(d, lambda d: "held by gemma" in d.find_element(By.ID, "devices").text, "the CPU bar")
+        wait_until(d, lambda d: row_state(d, "smollm2") == "ready", "the model row to say ready")
+        pid = svc.model("smollm2")["pid"]
+        wait_until(d, lambda d: cell(d, "smollm2", "PID · port").startswith(str(pid)), "the pid in the row")
+        wait_until(d, lambda d: "held by smollm2" in d.find_element(By.ID, "devices").text, "the CPU bar")
         assert d.find_elements(By.CSS_SELECTOR, 'li[data-device="cpu"] .bar .seg.ours')
-        assert "no TTL" not in cell(d, "gemma", "TTL left")
+        assert "no TTL" not in cell(d, "smollm2", "TTL left")
 
         # The failed model: its reason and the child's last stderr lines, in its row.
         wait_until(d, lambda d: row_state(d, "broken") == "failed", "the failed row")
@@ -125,8 +125,8 @@ def test_status_page_live_actions_crash_and_chat(
         assert "--no-such-flag" in failure.find_element(By.CSS_SELECTOR, "pre.stderr").text
 
         # The log tail follows the child's log.
-        model_row(d, "gemma").find_element(By.CSS_SELECTOR, "details.log summary").click()
-        log_text = model_row(d, "gemma").find_element(By.CSS_SELECTOR, ".log-text")
+        model_row(d, "smollm2").find_element(By.CSS_SELECTOR, "details.log summary").click()
+        log_text = model_row(d, "smollm2").find_element(By.CSS_SELECTOR, ".log-text")
         wait_until(d, lambda d: log_text.get_attribute("textContent").count("\n") >= 20, "the log tail")
         assert "llama" in log_text.get_attribute("textContent")
 
@@ -146,11 +146,11 @@ def test_status_page_live_actions_crash_and_chat(
         assert reply.strip()
         lengths = d.execute_script("return window.__reply")
         assert len(set(lengths)) >= 3, f"the reply did not stream: {lengths}"
-        wait_until(d, lambda d: cell(d, "gemma", "Requests").startswith("0/"), "the chat's slot given back")
+        wait_until(d, lambda d: cell(d, "smollm2", "Requests").startswith("0/"), "the chat's slot given back")
 
         # Screenshots (the log panel closed: the failed row's stderr block already shows one).
         d.execute_script(
-            "arguments[0].open = false", model_row(d, "gemma").find_element(By.CSS_SELECTOR, "details.log")
+            "arguments[0].open = false", model_row(d, "smollm2").find_element(By.CSS_SELECTOR, "details.log")
         )
         prefer_color_scheme(d, "light")
         full_page_screenshot(d, tmp_path / "status-desktop.png", 1440)
@@ -166,36 +166,36 @@ def test_status_page_live_actions_crash_and_chat(
         d.set_window_size(1440, 1000)
 
         # Unload with the keyboard: Tab to the button, Enter. The row says stopped; the child is gone.
-        _tab_to(d, 'tbody.model[data-model="gemma"] button[data-action="unload"]')
+        _tab_to(d, 'tbody.model[data-model="smollm2"] button[data-action="unload"]')
         d.switch_to.active_element.send_keys(Keys.ENTER)
-        wait_until(d, lambda d: row_state(d, "gemma") == "stopped", "the row to say stopped")
+        wait_until(d, lambda d: row_state(d, "smollm2") == "stopped", "the row to say stopped")
         wait_for(lambda: not _alive(pid), timeout=15, what="the child to exit")
         assert svc.llama_children() == []
-        assert cell(d, "gemma", "PID · port") == "–"
+        assert cell(d, "smollm2", "PID · port") == "–"
 
         # Load with the button: the progress shows while loading, then ready with a new child.
-        d.execute_script(_WATCH_ROW, "gemma")
-        model_row(d, "gemma").find_element(By.CSS_SELECTOR, 'button[data-action="load"]').click()
-        wait_until(d, lambda d: row_state(d, "gemma") == "ready", "ready again after Load")
+        d.execute_script(_WATCH_ROW, "smollm2")
+        model_row(d, "smollm2").find_element(By.CSS_SELECTOR, 'button[data-action="load"]').click()
+        wait_until(d, lambda d: row_state(d, "smollm2") == "ready", "ready again after Load")
         seen = d.execute_script("return window.__seen")
         assert any(s["state"] == "loading" and s["progress"] for s in seen), seen
-        pid2 = svc.model("gemma")["pid"]
+        pid2 = svc.model("smollm2")["pid"]
         assert pid2 != pid and _alive(pid2)
 
         # A crash: SIGKILL the child; the row counts a restart and the timeline shows crash + restart.
         os.kill(pid2, signal.SIGKILL)
-        wait_until(d, lambda d: cell(d, "gemma", "Restarts") == "1", "the restart in the row")
-        wait_until(d, lambda d: row_state(d, "gemma") == "ready", "ready after the restart")
+        wait_until(d, lambda d: cell(d, "smollm2", "Restarts") == "1", "the restart in the row")
+        wait_until(d, lambda d: row_state(d, "smollm2") == "ready", "ready after the restart")
         events = d.find_element(By.ID, "events")
         wait_until(
             d,
-            lambda d: events.find_elements(By.CSS_SELECTOR, 'li[data-kind="crash"][data-model="gemma"]'),
+            lambda d: events.find_elements(By.CSS_SELECTOR, 'li[data-kind="crash"][data-model="smollm2"]'),
             "a crash event",
         )
-        assert events.find_elements(By.CSS_SELECTOR, 'li[data-kind="restart"][data-model="gemma"]')
+        assert events.find_elements(By.CSS_SELECTOR, 'li[data-kind="restart"][data-model="smollm2"]')
         assert "SIGKILL" in events.text
-        pid3 = svc.model("gemma")["pid"]
-        wait_until(d, lambda d: cell(d, "gemma", "PID · port").startswith(str(pid3)), "the new pid")
+        pid3 = svc.model("smollm2")["pid"]
+        wait_until(d, lambda d: cell(d, "smollm2", "PID · port").startswith(str(pid3)), "the new pid")
 
         assert severe_console_errors(d) == []
 
