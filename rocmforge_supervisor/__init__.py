@@ -32,9 +32,23 @@ from ._errors import (
     ToolchainMissing,
     UsageError,
 )
+from ._lazy import lazy_getattr
 from ._version import LLAMA_CPP_COMMIT, __version__
-from .client import GenerateOptions, Message, TextModel, Token, Usage
-from .supervisor import LocalModel, aload_model, load_model
+
+# Imported on first use (PEP 562), for start-up time: every `forge` command imports this package,
+# and the client and supervisor pull in httpx, anyio, gguf and numpy, which most commands never use.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .client import GenerateOptions, Message, TextModel, Token, Usage
+    from .supervisor import LocalModel, aload_model, load_model
+else:  # mypy sees the imports above (and flags a name that is not there)
+    __getattr__ = lazy_getattr(
+        __name__,
+        {
+            ".client": ("GenerateOptions", "Message", "TextModel", "Token", "Usage"),
+            ".supervisor": ("LocalModel", "aload_model", "load_model"),
+        },
+    )
 
 __all__ = [
     "LLAMA_CPP_COMMIT",

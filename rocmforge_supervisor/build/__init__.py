@@ -1,17 +1,50 @@
-"""Finding or building llama-server from the pinned llama.cpp (HIP, CUDA, Vulkan or CPU)."""
+"""Finding or building llama-server from the pinned llama.cpp (HIP, CUDA, Vulkan or CPU).
 
-from ._builder import BuildResult, build_llama_server, detected_gpu_targets
-from ._locate import (
-    BinaryInfo,
-    ListedDevice,
-    cached_builds,
-    locate_llama_server,
-    locate_rpc_server,
-    parse_device_list,
-    probe_binary,
-)
-from ._plan import BACKENDS, RPC_SERVER_TARGET, BuildPlan, cache_key, choose_backend, make_plan
-from ._source import SourceTree, resolve_source
+Names are imported on first use (start-up time): ``forge --help`` needs only ``BACKENDS`` (from
+the light ``_plan``), not the builder and locator with their settings, hardware and httpx imports.
+"""
+
+from .._lazy import lazy_getattr
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._builder import BuildResult, build_llama_server, detected_gpu_targets
+    from ._locate import (
+        BinaryInfo,
+        ListedDevice,
+        cached_builds,
+        locate_llama_server,
+        locate_rpc_server,
+        parse_device_list,
+        probe_binary,
+    )
+    from ._plan import BACKENDS, RPC_SERVER_TARGET, BuildPlan, cache_key, choose_backend, make_plan
+    from ._source import SourceTree, resolve_source
+else:  # mypy sees the imports above (and flags a name that is not there)
+    __getattr__ = lazy_getattr(
+        __name__,
+        {
+            "._builder": ("BuildResult", "build_llama_server", "detected_gpu_targets"),
+            "._locate": (
+                "BinaryInfo",
+                "ListedDevice",
+                "cached_builds",
+                "locate_llama_server",
+                "locate_rpc_server",
+                "parse_device_list",
+                "probe_binary",
+            ),
+            "._plan": (
+                "BACKENDS",
+                "RPC_SERVER_TARGET",
+                "BuildPlan",
+                "cache_key",
+                "choose_backend",
+                "make_plan",
+            ),
+            "._source": ("SourceTree", "resolve_source"),
+        },
+    )
 
 __all__ = [
     "BACKENDS",

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import json
+import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..build import (
-    BACKENDS,
-    RPC_SERVER_TARGET,
-    BuildResult,
-    build_llama_server,
-    locate_llama_server,
-    locate_rpc_server,
-)
-from ..build._builder import ProgressFn
-from ..config import get_settings
-from ._common import console, err_console
+from ..build import BACKENDS, RPC_SERVER_TARGET  # the light ``_plan`` only: the build package is lazy
+from ._common import console, err_console, get_settings
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from ..build import BuildResult
+    from ..build._builder import ProgressFn
+
+__all__ = ["plain_progress", "register"]
 
 
 def build(
@@ -46,6 +45,8 @@ def build(
     ),
 ) -> None:
     """Build llama-server from the pinned llama.cpp (cached), or print the one in use."""
+    from ..build import build_llama_server, locate_llama_server, locate_rpc_server  # start-up time
+
     settings = get_settings()
     if print_path:
         info = locate_llama_server(settings, list_devices=True, rpc=rpc)
@@ -77,7 +78,11 @@ def build(
 
     if verbose:
         result = build(lambda done, total, line: err_console.print(line, markup=False, highlight=False))
+    elif not err_console.is_terminal:
+        result = plain_progress(build)
     else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         with Progress(
             TextColumn("[bold]building llama-server[/]"),
             BarColumn(),
@@ -102,6 +107,31 @@ def build(
     )
     if rpc:
         err_console.print(f"rpc worker: {result.info.path.parent / RPC_SERVER_TARGET}", markup=False)
+
+
+def plain_progress(build: Callable[[ProgressFn], BuildResult], interval: float = 20.0) -> BuildResult:
+    """Not a terminal (CI, journald): a bar would print nothing for the whole build (minutes), so a
+    line with the last ``[n/m]`` step goes out at least every ``interval`` seconds instead."""
+    state = ["configuring"]
+    start = time.monotonic()
+    stop = threading.Event()
+
+    def on_progress(done: int | None, total: int | None, line: str) -> None:
+        if done is not None and total is not None:
+            state[0] = f"[{done}/{total}] {line.split('] ', 1)[-1][:80]}"
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            elapsed = time.monotonic() - start
+            print(f"building llama-server: {state[0]} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+
+    ticker = threading.Thread(target=beat, name="build-progress", daemon=True)
+    ticker.start()
+    try:
+        return build(on_progress)
+    finally:
+        stop.set()
+        ticker.join()
 
 
 def register(app: typer.Typer) -> None:

@@ -8,17 +8,29 @@ first, so that a ``[bracketed]`` path or name is printed as given and never read
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
 
 from .._errors import ForgeError
 
-__all__ = ["console", "err_console", "fail"]
+if TYPE_CHECKING:
+    from ..config import ForgeSettings
+
+__all__ = ["console", "err_console", "fail", "get_settings"]
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def get_settings() -> ForgeSettings:
+    """The process settings. Imported here, on first use, for start-up time: pydantic-settings is
+    ~0.1 s that ``forge --help`` need not pay. (For the same reason every command imports its heavy
+    parts inside the command function.)"""
+    from ..config import get_settings as settings
+
+    return settings()
 
 
 def fail(exc: ForgeError) -> NoReturn:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from ..config import ForgeSettings, get_settings
-from ..doctor import run_doctor
-from ..hardware import Device, Inventory, child_env, detect, inventory_json
-from ._common import console
+from ._common import console, get_settings
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from ..config import ForgeSettings
+    from ..hardware import Device, Inventory
 
 __all__ = ["register"]
 
@@ -21,6 +24,8 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "red"}
 
 def _mask(device: Device, inventory: Inventory, settings: ForgeSettings) -> str:
     """The variables that select the device (the full set is in ``--json``)."""
+    from ..hardware import child_env  # start-up time: commands import what they use
+
     if not device.usable:
         return "—"
     if device.vendor == "cpu":
@@ -31,6 +36,8 @@ def _mask(device: Device, inventory: Inventory, settings: ForgeSettings) -> str:
 
 
 def _table(inventory: Inventory, settings: ForgeSettings) -> Table:
+    from rich.table import Table  # start-up time: only the table output needs it
+
     table = Table(header_style="bold")
     for column in ("index", "vendor", "name", "gfx / cc", "VRAM (GiB)", "iGPU", "usable", "mask"):
         table.add_column(column, overflow="fold")
@@ -51,6 +58,8 @@ def _table(inventory: Inventory, settings: ForgeSettings) -> Table:
 
 def gpus(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List the devices models can be placed on: GPUs as the child llama-server sees them, and the CPU."""
+    from ..hardware import detect, inventory_json  # start-up time: commands import what they use
+
     settings = get_settings()
     inventory = detect(settings)
     if as_json:
@@ -78,6 +87,8 @@ def doctor(
     ),
 ) -> None:
     """Check /dev/kfd, ROCm, amdsmi, NVML, llama-server and the device masks; exit 1 if nothing can serve."""
+    from ..doctor import run_doctor  # start-up time: commands import what they use
+
     settings = get_settings()
     report = run_doctor(settings, cross_check_masks=not no_cross_check)
     if as_json:

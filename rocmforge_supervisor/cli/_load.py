@@ -6,19 +6,21 @@ import signal
 import sys
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
-from rich.panel import Panel
-from rich.table import Table
 
 from .._errors import ForgeError
 from .._units import format_bytes
-from ..client import Message
-from ..config import GpuChoice, GpuLayers, get_settings, parse_gpu, parse_gpu_layers
+from ..config import GpuChoice, GpuLayers, parse_gpu, parse_gpu_layers  # ``_values`` only: config is lazy
 from ..models._catalog import DEFAULT_MODEL, embedded_models
-from ._common import console, err_console
+from ._common import console, err_console, get_settings
+
+if TYPE_CHECKING:
+    from rich.panel import Panel
+
+    from ..client import Message
 
 __all__ = ["register"]
 
@@ -57,6 +59,9 @@ def _load(model: str, **kw: Any) -> Any:
 
 
 def _summary(tm: Any, seconds: float) -> Panel:
+    from rich.panel import Panel  # start-up time: commands import what they use
+    from rich.table import Table
+
     server = tm.server
     plan = tm.plan
     t = Table.grid(padding=(0, 2))
@@ -225,6 +230,8 @@ def load(
 
 
 def _chat_loop(tm: Any, system: str | None, max_tokens: int, temperature: float) -> None:
+    from ..client import Message  # httpx, anyio: start-up time that other commands need not pay
+
     history: list[Message] = [Message("system", system)] if system else []
     while True:
         try:

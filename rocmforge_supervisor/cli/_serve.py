@@ -9,15 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from .._errors import ServiceError, UsageError
 from .._units import format_bytes
-from ..config import get_settings
-from ._common import console, err_console
+from ._common import console, err_console, get_settings
 
 __all__ = [
     "connect_service",
@@ -47,7 +44,7 @@ def connect_service(
     Found by ``url`` when given, else by the ``service.json`` the service writes in its state dir.
     The key is ``api_key``, else the config's ``server.api_key`` (which FORGE_API_KEY also sets).
     """
-    from ..service._client import find_service
+    from ..service._info import find_service  # not the server, nor httpx without a service running
 
     settings = get_settings()
     state_dir = settings.state_dir
@@ -151,6 +148,8 @@ def serve(
             for line in usage_examples(url, next(iter(cfg.models)), keyed=keyed):
                 err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
+    import anyio  # start-up time: only serve runs an event loop here
+
     from ..service._server import loop_options
 
     anyio.run(
@@ -235,6 +234,8 @@ def ps(
         return
     cells = [_ps_cells(r) for r in rows]
     keep = _fit_columns(cells, console.width)
+    from rich.table import Table  # start-up time: commands import what they use
+
     t = Table(*_PS_COLUMNS[:keep])
     t.columns[0].no_wrap = False
     t.columns[0].overflow = "fold"  # only when the name alone is wider than the terminal

@@ -10,12 +10,15 @@ import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from .._errors import ServiceError, UsageError
-from ..config import ForgeSettings, get_settings
-from ._common import console, err_console
+from ._common import console, err_console, get_settings
+
+if TYPE_CHECKING:
+    from ..config import ForgeSettings
 
 __all__ = ["register", "render_unit", "render_worker_unit", "service_app", "systemd_quote"]
 

@@ -15,12 +15,10 @@ import os
 import signal
 from pathlib import Path
 
-import anyio
 import typer
 
 from .._errors import UsageError
-from ..config import get_settings
-from ._common import console, err_console
+from ._common import console, err_console, get_settings
 
 __all__ = ["register"]
 
@@ -50,6 +48,8 @@ def worker(
     rpc_server: Path | None = typer.Option(None, "--rpc-server", help="The ggml-rpc-server binary to run."),
 ) -> None:
     """Run llama.cpp RPC workers (rpc-server) on this machine's devices until SIGTERM/Ctrl-C."""
+    import anyio  # start-up time: commands import what they use
+
     from ..build import locate_rpc_server
     from ..hardware import child_env, detect
     from ..process import is_loopback_host, run_supervised, worker_specs

@@ -17,13 +17,37 @@ in ONE place, :class:`ForgeConfig`:
   (:attr:`ForgeConfig.model_dirs`).
 
 The GPU choice and the layer count have one type and one parser each (``_values``).
+
+Names are imported on first use (start-up time): ``forge gpus`` needs the settings but not the
+``forge.toml`` schema, and the GPU-option parsers need neither pydantic nor pydantic-settings.
 """
 
-from ._file import CONFIG_NAME, SYSTEM_CONFIG_DIR, config_search_path, load_config
-from ._names import MODEL_NAME, is_loopback
-from ._schema import ForgeConfig, ModelConfig, ServerConfig, SupervisorConfig, WorkerConfig
-from ._settings import ForgeSettings, get_settings
-from ._values import GpuChoice, GpuLayers, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
+from .._lazy import lazy_getattr
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._file import CONFIG_NAME, SYSTEM_CONFIG_DIR, config_search_path, load_config
+    from ._names import MODEL_NAME, is_loopback
+    from ._schema import ForgeConfig, ModelConfig, ServerConfig, SupervisorConfig, WorkerConfig
+    from ._settings import ForgeSettings, get_settings
+    from ._values import GpuChoice, GpuLayers, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
+else:  # mypy sees the imports above (and flags a name that is not there)
+    __getattr__ = lazy_getattr(
+        __name__,
+        {
+            "._file": ("CONFIG_NAME", "SYSTEM_CONFIG_DIR", "config_search_path", "load_config"),
+            "._names": ("MODEL_NAME", "is_loopback"),
+            "._schema": ("ForgeConfig", "ModelConfig", "ServerConfig", "SupervisorConfig", "WorkerConfig"),
+            "._settings": ("ForgeSettings", "get_settings"),
+            "._values": (
+                "GpuChoice",
+                "GpuLayers",
+                "gpu_layers_for_placement",
+                "parse_gpu",
+                "parse_gpu_layers",
+            ),
+        },
+    )
 
 __all__ = [
     "CONFIG_NAME",

@@ -1,10 +1,40 @@
-"""Models: resolving a name to a GGUF file, inspecting it, estimating its memory, pulling from the hub."""
+"""Models: resolving a name to a GGUF file, inspecting it, estimating its memory, pulling from the hub.
 
-from ._allocations import REQUIRED_VERBOSITY, Allocation, AllocationLedger, parse_allocation_line
-from ._catalog import BASE_MODEL, DEFAULT_MODEL, embedded_models, ensure_embedded, resolve_model_path
-from ._estimate import DeviceEstimate, MemoryEstimate, estimate_memory, kv_bytes_per_token
-from ._gguf import GGUFInfo, inspect_gguf
-from ._hub import HubRef, parse_hf_reference, pull, resolve_hf_reference
+Names are imported on first use (start-up time): the CLI's help names the embedded models
+(``_catalog``) without importing gguf and numpy (``_gguf``, ``_estimate``) or huggingface-hub.
+"""
+
+from .._lazy import lazy_getattr
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._allocations import REQUIRED_VERBOSITY, Allocation, AllocationLedger, parse_allocation_line
+    from ._catalog import BASE_MODEL, DEFAULT_MODEL, embedded_models, ensure_embedded, resolve_model_path
+    from ._estimate import DeviceEstimate, MemoryEstimate, estimate_memory, kv_bytes_per_token
+    from ._gguf import GGUFInfo, inspect_gguf
+    from ._hub import HubRef, parse_hf_reference, pull, resolve_hf_reference
+else:  # mypy sees the imports above (and flags a name that is not there)
+    __getattr__ = lazy_getattr(
+        __name__,
+        {
+            "._allocations": (
+                "REQUIRED_VERBOSITY",
+                "Allocation",
+                "AllocationLedger",
+                "parse_allocation_line",
+            ),
+            "._catalog": (
+                "BASE_MODEL",
+                "DEFAULT_MODEL",
+                "embedded_models",
+                "ensure_embedded",
+                "resolve_model_path",
+            ),
+            "._estimate": ("DeviceEstimate", "MemoryEstimate", "estimate_memory", "kv_bytes_per_token"),
+            "._gguf": ("GGUFInfo", "inspect_gguf"),
+            "._hub": ("HubRef", "parse_hf_reference", "pull", "resolve_hf_reference"),
+        },
+    )
 
 __all__ = [
     "BASE_MODEL",

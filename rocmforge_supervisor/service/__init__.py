@@ -1,8 +1,27 @@
-"""`forge serve`: the gateway (one OpenAI-compatible endpoint), control API, metrics, systemd."""
+"""`forge serve`: the gateway (one OpenAI-compatible endpoint), control API, metrics, systemd.
 
-from ._app import GatewayState, create_app
-from ._client import ServiceClient, find_service
-from ._server import read_service_info, run_service
+Names are imported on first use (start-up time): ``forge ps`` finds a running service through
+``_info`` and must not import the server (uvicorn, starlette, the supervisor) to do it.
+"""
+
+from .._lazy import lazy_getattr
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._app import GatewayState, create_app
+    from ._client import ServiceClient
+    from ._info import find_service, read_service_info
+    from ._server import run_service
+else:  # mypy sees the imports above (and flags a name that is not there)
+    __getattr__ = lazy_getattr(
+        __name__,
+        {
+            "._app": ("GatewayState", "create_app"),
+            "._client": ("ServiceClient",),
+            "._info": ("find_service", "read_service_info"),
+            "._server": ("run_service",),
+        },
+    )
 
 __all__ = [
     "GatewayState",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -12,9 +11,8 @@ import httpx
 
 from .._errors import ServiceError
 from ..client._sse import SSEDecoder
-from ._server import read_service_info
 
-__all__ = ["ServiceClient", "find_service"]
+__all__ = ["ServiceClient"]
 
 
 class ServiceClient:
@@ -106,19 +104,3 @@ def _error_from(r: httpx.Response, model: str | None = None) -> ServiceError:
     err = ServiceError(msg)
     err.exit_code = 2 if r.status_code in (400, 404, 409, 422) else 1
     return err
-
-
-def find_service(
-    state_dir: Path, *, url: str | None = None, api_key: str | None = None
-) -> ServiceClient | None:
-    """The running service (from its ``service.json`` or an explicit URL), if it answers."""
-    if url is None:
-        info = read_service_info(state_dir)
-        if info is None:
-            return None
-        url = str(info.get("url"))
-    client = ServiceClient(url, api_key)
-    if client.alive():
-        return client
-    client.close()
-    return None

@@ -28,31 +28,17 @@ from ..config import ForgeConfig, ForgeSettings, ServerConfig
 from ..process import unwrap_group
 from ..supervisor import ModelState, Supervisor
 from ._app import GatewayState, create_app
+from ._info import ServiceInfo, read_service_info, service_info_path
 
 __all__ = ["ServiceInfo", "loop_options", "read_service_info", "run_service", "service_info_path"]
 
 log = logging.getLogger("rocmforge.service")
-
-ServiceInfo = dict[str, Any]
 
 
 def loop_options() -> dict[str, Any]:
     """uvloop (a dependency on Linux; uvicorn picks httptools by itself): the gateway's per-chunk
     cost is event-loop bound. Looked up, not imported: a platform without it still serves."""
     return {"use_uvloop": True} if importlib.util.find_spec("uvloop") is not None else {}
-
-
-def service_info_path(state_dir: Path) -> Path:
-    return state_dir / "service.json"
-
-
-def read_service_info(state_dir: Path) -> ServiceInfo | None:
-    """Where a running ``forge serve`` listens (written at start, removed at exit)."""
-    try:
-        info = json.loads(service_info_path(state_dir).read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
 
 
 class _Uvicorn(uvicorn.Server):
