@@ -7,6 +7,7 @@ mock. Every test is checked for leftover llama-server children of ours.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,12 @@ import psutil
 import pytest
 
 from rocmforge_supervisor.config import ForgeSettings
+
+# A session started in the background of a non-interactive shell (`cmd &`, `nohup`) inherits SIGINT
+# ignored, and so would every `forge` it starts: the Ctrl-C tests would wait for an exit that an
+# ignored signal never causes. A handler (not SIG_IGN) is reset to the default in exec'd children.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

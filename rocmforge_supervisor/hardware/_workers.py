@@ -14,6 +14,7 @@ and its own deadline, and a failure names the worker it is about.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +101,16 @@ def discover_workers(
         return list(pool.map(lambda a: _probe(llama_server, a, timeout, run_env), wanted))
 
 
+def _accepts(address: str) -> bool:
+    """Whether anything accepts a TCP connection on ``address`` (the port is not refused)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
+            return True
+    except OSError:
+        return False
+
+
 def _probe(binary: Path, address: str, timeout: float, env: Mapping[str, str]) -> WorkerReport:
     try:
         proc = subprocess.run(
@@ -131,6 +142,8 @@ def _probe(binary: Path, address: str, timeout: float, env: Mapping[str, str]) -
         d for d in parse_device_list(proc.stdout) if d.name.startswith("RPC") and d.description == address
     ]
     if not listed:
+        if not _accepts(address):  # llama.cpp's log thread can lose "Failed to connect" at exit
+            return WorkerReport(address, "unreachable", detail=f"nothing answers on {address}")
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return WorkerReport(address, "error", detail=f"no devices listed for {address}: {last}")
     devices = tuple(
