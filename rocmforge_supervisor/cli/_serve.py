@@ -7,7 +7,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -15,6 +15,9 @@ from rich.markup import escape
 from .._errors import ServiceError, UsageError
 from .._units import format_bytes
 from ._common import console, err_console, get_settings
+
+if TYPE_CHECKING:
+    from ..config import ForgeConfig
 
 __all__ = [
     "connect_service",
@@ -122,7 +125,12 @@ def serve(
     if overrides:
         cfg = cfg.with_server(**overrides)
     if check_config:
-        err_console.print(f"config OK: {cfg.source or 'defaults'} ({len(cfg.models)} models)", markup=False)
+        n = len(cfg.models)
+        err_console.print(
+            f"config OK: {cfg.source or 'defaults'} ({n} model{'' if n == 1 else 's'})", markup=False
+        )
+        for note in _missing_model_files(cfg):
+            err_console.print(note, markup=False)
         return
     setup_logging(cfg.server.log_format, settings)
     notifier = SdNotifier.from_settings(settings)
@@ -365,3 +373,17 @@ def register(app: typer.Typer) -> None:
     app.command("unload")(unload)
     app.command("logs")(logs)
     app.command("reload")(reload)
+
+
+def _missing_model_files(cfg: ForgeConfig) -> list[str]:
+    """Notes, not errors, for local paths that do not exist yet: a volume may bring them before
+    the first load (a Kubernetes PVC), but a typo is better seen now than at the first request."""
+    from ..models import embedded_models  # start-up time: only --check-config needs the catalog
+
+    notes = []
+    for name, m in cfg.models.items():
+        ref = m.path
+        if ref in embedded_models() or ref.startswith("hf:") or Path(ref).expanduser().exists():
+            continue
+        notes.append(f"note: models.{name}: no file at {ref} yet (it must exist when the model loads)")
+    return notes

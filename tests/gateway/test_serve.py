@@ -408,6 +408,38 @@ def test_bad_config_refused_at_start(tmp_path: Path, toml: str, needle: str, lla
     assert len(r.stderr.strip().splitlines()) <= 3
 
 
+def test_check_config_validates_without_serving(tmp_path: Path, tiny_gguf: Path) -> None:
+    """`--check-config`: exit 0 and a count; a local model file that is not there yet is a note
+    (a volume may bring it before the first load), a bad value is exit 2 naming the key."""
+    env = dict(os.environ, FORGE_STATE_DIR=str(tmp_path / "state"))
+    missing = tmp_path / "later.gguf"
+    cfg = write_config(
+        tmp_path / "forge.toml",
+        _model("here", tiny_gguf) + _model("later", missing) + _model("demo", Path("smollm2-135m")),
+    )
+    r = subprocess.run(
+        [*FORGE, "serve", "--check-config", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "config OK" in r.stderr and "(3 models)" in r.stderr
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: models.later: no file at {missing} yet (it must exist when the model loads)"]
+    assert not (tmp_path / "state" / "service.json").exists()  # nothing was served
+    bad = write_config(tmp_path / "bad.toml", _model("x", tiny_gguf, workers="sometimes"))
+    r = subprocess.run(
+        [*FORGE, "serve", "--check-config", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "models.x.workers" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_forge_ps_and_unload_talk_to_the_service(
     two_models: Path, tmp_path: Path, llama_server_bin: Path
 ) -> None:
