@@ -11,6 +11,7 @@ its own worker.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import signal
 from pathlib import Path
@@ -55,6 +56,13 @@ def worker(
     from ..process import is_loopback_host, run_supervised, worker_specs
 
     settings = get_settings()
+    try:  # rpc-server binds an IPv4 literal (inet_addr); anything else fails after the start
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        raise UsageError(
+            f"--host {host!r} is not an IPv4 address: rpc-server listens on IPv4 addresses only",
+            hint="use 127.0.0.1 (the default) or this machine's private IPv4 address",
+        ) from None
     if not is_loopback_host(host):
         if not allow_network:
             raise UsageError(
@@ -66,11 +74,16 @@ def worker(
     inventory = detect(settings)
     gpus = list(inventory.gpus)
     if devices:
-        keys = [k.strip() for k in devices.split(",") if k.strip()]
+        keys = list(dict.fromkeys(k.strip() for k in devices.split(",") if k.strip()))
         known = {d.key: d for d in inventory.devices}
         missing = [k for k in keys if k not in known]
         if missing:
             raise UsageError(f"no device {', '.join(missing)} here", hint="run `forge gpus` to see the keys")
+        unusable = [f"{k} ({known[k].skip_reason or 'not usable'})" for k in keys if not known[k].usable]
+        if unusable:
+            raise UsageError(
+                f"device {', '.join(unusable)} cannot run a worker", hint="pick another with `forge gpus`"
+            )
         gpus = [known[k] for k in keys if known[k].vendor != "cpu"]
         cpu = cpu or not gpus
     if cpu or not gpus:
@@ -78,6 +91,11 @@ def worker(
         threads = threads or os.cpu_count() or 1
     else:
         groups = [(d.key, (), child_env([d], inventory, settings)) for d in gpus]
+    if port + len(groups) - 1 > 65535:
+        raise UsageError(
+            f"{len(groups)} workers from port {port} go past 65535",
+            hint=f"use --port {65536 - len(groups)} or lower",
+        )
     specs = worker_specs(
         binary,
         host=host,

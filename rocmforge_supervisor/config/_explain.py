@@ -23,7 +23,16 @@ CONFIG_NAME = "forge.toml"
 _SECRET_KEYS = frozenset({"api_key"})
 #: Our own error kinds: their messages already quote the value.
 _CUSTOM_KINDS = frozenset(
-    {"gpu_layers", "gpu", "owned_flag", "insecure_bind", "backoff_order", "worker_address"}
+    {
+        "gpu_layers",
+        "gpu",
+        "owned_flag",
+        "insecure_bind",
+        "backoff_order",
+        "worker_address",
+        "rpc_owned",
+        "duplicate_worker",
+    }
 )
 #: Errors raised by a section's model validator, and the key they are about.
 _VALIDATOR_FIELD = {"insecure_bind": "host", "backoff_order": "restart_backoff_max"}
@@ -83,6 +92,8 @@ def translate(
     verb = "fix the value"
     if kind in _VALIDATOR_FIELD:  # a model validator's error: point at the key to change
         loc = (*loc, _VALIDATOR_FIELD[kind])
+    if kind == "rpc_owned":  # the whole config's validator: the model it is about is in ctx
+        loc = (*loc, "models", str((err.get("ctx") or {}).get("model")), "args")
     if kind == "extra_forbidden":
         reason = "unknown key"
         guess = difflib.get_close_matches(loc[-1], known_keys(loc[:-1]), n=1)

@@ -206,6 +206,8 @@ class WorkerConfig(_Section):
         host, sep, port = value.strip().rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or "," in value:
             raise custom("worker_address", f'{value!r} is not HOST:PORT (e.g. "10.0.0.2:50052")')
+        if ":" in host or "[" in host:  # llama.cpp's RPC client splits at the first ':', IPv4 only
+            raise custom("worker_address", f"{value!r}: llama.cpp's RPC client reaches IPv4 addresses only")
         return f"{host}:{int(port)}"
 
 
@@ -231,6 +233,32 @@ class ForgeConfig(BaseSettings):
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     workers: list[WorkerConfig] = Field(default_factory=list)
+
+    @field_validator("workers")
+    @classmethod
+    def _one_entry_per_worker(cls, value: list[WorkerConfig]) -> list[WorkerConfig]:
+        # A worker listed twice would be split to twice (rpc-server serves one client at a time).
+        seen: set[str] = set()
+        for w in value:
+            if w.address in seen:
+                raise custom("duplicate_worker", f"{w.address} is listed twice: list each worker once")
+            seen.add(w.address)
+        return value
+
+    @model_validator(mode="after")
+    def _rpc_is_ours_with_workers(self) -> ForgeConfig:
+        # forge's own --rpc comes after `args`: a user's --rpc would shift llama-server's device
+        # numbering under forge's --tensor-split.
+        if self.workers:
+            for name, m in self.models.items():
+                if any(a == "--rpc" or a.startswith("--rpc=") for a in m.args):
+                    raise custom(
+                        "rpc_owned",
+                        "--rpc is set by forge when [[workers]] are listed "
+                        '(use workers = "only" or "all" to place this model on them)',
+                        model=name,
+                    )
+        return self
 
     _source: Path | None = PrivateAttr(default=None)
     _settings: ForgeSettings | None = PrivateAttr(default=None)

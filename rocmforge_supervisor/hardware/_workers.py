@@ -112,9 +112,13 @@ def _accepts(address: str) -> bool:
 
 
 def _probe(binary: Path, address: str, timeout: float, env: Mapping[str, str]) -> WorkerReport:
+    # Start-up time: `forge gpus` imports hardware/, and process/ brings anyio and httpx with it.
+    from ..process import with_parent_death
+
     try:
         proc = subprocess.run(
-            [str(binary), "--rpc", address, "--list-devices"],
+            # Dies with us: a probe of a busy worker waits in its queue, and the timeout is ours.
+            with_parent_death([str(binary), "--rpc", address, "--list-devices"]),
             capture_output=True,
             text=True,
             errors="replace",

@@ -108,9 +108,11 @@ def plan_on_workers(
     skipped = {r.address: r.detail or r.state for r in reports if r.state != "ok"}
     skipped.update({a: "in use by another model" for a in held})
     usable = [r for r in reports if r.state == "ok" and r.address not in held and r.devices]
+    usable = list({r.address: r for r in usable}.values())  # one worker listed twice is one worker
     ranked = sorted(usable, key=lambda r: -r.free_bytes)
     best_short: tuple[str, int] | None = None
-    for k in range(len(ranked) if spread else 1, len(ranked) + 1):
+    # No usable worker: no plan at all (range(0, 1) would plan zero devices, i.e. the local CPU).
+    for k in range(max(1, len(ranked)) if spread else 1, len(ranked) + 1):
         chosen = [r for r in usable if r in ranked[:k]]  # keep the configured order
         devices = [d for r in chosen for d in r.devices]
         room = [max(1, d.free_bytes - _RESERVE) for d in devices]
@@ -123,10 +125,10 @@ def plan_on_workers(
             devices=tuple(d.key for d in devices),
             tensor_split=split,
         )
-        over = {
+        over = {  # a device with no share (nearly full) holds nothing: it cannot be over
             d.key: int(est.bytes_on(d.key) * (1 + _MARGIN)) + _RESERVE - d.free_bytes
             for d in devices
-            if int(est.bytes_on(d.key) * (1 + _MARGIN)) + _RESERVE > d.free_bytes
+            if est.bytes_on(d.key) > 0 and int(est.bytes_on(d.key) * (1 + _MARGIN)) + _RESERVE > d.free_bytes
         }
         if not over:
             return RemotePlan(tuple(devices), split, est, skipped)

@@ -260,6 +260,15 @@ class Supervisor:
             if new.config.preload:
                 self._start(new)
             return True
+        if old.plan is not None and old.plan.workers:
+            # Its RPC workers serve one client at a time: a replacement started first would wait
+            # for them forever (and the reload with it). Stop it, then start the new config.
+            log.info("model %s: on RPC workers; stopping it before its replacement starts", new.name)
+            old.retired = True
+            await old.unload("replaced")
+            self.models[new.name] = new
+            self._start(new)
+            return True
         # Start the replacement first; the old one serves until the new one is ready.
         self._start(new)
         if await new.settled() == ModelState.READY:

@@ -519,6 +519,17 @@ def test_workers_and_the_per_model_switch(tmp_path: Path, settings: ForgeSetting
     [
         ('[[workers]]\naddress = "10.0.0.2"\n', "workers.0.address", "is not HOST:PORT"),
         ('[[workers]]\naddress = "a:1"\nport = 2\n', "workers.0.port", "unknown key"),
+        ('[[workers]]\naddress = "[::1]:50052"\n', "workers.0.address", "IPv4 addresses only"),
+        (
+            '[[workers]]\naddress = "10.0.0.2:50052"\n[models.m]\npath = "x"\nargs = ["--rpc", "10.0.0.9:1"]\n',
+            "models.m.args",
+            "--rpc is set by forge when [[workers]] are listed",
+        ),
+        (
+            '[[workers]]\naddress = "10.0.0.2:50052"\n[[workers]]\naddress = "10.0.0.2:050052"\n',
+            "workers",
+            "10.0.0.2:50052 is listed twice",
+        ),
         (
             '[models.m]\npath = "x"\nworkers = "sometimes"\n',
             "models.m.workers",

@@ -105,3 +105,40 @@ def test_a_dead_worker_is_named_even_under_a_gdb_backtrace() -> None:
     assert classify_failure(lines) == "rpc_worker"
     assert crash_cause(lines) and "RPC worker" in str(crash_cause(lines))
     assert crash_cause(lines[2:]) is None
+
+
+def _worker_cli(
+    args: list[str], tmp_path: Path, rpc_server_bin: Path, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*FORGE, "worker", *args, "--rpc-server", str(rpc_server_bin)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "FORGE_STATE_DIR": str(tmp_path), **env},
+    )
+
+
+def test_a_host_rpc_server_cannot_bind_is_refused_at_once(rpc_server_bin: Path, tmp_path: Path) -> None:
+    """rpc-server binds IPv4 literals only: '::1' used to exit quietly and restart forever."""
+    for host in ("::1", "localhost", "[::]"):
+        proc = _worker_cli(["--host", host, "--cpu"], tmp_path, rpc_server_bin)
+        assert proc.returncode == 2, proc.stderr
+        assert "IPv4" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert proc.stdout == ""
+
+
+def test_ports_past_65535_are_refused(rpc_server_bin: Path, tmp_path: Path) -> None:
+    """A recorded machine with eight MI300X: eight workers from 65530 would need ports past 65535;
+    nothing starts (no restart loop of a worker rpc-server refuses)."""
+    machine = Path(__file__).parents[1] / "fixtures" / "sysfs" / "mi300x_8"
+    env = {
+        "FORGE_SYSFS_ROOT": str(machine / "sys"),
+        "FORGE_DEV_ROOT": str(machine / "dev"),
+        "FORGE_USE_AMDSMI": "0",
+        "FORGE_USE_NVML": "0",
+    }
+    proc = _worker_cli(["--port", "65530"], tmp_path, rpc_server_bin, **env)
+    assert proc.returncode == 2, proc.stderr
+    assert "go past 65535" in proc.stderr and "--port 65528" in proc.stderr
+    assert not all_rpc_servers_named(65530)

@@ -93,3 +93,40 @@ def test_without_workers_configured_a_spec_never_uses_them(make_config: Callable
     mc = make_config({"m": {"workers": "only"}}).models["m"]
     assert ModelSpec.from_config(mc).workers == "never"
     assert ModelSpec.from_config(mc, workers_configured=True).workers == "only"
+
+
+def test_spread_with_no_usable_worker_is_unavailable_not_a_local_cpu_plan(gemma_path: Path) -> None:
+    """`workers = "all"` with every worker down: no plan at all (an empty one would put the whole
+    model on this machine's CPU, which a model bigger than the box is not meant to try)."""
+    info = inspect_gguf(gemma_path)
+    down = [WorkerReport("10.0.0.2:50052", "unreachable", detail="nothing answers")]
+    with pytest.raises(WorkersUnavailable, match="no worker is usable"):
+        plan_on_workers(info, down, ctx_size=2048, parallel=1, spread=True)
+    with pytest.raises(WorkersUnavailable, match="no worker is usable"):
+        plan_on_workers(info, [], ctx_size=2048, parallel=1, spread=True)
+
+
+def test_a_worker_reported_twice_is_planned_once(gemma_path: Path) -> None:
+    info = inspect_gguf(gemma_path)
+    a = _worker(50052, 8)
+    plan = plan_on_workers(info, [a, _worker(50053, 4), a], ctx_size=2048, parallel=1, spread=True)
+    assert plan.addresses == ("10.0.0.52:50052", "10.0.0.53:50053")
+    assert len(plan.tensor_split) == 2  # one value per device llama-server numbers
+    assert sum(int(s["layers"]) for s in plan.shares()) == info.block_count
+
+
+def test_a_nearly_full_device_gets_no_share_and_does_not_block_its_worker(gemma_path: Path) -> None:
+    """A worker with two devices, one nearly full: the split gives that one 0 and uses the other."""
+    info = inspect_gguf(gemma_path)
+    addr = "10.0.0.3:50052"
+    two = WorkerReport(
+        addr,
+        "ok",
+        (
+            WorkerDevice(addr, 0, addr, 64 * GIB, 8 * GIB),
+            WorkerDevice(addr, 1, addr, 64 * GIB, 100 << 20),
+        ),
+    )
+    plan = plan_on_workers(info, [two], ctx_size=2048, parallel=1)
+    assert plan.addresses == (addr,)
+    assert plan.tensor_split[1] == 0
