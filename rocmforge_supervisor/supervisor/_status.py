@@ -178,7 +178,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
         pid=server.pid if server is not None and alive else None,
         port=server.port if server is not None and alive else None,
         devices=plan.devices if plan else [],
-        workers=plan.workers if plan else [],
+        workers=plan.workers if plan and m.running else [],  # a stopped model holds no worker
         restarts=m.restarts,
         last_error=m.last_error,
         uptime=time.monotonic() - m.ready_since if ready and m.ready_since else None,
