@@ -128,3 +128,22 @@ def test_split_matches_one_process_and_survives_a_dead_worker(
                     assert c.post("/api/models/split/load", timeout=300).status_code == 200
                 assert _workers_of(svc, "split") == [a.address, b.address]
                 assert _complete(svc, "split", PROMPTS[0]).status_code == 200
+
+                # A reload that changes the model: its workers serve one client at a time, so the
+                # old child is stopped before the new one starts (a replacement started first
+                # would wait for the held workers forever, and the reload with it).
+                old_pid = svc.model("split")["pid"]
+                cfg.write_text(
+                    cfg.read_text().replace(
+                        'ctx_size = 1024\nparallel = 1\nworkers = "all"',
+                        'ctx_size = 2048\nparallel = 1\nworkers = "all"',
+                    )
+                )
+                with svc.client() as c:
+                    r = c.post("/api/reload", timeout=300)
+                assert r.status_code == 200, r.text
+                assert "split" in r.json()["changed"] and "split" not in r.json().get("failed", [])
+                wait_for(lambda: svc.model("split")["state"] == "ready", timeout=300, what="split reloaded")
+                assert svc.model("split")["pid"] != old_pid
+                assert _workers_of(svc, "split") == [a.address, b.address]
+                assert _complete(svc, "split", PROMPTS[0]).status_code == 200
