@@ -37,7 +37,7 @@ import httpx
 from .._argv import redact
 from .._errors import StartFailed, UsageError
 from ._env import clean_child_env
-from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
+from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure, lines_of
 from ._ports import free_port, port_is_free
 from ._spawn import with_parent_death
 from ._spec import START_HINTS, InstanceSpec, InstanceState, describe_returncode, unwrap_group
@@ -318,18 +318,12 @@ class LlamaServer:
 
     async def _drain(self, proc: anyio.abc.Process) -> None:
         assert proc.stderr is not None
-        pending = b""
-        try:
-            async for chunk in proc.stderr:
-                self._last_output = time.monotonic()
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    self._on_line(raw.decode("utf-8", "replace").rstrip("\r"))
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
-        if pending:
-            self._on_line(pending.decode("utf-8", "replace"))
+
+        def seen() -> None:
+            self._last_output = time.monotonic()
+
+        async for line in lines_of(proc.stderr, on_chunk=seen):
+            self._on_line(line)
 
     def _on_line(self, line: str) -> None:
         self.log.add(line)

@@ -9,11 +9,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["OOM_PATTERNS", "RPC_FAILED_RE", "LogRing", "classify_failure", "crash_cause"]
+import anyio
+import anyio.abc
+
+__all__ = ["OOM_PATTERNS", "RPC_FAILED_RE", "LogRing", "classify_failure", "crash_cause", "lines_of"]
 
 #: What GPU backends print when an allocation fails (the strings peers match too).
 OOM_PATTERNS = re.compile(
@@ -29,6 +32,24 @@ RPC_FAILED_RE = re.compile(
 )
 
 LineListener = Callable[[str], object]
+
+
+async def lines_of(
+    stream: anyio.abc.ByteReceiveStream, on_chunk: Callable[[], object] | None = None
+) -> AsyncIterator[str]:
+    """A child's pipe as decoded lines until it closes, the last unterminated one included.
+    ``on_chunk`` runs for every read, newline or not (llama-server's load progress dots have none)."""
+    pending = b""
+    with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        async for chunk in stream:
+            if on_chunk is not None:
+                on_chunk()
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                yield raw.decode("utf-8", "replace").rstrip("\r")
+    if pending:
+        yield pending.decode("utf-8", "replace")
 
 
 class LogRing:

@@ -35,7 +35,7 @@ import psutil
 
 from .._errors import StartFailed
 from ._env import clean_child_env
-from ._logs import LogRing
+from ._logs import LogRing, lines_of
 from ._spawn import with_parent_death
 from ._spec import describe_returncode
 
@@ -199,15 +199,8 @@ class RpcWorker:
 
     async def _drain(self, proc: anyio.abc.Process) -> None:
         assert proc.stdout is not None
-        pending = b""
-        with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            async for chunk in proc.stdout:
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    self._on_line(raw.decode("utf-8", "replace").rstrip("\r"))
-        if pending:
-            self._on_line(pending.decode("utf-8", "replace"))
+        async for line in lines_of(proc.stdout):
+            self._on_line(line)
 
     def _on_line(self, line: str) -> None:
         self.log.add(line)

@@ -19,8 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.service import Service, running_service, write_config
-from tests.support.tiny_gguf import TOOLS_TEMPLATE, write_tiny_gguf
+from tests.support.service import Service, chat_and_plain_models, running_service, write_config
 
 KEY = "sk-test-dialects"
 TOOL = {
@@ -36,27 +35,13 @@ TOOL = {
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("dialects")
-    chat = write_tiny_gguf(d / "chat.gguf", chat_template=TOOLS_TEMPLATE, fim=True)
-    plain = write_tiny_gguf(d / "plain.gguf")
     config = write_config(
         d / "forge.toml",
         f"""
 [server]
 api_key = "{KEY}"
-[models.chat]
-path = "{chat}"
-gpu = "cpu"
-ctx_size = 2048
-parallel = 2
-preload = true
-[models.plain]
-path = "{plain}"
-gpu = "cpu"
-ctx_size = 1024
-parallel = 1
-preload = true
-args = ["--embeddings", "--pooling", "mean"]
-""",
+"""
+        + chat_and_plain_models(d),
     )
     with running_service(config, d / "state", llama_server_bin, api_key=KEY) as s:
         yield s

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.service import Service, running_service, wait_for, write_config
+from tests.support.service import Service, model_section, running_service, wait_for, write_config
 
 FAST = """
 [supervisor]
@@ -24,14 +24,6 @@ health_interval = 0.5
 drain_timeout = 10
 stop_timeout = 5
 """
-
-
-def _model(name: str, path: Path, **kw: object) -> str:
-    lines = [f"[models.{name}]", f'path = "{path}"', 'gpu = "cpu"']
-    kw.setdefault("ctx_size", 1024)
-    for k, v in kw.items():
-        lines.append(f"{k} = {json.dumps(v)}")
-    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +40,10 @@ def svc(
     cfg = write_config(
         tmp / "forge.toml",
         FAST
-        + _model("tiny", tiny_gguf, preload=True, parallel=4, max_tokens=3)
-        + _model("emb", emb, embeddings=True, parallel=1, preload=True)
-        + _model("noemb", emb, parallel=1, preload=True)
-        + _model("base", gemma_path, parallel=1, preload=True),
+        + model_section("tiny", tiny_gguf, preload=True, parallel=4, max_tokens=3)
+        + model_section("emb", emb, embeddings=True, parallel=1, preload=True)
+        + model_section("noemb", emb, parallel=1, preload=True)
+        + model_section("base", gemma_path, parallel=1, preload=True),
     )
     with running_service(cfg, tmp / "state", llama_server_bin) as s:
         yield s
@@ -215,7 +207,7 @@ def test_queue_zero_admits_up_to_max_concurrency(
     # gemma, so that a request really holds the only slot for a while.
     cfg = write_config(
         tmp_path / "forge.toml",
-        FAST + _model("q0", gemma_path, preload=True, parallel=1, max_concurrency=1, queue=0),
+        FAST + model_section("q0", gemma_path, preload=True, parallel=1, max_concurrency=1, queue=0),
     )
     with running_service(cfg, tmp_path / "state", llama_server_bin) as svc, svc.client() as c:
         r = c.post("/v1/completions", json={"model": "q0", "prompt": "x", "max_tokens": 1})

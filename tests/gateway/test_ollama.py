@@ -18,34 +18,19 @@ import httpx
 import ollama
 import pytest
 
-from tests.support.service import Service, running_service, write_config
-from tests.support.tiny_gguf import TOOLS_TEMPLATE, write_tiny_gguf
+from tests.support.service import Service, chat_and_plain_models, running_service, write_config
 
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("ollama")
-    chat = write_tiny_gguf(d / "chat.gguf", chat_template=TOOLS_TEMPLATE, fim=True)
-    plain = write_tiny_gguf(d / "plain.gguf")
     config = write_config(
         d / "forge.toml",
-        f"""
+        """
 [server]
 ollama_port = 0
-[models.chat]
-path = "{chat}"
-gpu = "cpu"
-ctx_size = 2048
-parallel = 2
-preload = true
-[models.plain]
-path = "{plain}"
-gpu = "cpu"
-ctx_size = 1024
-parallel = 1
-preload = true
-args = ["--embeddings", "--pooling", "mean"]
-""",
+"""
+        + chat_and_plain_models(d),
     )
     with running_service(config, d / "state", llama_server_bin) as s:
         yield s

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from rocmforge_supervisor.service._client import ServiceClient
-from tests.support.service import FORGE, running_service, wait_for, write_config
+from tests.support.service import FORGE, model_section, running_service, wait_for, write_config
 
 FAST = """
 [supervisor]
@@ -34,21 +34,15 @@ stop_timeout = 5
 """
 
 
-def _model(name: str, path: Path, **kw: object) -> str:
-    lines = [f"[models.{name}]", f'path = "{path}"', 'gpu = "cpu"']
-    kw.setdefault("ctx_size", 1024)
-    for k, v in kw.items():
-        lines.append(f"{k} = {json.dumps(v)}")
-    return "\n".join(lines) + "\n"
-
-
 @pytest.fixture
 def two_models(tmp_path: Path, tiny_gguf: Path) -> Path:
     other = tmp_path / "tiny-b.gguf"
     shutil.copy(tiny_gguf, other)
     return write_config(
         tmp_path / "forge.toml",
-        FAST + _model("tiny", tiny_gguf, preload=True, parallel=2) + _model("tinyb", other, parallel=2),
+        FAST
+        + model_section("tiny", tiny_gguf, preload=True, parallel=2)
+        + model_section("tinyb", other, parallel=2),
     )
 
 
@@ -109,7 +103,7 @@ def test_child_sigkill_mid_stream_clean_error_then_restart(
     tmp_path: Path, gemma_path: Path, llama_server_bin: Path
 ) -> None:
     # The real gemma model: slow enough (~70 tokens/s here) that the kill lands mid-stream.
-    cfg = write_config(tmp_path / "forge.toml", FAST + _model("tiny", gemma_path, preload=True))
+    cfg = write_config(tmp_path / "forge.toml", FAST + model_section("tiny", gemma_path, preload=True))
     with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
         before = svc.model("tiny")
         pid = before["pid"]
@@ -140,7 +134,7 @@ def test_crash_loop_opens_the_breaker(tmp_path: Path, tiny_gguf: Path, llama_ser
     cfg = write_config(
         tmp_path / "forge.toml",
         FAST.replace("[supervisor]", "[supervisor]\ncrash_loop_max = 3\ncrash_loop_window = 120")
-        + _model("tiny", tiny_gguf, preload=True),
+        + model_section("tiny", tiny_gguf, preload=True),
     )
     with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
         killed: set[int] = set()
@@ -228,7 +222,7 @@ def test_queue_full_gives_429(tmp_path: Path, gemma_path: Path, llama_server_bin
     # gemma, so that a request really holds the only slot for a while.
     cfg = write_config(
         tmp_path / "forge.toml",
-        FAST + _model("slow", gemma_path, preload=True, parallel=1, max_concurrency=1, queue=1),
+        FAST + model_section("slow", gemma_path, preload=True, parallel=1, max_concurrency=1, queue=1),
     )
     with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
         # ignore_eos and a budget longer than the test: the slot stays held until the test lets go
@@ -283,7 +277,9 @@ def test_auth_and_traversal(tmp_path: Path, tiny_gguf: Path, llama_server_bin: P
     shutil.copy(tiny_gguf, secret)
     cfg = write_config(
         tmp_path / "forge.toml",
-        f'[server]\napi_key = "s3cret"\nmodel_dirs = ["{models}"]\n' + FAST + _model("tiny", tiny_gguf),
+        f'[server]\napi_key = "s3cret"\nmodel_dirs = ["{models}"]\n'
+        + FAST
+        + model_section("tiny", tiny_gguf),
     )
     with running_service(cfg, tmp_path / "state", llama_server_bin, api_key="s3cret") as svc:
         with httpx.Client(base_url=svc.url, timeout=30) as anon:
@@ -321,7 +317,7 @@ def test_sighup_reload_keeps_running_models_and_in_flight_requests(
     shutil.copy(tiny_gguf, other)
     cfg = write_config(
         tmp_path / "forge.toml",
-        FAST + _model("slow", gemma_path, preload=True) + _model("tinyb", other, ctx_size=512),
+        FAST + model_section("slow", gemma_path, preload=True) + model_section("tinyb", other, ctx_size=512),
     )
     with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
         pid_before = svc.model("slow")["pid"]
@@ -341,7 +337,7 @@ def test_sighup_reload_keeps_running_models_and_in_flight_requests(
         third = tmp_path / "tiny-c.gguf"
         shutil.copy(tiny_gguf, third)
         text = cfg.read_text().replace("preload = true", "preload = true\nttl = 600")
-        text = text.replace("[models.tinyb]", "[models.gone]") + _model("tinyc", third, preload=True)
+        text = text.replace("[models.tinyb]", "[models.gone]") + model_section("tinyc", third, preload=True)
         cfg.write_text(text)
         svc.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: "tinyc" in svc.models() and svc.model("tinyc")["state"] == "ready", what="reloaded")
@@ -415,7 +411,9 @@ def test_check_config_validates_without_serving(tmp_path: Path, tiny_gguf: Path)
     missing = tmp_path / "later.gguf"
     cfg = write_config(
         tmp_path / "forge.toml",
-        _model("here", tiny_gguf) + _model("later", missing) + _model("demo", Path("smollm2-135m")),
+        model_section("here", tiny_gguf)
+        + model_section("later", missing)
+        + model_section("demo", Path("smollm2-135m")),
     )
     r = subprocess.run(
         [*FORGE, "serve", "--check-config", "--config", str(cfg)],
@@ -429,7 +427,7 @@ def test_check_config_validates_without_serving(tmp_path: Path, tiny_gguf: Path)
     notes = [line for line in r.stderr.splitlines() if line.startswith("note:")]
     assert notes == [f"note: models.later: no file at {missing} yet (it must exist when the model loads)"]
     assert not (tmp_path / "state" / "service.json").exists()  # nothing was served
-    bad = write_config(tmp_path / "bad.toml", _model("x", tiny_gguf, workers="sometimes"))
+    bad = write_config(tmp_path / "bad.toml", model_section("x", tiny_gguf, workers="sometimes"))
     r = subprocess.run(
         [*FORGE, "serve", "--check-config", "--config", str(bad)],
         capture_output=True,
@@ -471,7 +469,7 @@ def test_sys_executable_runs_forge() -> None:
 def test_unload_while_loading_returns_and_leaves_nothing(
     tmp_path: Path, gemma_path: Path, llama_server_bin: Path
 ) -> None:
-    cfg = write_config(tmp_path / "forge.toml", FAST + _model("slow", gemma_path, preload=True))
+    cfg = write_config(tmp_path / "forge.toml", FAST + model_section("slow", gemma_path, preload=True))
     with running_service(cfg, tmp_path / "state", llama_server_bin, wait_ready=False) as svc:
         wait_for(lambda: svc.model("slow")["state"] == "loading", what="loading")
         with svc.client() as c:

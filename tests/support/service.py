@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -137,3 +138,35 @@ def _ready(svc: Service) -> bool:
         return httpx.get(f"{svc.url}/ready", headers=svc.headers, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def chat_and_plain_models(d: Path) -> str:
+    """Two tiny models for the dialect tests, as forge.toml sections: ``chat`` (a tool-calling
+    template and FIM tokens, 2 slots) and ``plain`` (no template; serves embeddings)."""
+    from tests.support.tiny_gguf import TOOLS_TEMPLATE, write_tiny_gguf
+
+    chat = write_tiny_gguf(d / "chat.gguf", chat_template=TOOLS_TEMPLATE, fim=True)
+    plain = write_tiny_gguf(d / "plain.gguf")
+    return f"""
+[models.chat]
+path = "{chat}"
+gpu = "cpu"
+ctx_size = 2048
+parallel = 2
+preload = true
+[models.plain]
+path = "{plain}"
+gpu = "cpu"
+ctx_size = 1024
+parallel = 1
+preload = true
+args = ["--embeddings", "--pooling", "mean"]
+"""
+
+
+def model_section(name: str, path: Path, **kw: object) -> str:
+    """``[models.NAME]`` on the CPU (ctx_size 1024 unless given), other keys as TOML values."""
+    lines = [f"[models.{name}]", f'path = "{path}"', 'gpu = "cpu"']
+    kw.setdefault("ctx_size", 1024)
+    lines += [f"{k} = {json.dumps(v)}" for k, v in kw.items()]
+    return "\n".join(lines) + "\n"
