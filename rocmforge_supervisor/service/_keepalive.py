@@ -80,7 +80,6 @@ class KeepAliveStream:
         # ~0.05 ms of CPU per chunk: scripts/bench/bench_gateway.py's ceiling, cProfile.)
         opened: list[Opened] = []
         started = False  # http.response.start has gone out
-        first_seen = False  # after this, only the request's task sends
         lock = anyio.Lock()
         pinging = anyio.CancelScope()
 
@@ -89,9 +88,7 @@ class KeepAliveStream:
             with pinging:
                 while True:
                     await anyio.sleep(self.interval)
-                    async with lock:
-                        if first_seen:
-                            return
+                    async with lock:  # cancelled (under this lock) once the request's task sends
                         if not started:  # silent for `interval`: committed to 200 now
                             head = opened[0].headers if opened else {}
                             await send(
@@ -115,9 +112,9 @@ class KeepAliveStream:
                 opened.append(result)
                 whole = not result.stream or result.status != 200
                 async with lock:
-                    if whole and not started:  # its real status and body still can go out
+                    as_is = whole and not started  # its real status and body still can go out
+                    if as_is:
                         pinging.cancel()
-                        first_seen = True
                     elif not started:
                         await send(
                             {
@@ -127,11 +124,10 @@ class KeepAliveStream:
                             }
                         )
                         started = True
-                if whole and first_seen:
+                if as_is:
                     await self._send_whole(result, send)
                 else:
                     await self._relay(result, whole, send, lock, pinging)
-                    first_seen = True
                 tg.cancel_scope.cancel()
         finally:
             if opened:
