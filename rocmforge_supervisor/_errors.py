@@ -22,6 +22,7 @@ error (the input was wrong), 1 for a runtime failure (the input was fine, the wo
     │   ├── SourceError            llama.cpp sources missing, unverifiable, or the wrong hash
     │   └── ToolchainMissing       cmake / compiler / ROCm / CUDA not there
     ├── BinaryNotFound             no llama-server to run
+    │   └── SelfTestFailed         it is there, but could not serve one completion on this machine
     ├── PlacementError             the model fits on no device (names need and free memory)
     ├── HubError                   Hugging Face resolution or download failed
     ├── InstanceError              a llama-server child failed
@@ -64,6 +65,7 @@ __all__ = [
     "QueueFull",
     "RequestError",
     "RequestRejected",
+    "SelfTestFailed",
     "ServerError",
     "ServerUnavailable",
     "ServiceError",
@@ -168,6 +170,11 @@ class ToolchainMissing(BuildError):
 
 class BinaryNotFound(ForgeError):
     """No usable llama-server binary was found."""
+
+
+class SelfTestFailed(BinaryNotFound):
+    """A llama-server that runs ``--version`` but could not serve one completion on this machine
+    (a crash on the first token, an instruction this CPU lacks): no model is handed to it."""
 
 
 class PlacementError(ForgeError):

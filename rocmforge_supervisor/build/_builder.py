@@ -2,15 +2,20 @@
 
 Layout of the cache (``$XDG_CACHE_HOME/rocmforge/builds``)::
 
-    <key>/bin/llama-server       a finished build (self-contained: static ggml/llama)
+    <key>/bin/llama-server       a finished build (native: self-contained, static ggml/llama)
+    <key>/bin/*.so               a portable build's libraries and CPU variants (``--portable``)
     <key>-rpc/bin/ggml-rpc-server  an RPC build (``--rpc``): both binaries with ``GGML_RPC=ON``
     <key>/build-info.json        written last, inside the staging dir: its presence means "finished"
     .work/<key>/                 the cmake tree (kept so an interrupted build resumes incrementally)
     .work/<key>/build.log        the full configure + build log
     <key>.lock                   serialises concurrent builds of the same key
 
-The finished directory appears by one ``rename`` of a complete staging directory, so an interrupted
-or failed build leaves nothing that ``locate`` would pick up.
+``<key>`` names the CPU too: ``n`` + a fingerprint of the instruction sets a native build was
+compiled for, or ``portable``. The finished directory appears by one ``rename`` of a complete
+staging directory that has passed its self-test (one real completion on this machine), so an
+interrupted, failed or crashing build leaves nothing that ``locate`` would pick up. The compilers
+run in their own process group, watched by a small reaper process that kills the group if forge
+dies without cleaning up (SIGKILL): no ``cc1plus`` outlives the build that started it.
 """
 
 from __future__ import annotations
@@ -30,13 +35,23 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .._errors import BuildError, ForgeError
+from .._errors import BuildError, ForgeError, SelfTestFailed
 from .._version import LLAMA_CPP_COMMIT
 from ..config import ForgeSettings
-from ..hardware import detect
-from ..process import kill_process_group
+from ..hardware import cpu_flags, detect
+from ..process import GroupReaper, kill_process_group
 from ._locate import BinaryInfo, probe_binary
-from ._plan import RPC_SERVER_TARGET, Backend, BuildPlan, cache_key, choose_backend, make_plan
+from ._plan import (
+    RPC_SERVER_TARGET,
+    Backend,
+    BuildPlan,
+    cache_key,
+    choose_backend,
+    isa_fingerprint,
+    isa_flags,
+    make_plan,
+)
+from ._selftest import run_selftest
 from ._source import SourceTree, resolve_source
 
 __all__ = ["BuildResult", "ProgressFn", "build_llama_server", "detected_gpu_targets"]
@@ -78,9 +93,16 @@ def build_llama_server(
     progress: ProgressFn | None = None,
     force: bool = False,
     rpc: bool = False,
+    portable: bool = False,
 ) -> BuildResult:
-    """Build (or find cached) llama-server; ``rpc`` also builds llama.cpp's RPC worker beside it."""
+    """Build (or find cached) llama-server; ``rpc`` also builds llama.cpp's RPC worker beside it;
+    ``portable``: the CPU part with run-time ISA dispatch (one build for any x86-64 node).
+
+    A build is finished when it has served one completion on this machine (the self-test); one
+    that cannot is refused and leaves no cache entry. A cached build is proven on this CPU too.
+    """
     started = time.monotonic()
+    cpu = "portable" if portable else isa_fingerprint(cpu_flags())
     chosen: Backend = choose_backend(backend)
     targets: tuple[str, ...] = ()
     if chosen == "hip":
@@ -90,11 +112,15 @@ def build_llama_server(
     # The cache is checked before sources are resolved: a cache hit must not download anything.
     pinned = source is None and settings.llama_cpp_source is None
     if pinned and not force:
-        hit = _finished(settings.builds_dir / cache_key(LLAMA_CPP_COMMIT, chosen, targets, rpc=rpc), rpc)
-        if hit is not None:
-            return BuildResult(hit, hit.path.parents[1].name, True, time.monotonic() - started, None)
+        # An RPC build is a superset of a plain one: it satisfies a plain request (`make setup`
+        # builds --rpc; a later `forge build` must not compile a second tree for 5 minutes).
+        for with_rpc in (rpc,) if rpc else (False, True):
+            key = cache_key(LLAMA_CPP_COMMIT, chosen, targets, rpc=with_rpc, cpu=cpu)
+            hit = _finished(settings.builds_dir / key, with_rpc, settings)
+            if hit is not None:
+                return BuildResult(hit, key, True, time.monotonic() - started, None)
     tree = resolve_source(settings, source)
-    key = cache_key(tree.commit, chosen, targets, rpc=rpc)
+    key = cache_key(tree.commit, chosen, targets, rpc=rpc, cpu=cpu)
     if tree.origin == "explicit":
         # Trees without git all report commit "unknown": the path keeps them apart.
         key += "-src" + hashlib.sha256(str(tree.path).encode()).hexdigest()[:8]
@@ -109,34 +135,50 @@ def build_llama_server(
         gpu_targets=targets,
         jobs=jobs,
         rpc=rpc,
+        portable=portable,
     )
     builds.mkdir(parents=True, exist_ok=True)
     with FileLock(str(builds / f"{key}.lock")):
+        _remove_leftovers(builds, key)
         if not force:
-            hit = _finished(final, rpc)
+            hit = _finished(final, rpc, settings)
             if hit is not None:
                 return BuildResult(hit, key, True, time.monotonic() - started, tree)
         work.mkdir(parents=True, exist_ok=True)
         log_path = work / "build.log"
         _run_plan(plan, log_path, progress)
-        info = _install(work, final, builds, plan, tree, key)
+        info = _install(work, final, builds, plan, tree, key, settings)
     return BuildResult(info, key, False, time.monotonic() - started, tree)
 
 
-def _finished(final: Path, rpc: bool = False) -> BinaryInfo | None:
+def _remove_leftovers(builds: Path, key: str) -> None:
+    """Staging directories of this key that a killed forge left (held under the key's lock)."""
+    for leftover in (*builds.glob(f".staging-{key}-*"), *builds.glob(f".old-{key}-*")):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _finished(final: Path, rpc: bool, settings: ForgeSettings) -> BinaryInfo | None:
     binary = final / "bin" / "llama-server"
     if not (final / "build-info.json").is_file() or not binary.is_file():
         return None
     if rpc and not (final / "bin" / RPC_SERVER_TARGET).is_file():
         return None
     try:
-        return probe_binary(binary, list_devices=False, source="cache")
-    except ForgeError:  # a corrupt cached binary is rebuilt rather than trusted
+        meta = json.loads((final / "build-info.json").read_text())
+        info = probe_binary(binary, list_devices=False, source="cache")
+    except SelfTestFailed:
+        raise
+    except (ForgeError, OSError, ValueError):  # a corrupt cached build is rebuilt rather than trusted
         return None
+    # Proven on this CPU (a portable build in a shared cache may meet a CPU it was not tested on).
+    return info.with_selftest(settings, meta if isinstance(meta, dict) else None)
 
 
 def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> None:
     env = {**os.environ, **plan.env}
+    if plan.portable:
+        env.pop("CFLAGS", None)  # a user's -march=native would undo the portability
+        env.pop("CXXFLAGS", None)
     tail: collections.deque[str] = collections.deque(maxlen=40)
     with log_path.open("w", encoding="utf-8", errors="replace") as log:
         for step in (plan.configure, plan.build):
@@ -159,6 +201,7 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
                     log_path=str(log_path),
                 ) from exc
             assert proc.stdout is not None
+            reaper = GroupReaper(proc.pid)  # kills the compilers if forge itself is SIGKILLed
             try:
                 for line in proc.stdout:
                     log.write(line)
@@ -174,10 +217,12 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
                             progress(None, None, line)
                 rc = proc.wait()
             except BaseException:
-                # Interrupted (Ctrl-C): stop the whole compiler group; the cmake tree stays for a resume.
+                # Interrupted (Ctrl-C, SIGTERM): stop the whole compiler group; the cmake tree
+                # stays for a resume.
                 kill_process_group(proc)
                 raise
             finally:
+                reaper.release()
                 proc.stdout.close()
             if rc != 0:
                 what = "configure" if step is plan.configure else "build"
@@ -190,7 +235,13 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
 
 
 def _install(
-    work: Path, final: Path, builds: Path, plan: BuildPlan, tree: SourceTree, key: str
+    work: Path,
+    final: Path,
+    builds: Path,
+    plan: BuildPlan,
+    tree: SourceTree,
+    key: str,
+    settings: ForgeSettings,
 ) -> BinaryInfo:
     names = ["llama-server", *([RPC_SERVER_TARGET] if plan.rpc else [])]
     for name in names:
@@ -206,6 +257,24 @@ def _install(
         (staging / "bin").mkdir()
         for name in names:
             shutil.copy2(work / "bin" / name, staging / "bin" / name)
+        libraries = sorted(p.name for p in (work / "bin").glob("*.so*")) if plan.portable else []
+        for name in libraries:  # the shared libraries and the CPU variants, beside the binary
+            shutil.copy2(work / "bin" / name, staging / "bin" / name, follow_symlinks=False)
+        # Proven before it is installed: a build that cannot serve here never enters the cache.
+        selftest = (
+            run_selftest(staging / "bin" / "llama-server", settings.cache_dir / "selftest")
+            if settings.selftest
+            else None
+        )
+        if selftest is not None and not selftest.ok:
+            tail = selftest.attempts[0].log_tail[-3:] if selftest.attempts else ()
+            raise SelfTestFailed(
+                f"the new llama-server failed its self-test: {selftest.detail}"
+                + (f" (last lines: {' | '.join(tail)})" if tail else ""),
+                hint="nothing was installed; `forge build --portable` builds the CPU part with "
+                "run-time dispatch, and the build log is in " + str(work / "build.log"),
+            )
+        flags = cpu_flags()
         meta = {
             "commit": tree.commit,
             "source": tree.origin,
@@ -213,6 +282,17 @@ def _install(
             "backend": plan.backend,
             "gpu_targets": list(plan.gpu_targets),
             "rpc": plan.rpc,
+            "portable": plan.portable,
+            "cpu": "portable" if plan.portable else isa_fingerprint(flags),
+            "cpu_isa": [] if plan.portable else list(isa_flags(flags)),
+            "dispatch": {
+                "variants": [n for n in libraries if n.startswith("libggml-cpu-")],
+                "chosen": list(selftest.passing.backends_loaded) if selftest and selftest.passing else [],
+            }
+            if plan.portable
+            else None,
+            "selftest": selftest.to_json() if selftest is not None else None,
+            "child_args": list(selftest.child_args) if selftest is not None else [],
             "configure": plan.configure,
             "env": plan.env,
             "built_at": time.time(),
@@ -234,4 +314,5 @@ def _install(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return probe_binary(final / "bin" / "llama-server", list_devices=False, source="cache")
+    info = probe_binary(final / "bin" / "llama-server", list_devices=False, source="cache")
+    return BinaryInfo(**{**info.__dict__, "selftest": selftest})

@@ -3,7 +3,8 @@
 Locate order, for every command that needs the binary: ``FORGE_LLAMA_SERVER`` (or a config path)
 → the cached build for the pinned commit (preferring GPU backends) → ``llama-server`` on PATH.
 Each candidate is checked by running it with ``--version``, so a broken or foreign file is skipped
-with a reason rather than failing a load later.
+with a reason rather than failing a load later, and then by its self-test (:mod:`._selftest`): one
+real completion on this CPU, once per binary, so a build that crashes here is never handed a model.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._errors import BinaryNotFound
+from .._errors import BinaryNotFound, SelfTestFailed
 from .._version import LLAMA_CPP_COMMIT
 from ..config import ForgeSettings
-from ..hardware import ListedDevice, parse_device_list
-from ._plan import RPC_SERVER_TARGET
+from ..hardware import ListedDevice, cpu_flags, parse_device_list
+from ._plan import RPC_SERVER_TARGET, isa_fingerprint
+from ._selftest import SelfTest, proven
 
 __all__ = [
     "BinaryInfo",
     "ListedDevice",
+    "build_info_of",
     "cached_builds",
     "locate_llama_server",
     "locate_rpc_server",
@@ -48,6 +51,12 @@ class BinaryInfo:
     source: str = "path"  # "setting", "cache", "path"
     build_backend: str | None = None  # what our cache recorded, when it came from there
     extra: dict[str, object] = field(default_factory=dict, compare=False)
+    selftest: SelfTest | None = field(default=None, compare=False)
+
+    @property
+    def child_args(self) -> tuple[str, ...]:
+        """Flags every child of this binary needs on this CPU (the self-test's workaround)."""
+        return self.selftest.child_args if self.selftest is not None else ()
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -58,7 +67,24 @@ class BinaryInfo:
             "backends": list(self.backends),
             "devices": [d.__dict__ for d in self.devices],
             "source": self.source,
+            "child_args": list(self.child_args),
+            "selftest": self.selftest.to_json() if self.selftest is not None else None,
         }
+
+    def with_selftest(self, settings: ForgeSettings, build_info: Mapping[str, object] | None) -> BinaryInfo:
+        """This binary, proven on this CPU (raises :class:`SelfTestFailed` when it is not)."""
+        result = proven(self.path, settings, build_info=build_info)
+        return BinaryInfo(**{**self.__dict__, "selftest": result})
+
+
+def build_info_of(binary: Path) -> dict[str, object] | None:
+    """The ``build-info.json`` of the cache entry a binary lies in (through symlinks), if any."""
+    try:
+        info_file = binary.resolve().parents[1] / "build-info.json"
+        data = json.loads(info_file.read_text())
+    except (OSError, ValueError, IndexError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def probe_binary(
@@ -142,21 +168,39 @@ def locate_llama_server(
     is preferred over an RPC one of the same backend; both behave the same without ``--rpc``.
     """
     tried: list[str] = []
+    failed_selftest: SelfTestFailed | None = None
     explicit = configured or settings.llama_server
     if explicit is not None:
         # An explicit choice is never silently replaced by another binary.
-        return probe_binary(explicit.expanduser(), list_devices=list_devices, source="setting")
-    builds = [
-        (b, meta)
-        for b, meta in cached_builds(settings)
-        if str(meta.get("commit", ""))[:7] == LLAMA_CPP_COMMIT[:7] and (meta.get("rpc") is True or not rpc)
-    ]
+        path = explicit.expanduser()
+        info = probe_binary(path, list_devices=list_devices, source="setting")
+        return info.with_selftest(settings, build_info_of(path))
+    here = isa_fingerprint(cpu_flags())
+    builds = []
+    for b, meta in cached_builds(settings):
+        if str(meta.get("commit", ""))[:7] != LLAMA_CPP_COMMIT[:7] or (rpc and meta.get("rpc") is not True):
+            continue
+        if meta.get("cpu") not in (None, "portable", here):  # a shared cache: built for another CPU
+            tried.append(f"{b}: built for another CPU ({meta.get('cpu')}, this one is {here})")
+            continue
+        builds.append((b, meta))
+    # GPU backends first; of the same backend a native build before a portable one (it is tuned
+    # to this CPU), and a plain one before an RPC one (they behave the same without --rpc).
     builds.sort(
-        key=lambda bm: (_BACKEND_PREFERENCE.get(str(bm[1].get("backend")), 9), bm[1].get("rpc") is True)
+        key=lambda bm: (
+            _BACKEND_PREFERENCE.get(str(bm[1].get("backend")), 9),
+            bm[1].get("portable") is True,
+            bm[1].get("rpc") is True,
+        )
     )
     for binary, meta in builds:
         try:
             info = probe_binary(binary, list_devices=list_devices, source="cache")
+            info = info.with_selftest(settings, meta)
+        except SelfTestFailed as exc:
+            failed_selftest = failed_selftest or exc
+            tried.append(f"{binary}: {exc.message}")
+            continue
         except BinaryNotFound as exc:
             tried.append(f"{binary}: {exc.message}")
             continue
@@ -164,9 +208,17 @@ def locate_llama_server(
     on_path = None if rpc else shutil.which("llama-server")  # unknown whether it has --rpc
     if on_path:
         try:
-            return probe_binary(Path(on_path), list_devices=list_devices, source="path")
+            info = probe_binary(Path(on_path), list_devices=list_devices, source="path")
+            return info.with_selftest(settings, None)
+        except SelfTestFailed as exc:
+            failed_selftest = failed_selftest or exc
+            tried.append(f"{on_path}: {exc.message}")
         except BinaryNotFound as exc:
             tried.append(f"{on_path}: {exc.message}")
+    if failed_selftest is not None:
+        raise SelfTestFailed(
+            f"no llama-server here passed its self-test: {'; '.join(tried)}", hint=failed_selftest.hint
+        )
     detail = f" (skipped: {'; '.join(tried)})" if tried else ""
     if rpc:
         raise BinaryNotFound(

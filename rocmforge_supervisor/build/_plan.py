@@ -6,6 +6,7 @@ lines are unit-tested for a given set of gfx targets without ROCm being installe
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -26,6 +27,8 @@ __all__ = [
     "choose_backend",
     "find_cuda",
     "find_rocm",
+    "isa_fingerprint",
+    "isa_flags",
     "make_plan",
 ]
 
@@ -53,18 +56,59 @@ class BuildPlan:
     build: list[str]
     env: dict[str, str] = field(default_factory=dict)
     rpc: bool = False
+    portable: bool = False
 
 
-def cache_key(commit: str, backend: Backend, gpu_targets: Sequence[str], *, rpc: bool = False) -> str:
-    """Builds are cached per (commit, backend, targets, rpc): the same inputs never build twice.
+#: The CPU features that decide which instructions a native (``-march=native``) ggml uses: a
+#: build is only handed to a CPU with the same set (x86 ``flags`` and Arm ``Features`` names).
+_ISA_FLAGS = frozenset(
+    {
+        "sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2",
+        "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vbmi", "avx512_vnni",
+        "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16",
+        "asimd", "asimddp", "asimdhp", "fphp", "sve", "sve2", "i8mm", "bf16", "sme",
+    }
+)  # fmt: skip
+
+
+def isa_flags(flags: frozenset[str] | set[str]) -> tuple[str, ...]:
+    """The flags of ``flags`` that matter to a native build, sorted."""
+    return tuple(sorted(_ISA_FLAGS & set(flags)))
+
+
+def isa_fingerprint(flags: frozenset[str] | set[str]) -> str:
+    """A short name for the instruction sets a native build may use: ``n`` + 8 hex digits.
+
+    A cache shared between machines (an NFS home, a copied image) then keeps one native build per
+    kind of CPU, and never hands one compiled for AVX-512 or AMX to a CPU without them.
+    """
+    isa = isa_flags(flags)
+    return "n" + hashlib.sha256(" ".join(isa).encode()).hexdigest()[:8]
+
+
+def cache_key(
+    commit: str,
+    backend: Backend,
+    gpu_targets: Sequence[str],
+    *,
+    rpc: bool = False,
+    cpu: str | None = None,
+) -> str:
+    """Builds are cached per (commit, backend, targets, CPU, rpc): the same inputs never build twice.
+
+    ``cpu``: ``"portable"`` (one key on every machine: run-time ISA dispatch) or the
+    :func:`isa_fingerprint` of the CPU a native build is compiled for.
 
     An RPC build gets its own key (``…-rpc``) rather than replacing the plain one: ``GGML_USE_RPC``
     is a PUBLIC definition of ggml, so turning it on in an existing tree recompiles llama, common
     and the server anyway (most of a build), and a plain build already in a cache stays valid.
+    A plain request is satisfied by an RPC build (a superset) when one is there.
     """
     key = f"{commit[:12]}-{backend}"
     if gpu_targets:
         key += "-" + "_".join(sorted(gpu_targets))
+    if cpu:
+        key += f"-{cpu}"
     if rpc:
         key += "-rpc"
     return key
@@ -152,18 +196,36 @@ def make_plan(
     which: Which = shutil.which,
     rocm: RocmToolchain | None = None,
     rpc: bool = False,
+    portable: bool = False,
 ) -> BuildPlan:
     """The cmake configure and build commands for ``backend``, following llama.cpp's docs/build.md.
 
     ``rpc``: also ``GGML_RPC=ON`` and the ``ggml-rpc-server`` target. Both binaries come from the
     one tree: a llama-server only accepts ``--rpc`` when it was built with the RPC backend too.
+
+    ``portable``: the CPU part as llama.cpp's own release images build it (``GGML_NATIVE=OFF``,
+    one ``libggml-cpu-<level>.so`` per ISA level chosen at run time: ``GGML_BACKEND_DL``,
+    ``GGML_CPU_ALL_VARIANTS``), so one image runs on any x86-64 node. Backends as modules need
+    shared libraries; ``$ORIGIN`` lets the binary find them beside itself once moved into the cache.
     """
     _require_common(which)
     generator = ["-G", "Ninja"] if which("ninja") else []
     configure = [
         "cmake", "-S", str(source), "-B", str(build_dir), *generator,
         "-DCMAKE_BUILD_TYPE=Release",
-        "-DBUILD_SHARED_LIBS=OFF",  # one self-contained binary: it can be moved into the cache atomically
+    ]  # fmt: skip
+    if portable:
+        configure += [
+            "-DBUILD_SHARED_LIBS=ON",
+            "-DGGML_NATIVE=OFF",
+            "-DGGML_BACKEND_DL=ON",
+            "-DGGML_CPU_ALL_VARIANTS=ON",
+            "-DCMAKE_BUILD_RPATH=$ORIGIN",
+        ]
+    else:
+        # One self-contained binary: it can be moved into the cache atomically.
+        configure.append("-DBUILD_SHARED_LIBS=OFF")
+    configure += [
         "-DLLAMA_BUILD_TESTS=OFF",
         "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_BUILD_UI=OFF",  # children run with --no-webui: no npm build, no download
@@ -222,4 +284,12 @@ def make_plan(
         "--target", "llama-server", *([RPC_SERVER_TARGET] if rpc else []),
         "-j", str(jobs or os.cpu_count() or 1),
     ]  # fmt: skip
-    return BuildPlan(backend=backend, gpu_targets=targets, configure=configure, build=build, env=env, rpc=rpc)
+    return BuildPlan(
+        backend=backend,
+        gpu_targets=targets,
+        configure=configure,
+        build=build,
+        env=env,
+        rpc=rpc,
+        portable=portable,
+    )

@@ -43,6 +43,12 @@ def build(
         help="Also build llama.cpp's RPC worker (ggml-rpc-server, for `forge worker`) with an "
         "RPC-capable llama-server, cached under its own key.",
     ),
+    portable: bool = typer.Option(
+        False,
+        "--portable",
+        help="Build the CPU part for any x86-64 CPU (run-time ISA dispatch, as llama.cpp's release "
+        "images): for container images and caches shared between machines.",
+    ),
 ) -> None:
     """Build llama-server from the pinned llama.cpp (cached), or print the one in use."""
     from ..build import build_llama_server, locate_llama_server, locate_rpc_server  # start-up time
@@ -61,6 +67,8 @@ def build(
             f"({info.source})",
             markup=False,
         )
+        if info.selftest is not None:
+            err_console.print(f"self-test: {info.selftest.detail}", markup=False)
         return
     targets = [t for t in gpu_targets.replace(",", ";").split(";") if t] if gpu_targets else None
 
@@ -74,8 +82,10 @@ def build(
             force=force,
             progress=progress,
             rpc=rpc,
+            portable=portable,
         )
 
+    _sigterm_interrupts()  # a stopped build takes its compilers with it (see _run_plan)
     if verbose:
         result = build(lambda done, total, line: err_console.print(line, markup=False, highlight=False))
     elif not err_console.is_terminal:
@@ -107,6 +117,20 @@ def build(
     )
     if rpc:
         err_console.print(f"rpc worker: {result.info.path.parent / RPC_SERVER_TARGET}", markup=False)
+    if result.info.selftest is not None:
+        err_console.print(f"self-test: {result.info.selftest.detail}", markup=False)
+
+
+def _sigterm_interrupts() -> None:
+    """SIGTERM (systemd, `kill`, a CI runner) ends the build like Ctrl-C: as an exception in the
+    main thread, so the compiler group is killed and no staging directory stays behind. Python's
+    default for SIGTERM is to die at once, which would leave cmake, ninja and cc1plus running."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def plain_progress(build: Callable[[ProgressFn], BuildResult], interval: float = 20.0) -> BuildResult:

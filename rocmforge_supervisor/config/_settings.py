@@ -43,6 +43,9 @@ class ForgeSettings(BaseSettings):
     """An explicit llama.cpp source tree for ``forge build``."""
     gpu_targets: str | None = None
     """``GPU_TARGETS`` for a HIP build (``gfx1100;gfx1030``), instead of the detected targets."""
+    selftest: bool = True
+    """Serve one real completion with every new build and every located binary (once per path and
+    mtime) before any model uses it. Off only where a binary cannot be run here at all."""
 
     # -- hardware ------------------------------------------------------------------------------
     sysfs_root: Path = Path("/sys")

@@ -308,7 +308,32 @@ def _binary(settings: ForgeSettings) -> tuple[list[Check], Any]:
         f"{info.path}: version {info.version}, commit {info.commit}; "
         f"backends {', '.join(info.backends)}; GPU devices it sees: {listed}"
     )
-    return [Check("llama-server", "pass", message)], info
+    return [Check("llama-server", "pass", message), _selftest_check(info)], info
+
+
+def _selftest_check(info: Any) -> Check:
+    """What the binary's self-test saw on this CPU (a failing one never gets this far: locate
+    refuses it, and the llama-server check above fails with the self-test's reason)."""
+    result = info.selftest
+    if result is None:
+        return Check(
+            "self-test", "warn", "skipped (FORGE_SELFTEST=0)", "unset FORGE_SELFTEST to test the binary"
+        )
+    kernels = (
+        f"; buffers {', '.join(result.passing.buffers)}" if result.passing and result.passing.buffers else ""
+    )
+    variant = (
+        f"; CPU variant {', '.join(result.passing.backends_loaded)}"
+        if result.passing and result.passing.backends_loaded
+        else ""
+    )
+    status: Literal["pass", "warn"] = "warn" if result.child_args else "pass"
+    fix = (
+        "nothing to do: every child gets these flags; a llama.cpp with the AMX fix (PR #26954) needs none"
+        if result.child_args
+        else None
+    )
+    return Check("self-test", status, f"{result.detail} on {result.cpu_model}{kernels}{variant}", fix)
 
 
 def _backend_checks(inv: Inventory, info: Any) -> list[Check]:

@@ -1,6 +1,7 @@
 """Hardware discovery: /dev/kfd, AMD GPUs (KFD/DRM sysfs, amdsmi), NVIDIA (NVML), the CPU; device masks;
 the devices of llama.cpp RPC workers."""
 
+from ._cpu import cpu_flags, cpu_model_name
 from ._detect import detect, refresh_usage
 from ._gfx import gfx_target_name, parse_gfx_override
 from ._listing import ListedDevice, parse_device_list
@@ -20,6 +21,8 @@ __all__ = [
     "WorkerDevice",
     "WorkerReport",
     "child_env",
+    "cpu_flags",
+    "cpu_model_name",
     "detect",
     "device_json",
     "discover_workers",

@@ -9,7 +9,7 @@ import psutil
 
 from ._types import Device
 
-__all__ = ["cpu_device", "ram_usage"]
+__all__ = ["cpu_device", "cpu_flags", "cpu_model_name", "ram_usage"]
 
 
 @lru_cache(maxsize=1)
@@ -28,6 +28,27 @@ def _model_name() -> str:
         if sep and key.strip() in ("model name", "Model", "cpu model") and value.strip():
             return value.strip()
     return "CPU"
+
+
+def cpu_model_name() -> str:
+    return _model_name()
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The first CPU's feature flags (x86 ``flags``, Arm ``Features``): what a native build was
+    compiled for and what the AMX question is asked of. Only the first processor block is read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def ram_usage() -> tuple[int, int, int]:

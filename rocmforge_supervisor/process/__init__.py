@@ -1,17 +1,18 @@
 """One llama-server child process: spawn, health, logs, stop."""
 
 from ._env import clean_child_env
-from ._groups import kill_process_group
+from ._groups import GroupReaper, kill_process_group
 from ._instance import LlamaServer
 from ._ledger import ChildLedger
 from ._logs import LogRing, classify_failure, crash_cause
 from ._ports import free_port, port_is_free
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
 from ._spawn import with_parent_death
-from ._spec import InstanceSpec, InstanceState, describe_returncode, unwrap_group
+from ._spec import InstanceSpec, InstanceState, crash_advice, describe_returncode, unwrap_group
 
 __all__ = [
     "ChildLedger",
+    "GroupReaper",
     "InstanceSpec",
     "InstanceState",
     "LlamaServer",
@@ -21,6 +22,7 @@ __all__ = [
     "WorkerSpec",
     "classify_failure",
     "clean_child_env",
+    "crash_advice",
     "crash_cause",
     "describe_returncode",
     "free_port",

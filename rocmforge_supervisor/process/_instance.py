@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -45,6 +46,9 @@ from ._spec import START_HINTS, InstanceSpec, InstanceState, describe_returncode
 log = logging.getLogger("rocmforge.process")
 
 __all__ = ["LlamaServer"]
+
+#: A finished request's timing line (``slot print_timing: … prompt eval time``): it computed.
+_COMPUTED_RE = re.compile(r"print_timing|prompt eval time")
 
 
 class LlamaServer:
@@ -337,6 +341,14 @@ class LlamaServer:
         elif BIND_FAILED_RE.search(line):
             self._flags.add("bind")
             self._wake.set()
+        elif "computed" not in self._flags and _COMPUTED_RE.search(line):
+            self._flags.add("computed")
+
+    @property
+    def computed(self) -> bool:
+        """It has finished a computation (a request's timings were printed): a later CPU fault is
+        not the build failing its first compute."""
+        return "computed" in self._flags
 
     async def _watch_exit(self, proc: anyio.abc.Process) -> None:
         await proc.wait()
@@ -386,6 +398,8 @@ class LlamaServer:
                 if self.exited.is_set():
                     await self._drained()
                     reason = classify_failure(self.log.tail(40))
+                    if self.returncode == -signal.SIGILL:
+                        reason = "illegal_instruction"
                     raise self._fail(reason, describe_returncode(self.returncode))
                 if "oom" in self._flags:
                     await self.stop(timeout=2.0)

@@ -10,7 +10,14 @@ from typing import Literal
 
 from .._argv import server_argv
 
-__all__ = ["START_HINTS", "InstanceSpec", "InstanceState", "describe_returncode", "unwrap_group"]
+__all__ = [
+    "START_HINTS",
+    "InstanceSpec",
+    "InstanceState",
+    "crash_advice",
+    "describe_returncode",
+    "unwrap_group",
+]
 
 InstanceState = Literal["new", "starting", "loading", "ready", "stopping", "exited"]
 
@@ -26,7 +33,36 @@ START_HINTS = {
     "rpc_worker": "an RPC worker is down or unreachable: check `forge worker` on that machine",
     "cancelled": "it was stopped on request",
     "crashed": "see the log lines above",
+    "illegal_instruction": "the CPU lacks an instruction this llama-server was compiled for: "
+    "`forge build --force` builds one for this machine, `forge build --portable` one for any x86-64",
 }
+
+#: A portable (run-time dispatch) build or a rebuild on this machine: what SIGILL always asks for.
+_SIGILL_ADVICE = (
+    "the CPU refused an instruction this llama-server was compiled for (SIGILL): build one for this "
+    "machine with `forge build --force`, or one for any x86-64 CPU with `forge build --portable`"
+)
+
+
+def crash_advice(rc: int | None, *, computed: bool, amx: bool = False) -> str | None:
+    """What a child's death by a CPU fault means, and what to do; None for other ends.
+
+    ``computed``: the child had finished a computation before (a crash later is not the build's
+    first-compute fault). ``amx``: this CPU has Intel AMX, whose ggml kernels crash at the pinned
+    llama.cpp (PR #26954) unless children run with ``--no-repack``.
+    """
+    if rc == -signal.SIGILL:
+        return _SIGILL_ADVICE
+    if rc in (-signal.SIGSEGV, -signal.SIGBUS) and not computed:
+        first = "it crashed in its first computation"
+        if amx:
+            return (
+                f"{first}: this Intel CPU has AMX, whose ggml kernels crash at this llama.cpp "
+                "(PR #26954); add --no-repack to the model's args, or run `forge doctor`, whose "
+                "build self-test finds the flags that work"
+            )
+        return f"{first}: run `forge doctor` (it self-tests the build on this machine) and see the log"
+    return None
 
 
 def describe_returncode(rc: int | None) -> str:

@@ -177,6 +177,7 @@ def build_plan(
     settings: ForgeSettings,
     *,
     binary: Path,
+    binary_args: Sequence[str] = (),
     log_path: Path,
     state_dir: Path,
     port: int | None = None,
@@ -194,6 +195,9 @@ def build_plan(
     info = model.info
     extra = [*fallback_chat_template_args(info.has_chat_template, str(info.architecture), spec.args)]
     extra += embedding_args(spec.embeddings, spec.args, str(info.architecture))
+    # The binary's own needs on this CPU (its self-test's workaround: --no-repack on an AMX CPU at
+    # the pinned llama.cpp) come before the user's args, so a user's --repack still wins.
+    extra += binary_args
     extra += spec.args
     if remote:
         extra += ["--rpc", ",".join(remote)]

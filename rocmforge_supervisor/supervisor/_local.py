@@ -84,7 +84,7 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
     """Resolve, validate and place; touches no process. Raises a ForgeError on bad input."""
     spec = options.model_spec(model)
     resolved = resolve(spec, settings)  # bad magic / truncated / wrong version: refused before any spawn
-    binary = locate_llama_server(settings).path
+    found = locate_llama_server(settings)
     inventory = detect(settings)
     # An embedded model is known by its short name (what `forge chat`/the service call it).
     alias = options.alias or (str(model) if str(model) in embedded_models() else resolved.path.stem)
@@ -96,7 +96,8 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
         decision,
         inventory,
         settings,
-        binary=binary,
+        binary=found.path,
+        binary_args=found.child_args,
         log_path=options.log_path or settings.logs_dir / f"{alias.replace('/', '_')}.log",
         state_dir=settings.state_dir,
         port=options.port,

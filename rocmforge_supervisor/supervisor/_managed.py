@@ -22,7 +22,8 @@ import anyio.abc
 
 from .._errors import ForgeError, ModelRetired, PlacementError, QueueFull, ServiceError, StartFailed
 from ..config import ModelConfig, SupervisorConfig
-from ..process import LlamaServer, crash_cause, describe_returncode, unwrap_group
+from ..hardware import cpu_flags
+from ..process import LlamaServer, crash_advice, crash_cause, describe_returncode, unwrap_group
 from ._events import EventBus, EventKind
 from ._launch import LaunchPlan
 from ._loading import wait_ready_within
@@ -37,7 +38,9 @@ log = logging.getLogger("rocmforge.supervisor")
 PlanFn = Callable[["ManagedModel"], Awaitable[LaunchPlan]]
 
 #: Start failures that a restart cannot fix: the model fails at once, with the reason.
-_FATAL_START = frozenset({"file_not_found", "invalid_model", "unsupported", "bad_args"})
+_FATAL_START = frozenset(
+    {"file_not_found", "invalid_model", "unsupported", "bad_args", "illegal_instruction"}
+)
 
 
 class _Exit(Enum):
@@ -253,6 +256,11 @@ class ManagedModel:
             return _Exit.STOPPED
         how = describe_returncode(server.returncode)
         cause = crash_cause(server.log.tail(40))  # e.g. an RPC worker it placed layers on died
+        # A CPU fault says what it means: an instruction this CPU lacks (SIGILL), or a crash in the
+        # first computation (the AMX defect at the pin, when the self-test was skipped or overridden).
+        cause = cause or crash_advice(
+            server.returncode, computed=server.computed, amx="amx_int8" in cpu_flags()
+        )
         self.last_error = f"llama-server {how}" + (f": {cause}" if cause else "")
         self.last_stderr = server.log.tail(15)
         self._events.publish(

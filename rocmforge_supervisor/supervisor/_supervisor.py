@@ -58,6 +58,8 @@ class Supervisor:
         self.config = config
         self.settings: ForgeSettings = config.settings
         self.binary = binary
+        #: Flags every child needs on this CPU: the located binary's self-test workaround.
+        self.binary_args: tuple[str, ...] = ()
         self.events = EventBus()
         self.log_bus = EventBus(history=0, buffer=1024)  # child log lines, for `forge logs -f`
         self.policy = config.supervisor
@@ -89,6 +91,7 @@ class Supervisor:
             rpc = bool(self.config.workers)
             found = await anyio.to_thread.run_sync(lambda: locate_llama_server(self.settings, rpc=rpc))
             self.binary = found.path
+            self.binary_args = found.child_args
         self.inventory = await anyio.to_thread.run_sync(detect, self.settings)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -307,6 +310,7 @@ class Supervisor:
             inventory,
             self.settings,
             binary=self.binary or Path("llama-server"),
+            binary_args=self.binary_args,
             log_path=self.log_dir / f"{m.name}.log",
             state_dir=self.state_dir,
             stall_timeout=self.policy.load_stall_timeout,

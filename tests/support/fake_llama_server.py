@@ -15,6 +15,19 @@ supervisor can behave differently):
 ``--fake-refuse``           print llama.cpp's "failed to load model" error and exit 1 at once
 ``--fake-token-delay S``    wait S seconds between streamed chunks (a slow, held stream)
 ``--fake-chunks N``         stream N chunks (default 3)
+``--fake-die SIG``          die of signal SIG (``SIGILL``…) at start, before listening (a build
+                           that uses an instruction this CPU lacks dies like this while loading)
+``--fake-die-on-request SIG``  die of SIG on the first completion request (the AMX crash at the
+                           pinned llama.cpp: a fault in the first matrix multiply of a token)
+
+The same two request faults through the environment, for callers that build the argv themselves
+(the build self-test): ``FAKE_LLAMA_DIE_ON_REQUEST=SIG``, and ``FAKE_LLAMA_WORKS_WITH=FLAG`` for
+"no fault when FLAG is on the command line" (``--no-repack``, the AMX workaround).
+``FAKE_LLAMA_LOG`` holds extra lines (``|``-separated) printed at start: the buffer and
+backend-module lines a real build prints, for what the self-test records.
+
+``/completion`` (llama-server's own route) answers ``{"content", "tokens_predicted"}``; each finished
+request prints llama-server's ``print_timing`` line.
 
 ``--version`` and ``--list-devices`` answer as a CPU-only build, so ``FORGE_LLAMA_SERVER`` may
 point at the fake (a ``forge serve`` subprocess in the service tests).
@@ -27,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -61,6 +75,16 @@ def _name_process() -> None:
         pass
 
 
+def _die(name: str) -> None:
+    """Die of signal ``name`` as a crashing binary does (no handler, no cleanup, no core file)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.kill(os.getpid(), signal.Signals[name])  # Python leaves these signals at their default
+    time.sleep(5)  # the signal arrives at once; never fall through
+    os._exit(1)
+
+
 def main() -> None:
     """llama-server's life, faked: parse, "load", listen, serve until a signal or a fault."""
     _name_process()
@@ -72,6 +96,14 @@ def main() -> None:
         return
     opts = _args(sys.argv[1:])
     print(f"fake llama-server: model {opts.get('--model')}", file=sys.stderr, flush=True)
+    for line in filter(None, os.environ.get("FAKE_LLAMA_LOG", "").split("|")):
+        print(line, file=sys.stderr, flush=True)
+    if "--fake-die" in opts:
+        _die(opts["--fake-die"])
+    die_on_request = opts.get("--fake-die-on-request") or os.environ.get("FAKE_LLAMA_DIE_ON_REQUEST")
+    works_with = os.environ.get("FAKE_LLAMA_WORKS_WITH")
+    if works_with and works_with in sys.argv:
+        die_on_request = None
     if "--fake-refuse" in opts:
         print(
             "llama_model_load: error loading model: failed to load model (fake refusal)",
@@ -120,8 +152,19 @@ def main() -> None:
             if key and self.headers.get("Authorization") != f"Bearer {key}":
                 self._send(401, {"error": {"code": 401, "message": "Invalid API Key"}})
                 return
-            if self.path not in ("/v1/chat/completions", "/v1/completions"):
+            if self.path not in ("/v1/chat/completions", "/v1/completions", "/completion"):
                 self._send(404, {"error": {"code": 404, "message": "File Not Found"}})
+                return
+            if die_on_request:
+                _die(die_on_request)
+            print(
+                "slot print_timing: id  0 | task 0 | prompt eval time =       1.00 ms /     2 tokens",
+                file=sys.stderr,
+                flush=True,
+            )
+            if self.path == "/completion":
+                n = int(body.get("n_predict") or chunks)
+                self._send(200, {"content": " ".join("tok" for _ in range(n)), "tokens_predicted": n})
                 return
             chat = self.path == "/v1/chat/completions"
             if not body.get("stream"):

@@ -1,0 +1,433 @@
+"""A llama-server is proven to run on this machine before a model is handed to it.
+
+``--version`` says a file is llama-server; it does not say the file can compute here. At the pinned
+llama.cpp, ggml's AMX kernels crash on the first matrix multiply of a generated token (PR #26954)
+on most cloud x86 servers, and a native build copied to an older CPU dies of SIGILL. Either way
+every model would crash on its first request, so after every build, and once per located binary
+(path, mtime, size, CPU), forge starts it on a tiny GGUF of its own (:mod:`._tinymodel`) with a
+child's flags and asks for one completion.
+
+Where the default flags die of a CPU fault, the self-test tries the known workaround, ``--no-repack``
+(the AMX path is one of the CPU backend's "extra buffer types"; without them ggml uses its plain
+kernels), and records that every child needs it. No CPU-model list decides: when a pin with the
+upstream fix passes with the default flags, the workaround goes away by itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+from filelock import FileLock
+
+from .._argv import server_argv
+from .._errors import SelfTestFailed
+from ..config import ForgeSettings
+from ..hardware import cpu_flags, cpu_model_name
+from ..models import REQUIRED_VERBOSITY
+from ..process import crash_advice, describe_returncode, free_port, kill_process_group, with_parent_death
+from ._plan import isa_fingerprint, isa_flags
+from ._tinymodel import N_SPECIAL_TOKENS, write_selftest_gguf
+
+__all__ = ["WORKAROUNDS", "Attempt", "SelfTest", "binary_stamp", "proven", "run_selftest"]
+
+#: The flags tried, in order, when the default ones die of a CPU fault. ``--no-repack``: no extra
+#: buffer types (AMX, CPU_REPACK), so ggml's plain CPU kernels run (PR #26954's crash is in AMX).
+WORKAROUNDS: tuple[tuple[str, ...], ...] = (("--no-repack",),)
+
+_CPU_FAULTS = frozenset({-signal.SIGILL, -signal.SIGSEGV, -signal.SIGBUS, -signal.SIGFPE})
+_BUFFER_RE = re.compile(r"\b(\S+) model buffer size\s*=")
+_LOADED_RE = re.compile(r"loaded (\S+) backend from (\S+)")
+_BIND_RE = re.compile(r"couldn't bind|Address already in use", re.IGNORECASE)
+_PROMPT = "hello world"
+_N_PREDICT = 8
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the binary with ``args`` added: did it serve, and if not, how it ended."""
+
+    args: tuple[str, ...]
+    ok: bool
+    outcome: str
+    returncode: int | None = None
+    crashed_in: str | None = None  # "load" or "completion": where a crash happened
+    log_tail: tuple[str, ...] = ()
+    buffers: tuple[str, ...] = ()  # the model buffer types the child used: CPU_REPACK, AMX, CUDA0…
+    backends_loaded: tuple[str, ...] = ()  # a portable build's modules: libggml-cpu-haswell.so…
+
+
+@dataclass(frozen=True)
+class SelfTest:
+    """The result kept in ``build-info.json`` (and, for a located binary, in the self-test cache)."""
+
+    ok: bool
+    child_args: tuple[str, ...]  # what every child of this binary gets on this CPU
+    detail: str  # one line for `forge build`, `forge doctor` and errors
+    seconds: float
+    cpu: str  # the ISA fingerprint of the CPU it ran on
+    cpu_model: str
+    cpu_isa: tuple[str, ...]
+    attempts: tuple[Attempt, ...] = field(default=())
+
+    @property
+    def passing(self) -> Attempt | None:
+        return next((a for a in self.attempts if a.ok), None)
+
+    def to_json(self) -> dict[str, object]:
+        out = asdict(self)
+        out["buffers"] = list(self.passing.buffers) if self.passing else []
+        out["backends_loaded"] = list(self.passing.backends_loaded) if self.passing else []
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> SelfTest | None:
+        """A stored result, or None when it is unreadable (then the test simply runs again)."""
+        try:
+            raw_attempts = data["attempts"]
+            if not isinstance(raw_attempts, list):
+                return None
+            attempts = tuple(_attempt_from_json(a) for a in raw_attempts)
+            return cls(
+                ok=bool(data["ok"]),
+                child_args=_strs(data["child_args"]),
+                detail=str(data["detail"]),
+                seconds=float(str(data["seconds"])),
+                cpu=str(data["cpu"]),
+                cpu_model=str(data["cpu_model"]),
+                cpu_isa=_strs(data["cpu_isa"]),
+                attempts=attempts,
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _strs(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise TypeError("not a list")
+    return tuple(str(v) for v in value)
+
+
+def _attempt_from_json(a: object) -> Attempt:
+    if not isinstance(a, dict):
+        raise TypeError("not an object")
+    rc = a.get("returncode")
+    return Attempt(
+        args=_strs(a["args"]),
+        ok=bool(a["ok"]),
+        outcome=str(a["outcome"]),
+        returncode=int(rc) if isinstance(rc, int) else None,
+        crashed_in=str(a["crashed_in"]) if a.get("crashed_in") else None,
+        log_tail=_strs(a.get("log_tail", [])),
+        buffers=_strs(a.get("buffers", [])),
+        backends_loaded=_strs(a.get("backends_loaded", [])),
+    )
+
+
+def _isa() -> tuple[str, tuple[str, ...]]:
+    flags = cpu_flags()
+    return isa_fingerprint(flags), isa_flags(flags)
+
+
+def run_selftest(
+    binary: Path,
+    workdir: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120.0,
+) -> SelfTest:
+    """Start ``binary`` on the self-test model and ask for one completion; on a CPU fault, try the
+    :data:`WORKAROUNDS`. Never raises for the binary's behaviour: the result says what happened."""
+    started = time.monotonic()
+    model = write_selftest_gguf(workdir)
+    fingerprint, isa = _isa()
+    attempts = [_attempt(binary, model, (), env, timeout)]
+    if not attempts[0].ok and attempts[0].returncode in _CPU_FAULTS:
+        for args in WORKAROUNDS:
+            attempts.append(_attempt(binary, model, args, env, timeout))
+            if attempts[-1].ok:
+                break
+    passing = next((a for a in attempts if a.ok), None)
+    first = attempts[0]
+    if passing is not None and passing is first:
+        detail = f"served {_N_PREDICT} tokens" + (f" ({', '.join(first.buffers)})" if first.buffers else "")
+    elif passing is not None:
+        detail = (
+            f"the default flags {first.outcome}; with {' '.join(passing.args)} it served "
+            f"{_N_PREDICT} tokens: every child gets {' '.join(passing.args)}"
+        )
+    else:
+        advice = crash_advice(first.returncode, computed=False, amx="amx_int8" in isa)
+        detail = first.outcome + (f": {advice}" if advice else "")
+        if len(attempts) > 1:
+            detail += f" (also with {', '.join(' '.join(a.args) for a in attempts[1:])})"
+    return SelfTest(
+        ok=passing is not None,
+        child_args=passing.args if passing is not None else (),
+        detail=detail,
+        seconds=round(time.monotonic() - started, 2),
+        cpu=fingerprint,
+        cpu_model=cpu_model_name(),
+        cpu_isa=isa,
+        attempts=tuple(attempts),
+    )
+
+
+class _Lines:
+    """The child's merged stdout/stderr, read by a thread from the start (a full pipe would block
+    it), with the facts the result wants picked out as they pass."""
+
+    def __init__(self, stream: object) -> None:
+        self.tail: collections.deque[str] = collections.deque(maxlen=25)
+        self.buffers: list[str] = []
+        self.loaded: list[str] = []
+        self.bind_failed = False
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            if (m := _BUFFER_RE.search(line)) and m[1] not in self.buffers:
+                self.buffers.append(m[1])
+            if m := _LOADED_RE.search(line):
+                self.loaded.append(Path(m[2]).name)
+            if _BIND_RE.search(line):
+                self.bind_failed = True
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def _attempt(
+    binary: Path, model: Path, args: tuple[str, ...], env: Mapping[str, str] | None, timeout: float
+) -> Attempt:
+    for _ in range(3):  # the port the OS gave us can be taken before the child binds it
+        result, bind_failed = _attempt_once(binary, model, args, env, timeout)
+        if not bind_failed:
+            return result
+    return result
+
+
+def _argv(binary: Path, model: Path, port: int, args: Sequence[str]) -> list[str]:
+    # The flags a child gets (server_argv: --metrics, --no-webui, …; the default threads and
+    # repack), on a small context and one slot: the test is of the binary, not of the model.
+    return server_argv(
+        binary=binary,
+        model_path=model,
+        host="127.0.0.1",
+        port=port,
+        alias="forge-selftest",
+        api_key_file=None,
+        ctx_size=256,
+        cpu_only=False,
+        n_gpu_layers=None,
+        parallel=1,
+        verbosity=REQUIRED_VERBOSITY,  # as a child: its buffer lines say which kernels ran
+        extra_args=args,
+    )
+
+
+def _attempt_once(
+    binary: Path, model: Path, args: tuple[str, ...], env: Mapping[str, str] | None, timeout: float
+) -> tuple[Attempt, bool]:
+    """One start; the bool says the child could not bind its port (then the caller retries)."""
+    port = free_port()
+    deadline = time.monotonic() + timeout
+    run_env = dict(os.environ if env is None else env)
+    with tempfile.TemporaryDirectory(prefix="forge-selftest-") as home:
+        run_env["XDG_CONFIG_HOME"] = home  # an empty config home: a user's presets change nothing
+        try:
+            proc = subprocess.Popen(
+                with_parent_death(_argv(binary, model, port, args)),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                env=run_env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return Attempt(args, False, f"could not be started: {exc.strerror or exc}"), False
+        lines = _Lines(proc.stdout)
+        outcome = "not ready"
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as client:
+                outcome = _serve_one(proc, client, deadline)
+        finally:
+            _stop(proc)
+            lines.join(5)
+            if proc.stdout is not None:
+                proc.stdout.close()
+    stage = "load" if outcome == "not ready" else "completion"
+    rc = proc.returncode
+    if outcome == "ok":
+        return _attempt_result(lines, args, True, f"served {_N_PREDICT} tokens", None, stage), False
+    if rc is not None and rc != 0 and rc != -signal.SIGTERM and rc != -signal.SIGKILL:
+        where = "on its first completion" if stage == "completion" else "while loading"
+        return _attempt_result(lines, args, False, f"{describe_returncode(rc)} {where}", rc, stage), (
+            lines.bind_failed
+        )
+    what = "gave no completion in time" if outcome == "timeout" else f"answered {outcome}"
+    return _attempt_result(lines, args, False, what, rc, stage), False
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to the child's group, a bounded wait, then SIGKILL: nothing of the test stays."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            kill_process_group(proc)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # anything it forked into its group
+
+
+def _serve_one(proc: subprocess.Popen[str], client: httpx.Client, deadline: float) -> str:
+    """ "ok", "not ready" (it exited or never came up), "timeout", or what it answered instead."""
+    while True:
+        if proc.poll() is not None:
+            return "not ready"
+        if time.monotonic() > deadline:
+            return "timeout"
+        with contextlib.suppress(httpx.HTTPError):
+            if client.get("/health").status_code == 200:
+                break
+        time.sleep(0.1)
+    # Random weights: the byte and control tokens are banned so the text is valid UTF-8 (the
+    # server's output parser refuses a lone continuation byte with a 500).
+    body = {
+        "prompt": _PROMPT,
+        "n_predict": _N_PREDICT,
+        "ignore_eos": True,
+        "temperature": 0,
+        "logit_bias": [[token, False] for token in range(N_SPECIAL_TOKENS)],
+    }
+    try:
+        r = client.post("/completion", json=body, timeout=max(1.0, deadline - time.monotonic()))
+    except httpx.TimeoutException:
+        return "timeout"
+    except httpx.HTTPError:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)  # the connection dropped: most likely the child died; see how
+        return "no answer (connection lost)"
+    if r.status_code != 200:
+        return f"HTTP {r.status_code}"
+    try:
+        predicted = int(r.json().get("tokens_predicted", 0))
+    except (ValueError, AttributeError, TypeError):
+        return "a body that is not llama-server's completion"
+    return "ok" if predicted > 0 else "no tokens"
+
+
+def _attempt_result(
+    lines: _Lines, args: tuple[str, ...], ok: bool, outcome: str, rc: int | None, stage: str
+) -> Attempt:
+    return Attempt(
+        args=args,
+        ok=ok,
+        outcome=outcome,
+        returncode=None if ok else rc,
+        crashed_in=None if ok or rc is None or rc >= 0 else stage,
+        log_tail=tuple(list(lines.tail)[-12:]),
+        buffers=tuple(lines.buffers),
+        backends_loaded=tuple(lines.loaded),
+    )
+
+
+def selftest_record_path(cache_dir: Path, binary: Path) -> Path:
+    digest = hashlib.sha256(str(binary.resolve()).encode()).hexdigest()[:16]
+    return cache_dir / "selftest" / f"{digest}.json"
+
+
+def binary_stamp(binary: Path) -> dict[str, object]:
+    """What identifies the file tested (a rebuilt or replaced binary is tested again)."""
+    st = binary.resolve().stat()
+    return {"path": str(binary.resolve()), "mtime_ns": st.st_mtime_ns, "size": st.st_size}
+
+
+def proven(
+    binary: Path,
+    settings: ForgeSettings,
+    *,
+    build_info: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SelfTest | None:
+    """The binary's self-test on this CPU: from its ``build-info.json`` (a build forge made, tested
+    on a CPU like this one), else from the record of an earlier run (same path, mtime, size and
+    CPU), else run now and recorded when it passes. None: self-tests are turned off.
+
+    Raises :class:`SelfTestFailed` when it cannot serve one completion with any flags tried.
+    """
+    if not settings.selftest:
+        return None
+    fingerprint, _ = _isa()
+    if build_info is not None and isinstance(build_info.get("selftest"), dict):
+        stored = SelfTest.from_json(build_info["selftest"])  # type: ignore[arg-type]
+        if stored is not None and stored.ok and stored.cpu == fingerprint:
+            return stored
+    record = selftest_record_path(settings.cache_dir, binary)
+    stamp = binary_stamp(binary)
+    found = _read_record(record, stamp, fingerprint)
+    if found is not None:
+        return found
+    record.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(record.with_suffix(".lock"))):  # two commands starting at once test once
+        found = _read_record(record, stamp, fingerprint)
+        if found is None:
+            found = run_selftest(binary, record.parent, env=env)
+            if found.ok:
+                _write_atomic(record, {"stamp": stamp, "result": found.to_json()})
+    if not found.ok:
+        raise SelfTestFailed(
+            f"{binary} failed its self-test on this machine: {found.detail}",
+            hint=_hint(found),
+        )
+    return found
+
+
+def _hint(result: SelfTest) -> str:
+    first = result.attempts[0] if result.attempts else None
+    if first is not None and first.returncode == -signal.SIGILL:
+        return "`forge build --force` builds for this CPU; `forge build --portable` for any x86-64"
+    return "see `forge doctor`; `forge build --force` rebuilds and tests it again"
+
+
+def _read_record(record: Path, stamp: Mapping[str, object], fingerprint: str) -> SelfTest | None:
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("stamp") != stamp or not isinstance(data.get("result"), dict):
+        return None
+    found = SelfTest.from_json(data["result"])
+    return found if found is not None and found.ok and found.cpu == fingerprint else None
+
+
+def _write_atomic(path: Path, data: Mapping[str, object]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,52 @@
+"""A child that dies of a CPU fault says what happened and what to do (the FAKE llama-server dies
+of the real signal at the moment a real build does: SIGILL while loading, SIGSEGV on the first
+completion; tests/build/test_selftest.py has the same faults through the build self-test)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rocmforge_supervisor._errors import ServiceError
+from rocmforge_supervisor.config import ForgeConfig
+from rocmforge_supervisor.supervisor import ModelState
+
+from .conftest import running, wait_state
+
+pytestmark = pytest.mark.anyio
+
+MakeConfig = Callable[..., ForgeConfig]
+
+
+async def test_sigill_while_loading_fails_at_once_with_the_fix(
+    make_config: MakeConfig, fake_bin: Path
+) -> None:
+    async with running(make_config({"m": {"args": ["--fake-die", "SIGILL"]}}), fake_bin) as sup:
+        with pytest.raises(ServiceError, match="killed by SIGILL") as info:
+            await sup.load("m")
+        m = sup.get("m")
+        assert m.failure_kind == "illegal_instruction" and m.restarts == 0  # a restart cannot help
+        assert "lacks an instruction" in info.value.message and "forge build --portable" in info.value.message
+        assert m.status().state == ModelState.FAILED
+
+
+async def test_a_crash_on_the_first_completion_names_the_cause(
+    make_config: MakeConfig, fake_bin: Path
+) -> None:
+    cfg = make_config({"m": {"args": ["--fake-die-on-request", "SIGSEGV"]}}, crash_loop_max=1)
+    async with running(cfg, fake_bin) as sup:
+        m = sup.get("m")
+        async with sup.acquire("m") as upstream:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            headers = {"Authorization": f"Bearer {upstream.api_key}"}
+            async with httpx.AsyncClient(base_url=upstream.base_url, headers=headers) as c:
+                with pytest.raises(httpx.HTTPError):
+                    await c.post("/v1/chat/completions", json=body)
+        await wait_state(m, ModelState.FAILED)
+        assert m.last_error is not None
+        assert "killed by SIGSEGV: it crashed in its first computation" in m.last_error
+        assert "forge doctor" in m.last_error
+        assert m.failure_kind == "crash_loop"
