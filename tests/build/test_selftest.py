@@ -10,6 +10,7 @@ CPU does) and the tests check what forge makes of it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -353,10 +354,8 @@ def test_a_killed_build_leaves_no_compiler_and_no_cache_entry(tmp_path: Path, si
             proc.kill()
             proc.wait()
         if marker.is_file() and marker.read_text().strip():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(marker.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         assert proc.stderr is not None
         proc.stderr.close()
     builds = cache / "builds"
