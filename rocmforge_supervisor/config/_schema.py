@@ -117,6 +117,11 @@ class SupervisorConfig(_Section):
     health_failures: int = Field(default=3, ge=1)
     """Consecutive failed checks → the child is hung: killed and restarted."""
     load_stall_timeout: float = Field(default=300.0, gt=0)
+    stall_timeout: float = Field(default=120.0, ge=0)
+    """A ready child with requests in flight whose slots make no progress (no token, no prompt
+    batch) for this long is stalled: killed and restarted (0: off). Must exceed the slowest single
+    decode step (one prompt batch at --threads 1 on a slow CPU): a model's own ``stall_timeout``
+    overrides it."""
     load_deadline_base: float = Field(default=300.0, gt=0)
     """A load's deadline: this plus ``load_deadline_per_gib`` per GiB of model file."""
     load_deadline_per_gib: float = Field(default=20.0, ge=0)
@@ -164,6 +169,8 @@ class ModelConfig(_Section):
     """Requests allowed to wait beyond ``max_concurrency`` (0: none); past it the gateway answers 429."""
     load_wait: float | None = Field(default=None, ge=0)
     """This model's ``server.load_wait`` (seconds a request waits for its load)."""
+    stall_timeout: float | None = Field(default=None, ge=0)
+    """This model's ``supervisor.stall_timeout`` (seconds busy without progress; 0: off)."""
     embeddings: bool = False
     """Serve ``/v1/embeddings``: starts llama-server with ``--embeddings`` and, unless ``args``
     choose one, ``--pooling mean`` (OpenAI-shaped embeddings need a pooled vector)."""

@@ -238,6 +238,20 @@ class LlamaServer:
         except httpx.HTTPError:
             return None
 
+    async def slots(self, timeout: float = 2.0) -> object | None:
+        """The parsed ``/slots`` answer (each slot's progress counters), None when it did not
+        answer in time or answered something else: what the progress watchdog reads."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            async with httpx.AsyncClient(timeout=timeout, trust_env=False, verify=False) as c:
+                r = await c.get(f"{self.base_url}/slots", headers=headers)
+                if r.status_code != 200:
+                    return None
+                answer: object = r.json()
+                return answer
+        except (httpx.HTTPError, ValueError):
+            return None
+
     def status(self) -> dict[str, object]:
         return {
             "state": self.state,

@@ -39,15 +39,19 @@ class _SupervisorCollector(Collector):
         restarts = GaugeMetricFamily(
             "forge_model_restarts", "restarts of the model's child", labels=["model"]
         )
+        stalls = GaugeMetricFamily(
+            "forge_model_stalls", "children killed busy without progress (stall_timeout)", labels=["model"]
+        )
         in_flight = GaugeMetricFamily("forge_model_in_flight", "requests at the child", labels=["model"])
         waiting = GaugeMetricFamily("forge_model_waiting", "requests in the model's queue", labels=["model"])
         for r in rows:
             for s in _STATES:
                 state.add_metric([r["name"], s], 1.0 if r["state"] == s else 0.0)
             restarts.add_metric([r["name"]], float(r["restarts"]))
+            stalls.add_metric([r["name"]], float(r.get("stalls", 0)))
             in_flight.add_metric([r["name"]], float(r["in_flight"]))
             waiting.add_metric([r["name"]], float(r["waiting"]))
-        yield from (state, restarts, in_flight, waiting)
+        yield from (state, restarts, stalls, in_flight, waiting)
         yield from self._memory(rows)
         yield from self._children()
 

@@ -27,6 +27,7 @@ class EventKind(StrEnum):
     CRASH = "crash"  # its child died, at load or later
     RESTART = "restart"  # a restart is scheduled after a backoff
     HANG = "hang"  # its child stopped answering /health and is killed
+    STALL = "stall"  # its child was busy without progress for stall_timeout and is killed
     TTL = "ttl"  # idle for its ttl: unloaded
     EVICT = "evict"  # unloaded to make room for another model
     READY = "ready"  # the supervisor is up, preloads done (model "*")

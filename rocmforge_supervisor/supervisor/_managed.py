@@ -30,6 +30,7 @@ from ._loading import wait_ready_within
 from ._placement import LoadedModel
 from ._remote import WorkersUnavailable
 from ._status import Breaker, ModelState, ModelStatus, check_transition, model_status
+from ._watchdog import ProgressWatch, poll_interval, slots_signature
 
 __all__ = ["ManagedModel", "PlanFn"]
 
@@ -69,6 +70,8 @@ class ManagedModel:
         self.state = ModelState.UNLOADED
         self.state_since = time.time()
         self.restarts = 0
+        self.stalls = 0  # children killed by the progress watchdog
+        self._kill_reason: str | None = None  # why we killed the child, for its crash record
         self.last_error: str | None = None
         self.last_stderr: list[str] = []
         self.breaker = Breaker(policy.crash_loop_max, policy.crash_loop_window)
@@ -247,6 +250,7 @@ class ManagedModel:
                 await tg.start(server.run)
                 self._on_ready(server)
                 tg.start_soon(self._watch_health, server)
+                tg.start_soon(self._watch_progress, server)
                 tg.start_soon(self._watch_ttl)
                 await server.exited.wait()
                 tg.cancel_scope.cancel()
@@ -255,6 +259,8 @@ class ManagedModel:
         if self._stop_requested:
             return _Exit.STOPPED
         how = describe_returncode(server.returncode)
+        if self._kill_reason is not None:  # we killed it (a stall): that is the cause
+            how, self._kill_reason = f"{how}: {self._kill_reason}", None
         cause = crash_cause(server.log.tail(40))  # e.g. an RPC worker it placed layers on died
         # A CPU fault says what it means: an instruction this CPU lacks (SIGILL), or a crash in the
         # first computation (the AMX defect at the pin, when the self-test was skipped or overridden).
@@ -354,6 +360,35 @@ class ManagedModel:
                 self._events.publish(self.name, EventKind.HANG, failures=failures)
                 self.last_error = f"no answer to /health {failures} times in a row: killed"
                 server.kill(self.last_error)
+                return
+
+    @property
+    def stall_timeout(self) -> float:
+        own = self.config.stall_timeout
+        return self.policy.stall_timeout if own is None else own
+
+    async def _watch_progress(self, server: LlamaServer) -> None:
+        """A child busy with our requests whose slots make no progress for ``stall_timeout`` is
+        stalled (a wedged decode answers /health all the same: see ``_watchdog``): killed, and
+        restarted through the crash path, which counts it in the breaker."""
+        timeout = self.stall_timeout
+        if timeout <= 0:
+            return
+        watch = ProgressWatch(timeout)
+        interval = poll_interval(timeout)
+        while True:
+            await anyio.sleep(interval)
+            busy = self.in_flight > 0
+            signature = slots_signature(await server.slots(timeout=min(2.0, interval))) if busy else None
+            if watch.observe(busy, signature):
+                self.stalls += 1
+                seconds = round(watch.stalled_for, 1)
+                self._kill_reason = (
+                    f"stalled: no progress for {seconds:g} s with {self.in_flight} request(s) in flight"
+                )
+                self._events.publish(self.name, EventKind.STALL, seconds=seconds, in_flight=self.in_flight)
+                log.warning("model %s: %s", self.name, self._kill_reason, extra={"model": self.name})
+                server.kill(self._kill_reason)
                 return
 
     async def _watch_ttl(self) -> None:

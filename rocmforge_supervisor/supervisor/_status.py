@@ -105,6 +105,7 @@ class ModelStatus:
     port: int | None = None
     devices: list[str] = field(default_factory=list)
     restarts: int = 0
+    stalls: int = 0
     last_error: str | None = None
     uptime: float | None = None
     in_flight: int = 0
@@ -135,6 +136,7 @@ class ModelStatus:
             "devices": list(self.devices),
             "workers": [w.to_json() for w in self.workers],
             "restarts": self.restarts,
+            "stalls": self.stalls,
             "last_error": self.last_error,
             "uptime": self.uptime,
             "in_flight": self.in_flight,
@@ -180,6 +182,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
         devices=plan.devices if plan else [],
         workers=plan.workers if plan and m.running else [],  # a stopped model holds no worker
         restarts=m.restarts,
+        stalls=m.stalls,
         last_error=m.last_error,
         uptime=time.monotonic() - m.ready_since if ready and m.ready_since else None,
         in_flight=m.in_flight,
