@@ -140,6 +140,8 @@ def error_response(
     if isinstance(exc, ModelLoading):
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))
         body["loading"] = exc.loading
+    if isinstance(exc, ServerUnavailable):  # its child went away: a restart takes seconds
+        headers["Retry-After"] = "2"
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
     if request_id:

@@ -16,6 +16,7 @@ token get keep-alive comments (``_keepalive``); the gateway's own errors take th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -29,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from .._errors import ForgeError, InvalidRequest, StreamError
+from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
 from ..client._transport import asend
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstream_error
 from ._keepalive import KeepAliveStream, Opened
@@ -151,6 +152,22 @@ class _Forwarder:
         self.rid = rid
         self.received = received
 
+    def _retry_or_fail(self, exc: ServerUnavailable, retry: bool) -> Opened | None:
+        if retry:
+            log.warning(
+                "request %s: %s; retrying once on its replacement",
+                self.rid,
+                exc,
+                extra={"model": self.name, "request_id": self.rid},
+            )
+            return None
+        return self._error(
+            ServerUnavailable(
+                f"model {self.name!r} failed twice while answering: {exc.message}",
+                hint="it is being restarted: retry in a moment",
+            )
+        )
+
     def _error(self, exc: ForgeError) -> Opened:
         self.st.metrics.errors.labels(self.name, type(exc).__name__).inc()
         self.st.metrics.requests.labels(self.name, self.route.path, "error").inc()
@@ -159,6 +176,20 @@ class _Forwarder:
         return Opened(resp.status_code, headers, _once(bytes(resp.body)), _nothing, stream=False)
 
     async def open(self, path: str, body: bytes, content_type: str) -> Opened:
+        """The upstream's answer, ready to relay. A child that dies before anything reached the
+        client (killed by the progress watchdog, crashed, OOM-killed) costs the request one retry
+        on its replacement (waiting for the restart within ``load_wait``); a second death is a 503
+        with Retry-After. A stream that breaks after its first byte ends with an error event."""
+        opened = await self._open(path, body, content_type, retry=True)
+        if opened is None:
+            with contextlib.suppress(ForgeError):  # a model removed meanwhile: the retry says so
+                await self.st.supervisor.get(self.name).child_gone(timeout=5.0)
+            opened = await self._open(path, body, content_type, retry=False)
+        assert opened is not None  # retry=False always answers
+        return opened
+
+    async def _open(self, path: str, body: bytes, content_type: str, *, retry: bool) -> Opened | None:
+        """None: the child died before answering and ``retry`` allows one more try."""
         stack = AsyncExitStack()
         try:
             upstream = await stack.enter_async_context(
@@ -166,6 +197,9 @@ class _Forwarder:
                     self.st, self.name, self.route.method, path, body, self.rid, content_type=content_type
                 )
             )
+        except ServerUnavailable as exc:  # no answer at all: the child went away
+            await stack.aclose()
+            return self._retry_or_fail(exc, retry)
         except ForgeError as exc:
             await stack.aclose()
             return self._error(exc)
@@ -187,9 +221,10 @@ class _Forwarder:
             try:
                 content = await upstream.aread()
                 status = upstream.status_code
-            except httpx.HTTPError as exc:
+            except httpx.HTTPError as exc:  # nothing was sent to the client yet
                 self.st.metrics.errors.labels(self.name, "stream_broken").inc()
-                return self._error(StreamError(f"model {self.name!r} failed mid-response: {exc}"))
+                broken = ServerUnavailable(f"model {self.name!r} failed mid-response: {exc}")
+                return self._retry_or_fail(broken, retry)
             finally:
                 with anyio.CancelScope(shield=True):
                     await stack.aclose()

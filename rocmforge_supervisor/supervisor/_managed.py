@@ -449,6 +449,16 @@ class ManagedModel:
                 continue
             await changed.wait()
 
+    async def child_gone(self, timeout: float) -> None:
+        """After a request found the child unreachable: until its death has been noticed (at most
+        ``timeout``), so that a retry waits for the replacement instead of being handed the dead
+        child while the state still says ready."""
+        server = self.server
+        if server is None:
+            return
+        with anyio.move_on_after(timeout):
+            await server.exited.wait()
+
     @asynccontextmanager
     async def acquire(
         self, start: Callable[[ManagedModel], None], load_wait: float | None = None
