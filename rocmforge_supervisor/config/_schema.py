@@ -87,6 +87,14 @@ class ServerConfig(_Section):
     """Seconds between ``: keep-alive`` comments while a stream waits for its first token; 0: off."""
     ollama_port: int | None = Field(default=None, ge=0, le=65535)
     """A second listener for Ollama clients, which look on 11434 (same routes, same auth)."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """A listener that serves ``/metrics`` alone, without the API key (every other path: 404), for
+    scrapers that cannot send one (an inference router's endpoint picker, a plain Prometheus)."""
+    metrics_host: str = "127.0.0.1"
+    """Where ``metrics_port`` listens: loopback unless set (a pod's scraper needs ``0.0.0.0``)."""
+    metrics_public: bool = False
+    """``/metrics`` on the main port without the key too (the Gateway API Inference Extension's
+    endpoint picker scrapes the pool's target port and cannot send a key)."""
 
     @property
     def is_loopback(self) -> bool:

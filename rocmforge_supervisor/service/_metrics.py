@@ -17,6 +17,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from ._pool_metrics import PoolSample, pool_families
+
 __all__ = ["DeviceRow", "Metrics"]
 
 #: (device key, name, total bytes, used bytes) of one device, read at scrape time.
@@ -30,6 +32,7 @@ class _SupervisorCollector(Collector):
         self._status = status
         self._child_texts = child_texts
         self.devices: list[DeviceRow] = []
+        self.pool: list[PoolSample] = []
 
     def collect(self) -> Iterable[Metric]:
         rows = self._status()
@@ -53,6 +56,7 @@ class _SupervisorCollector(Collector):
             waiting.add_metric([r["name"]], float(r["waiting"]))
         yield from (state, restarts, stalls, in_flight, waiting)
         yield from self._memory(rows)
+        yield from pool_families(self.pool)
         yield from self._children()
 
     def _memory(self, rows: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -175,6 +179,10 @@ class Metrics:
 
     def set_devices(self, devices: list[DeviceRow]) -> None:
         self._collector.devices = devices
+
+    def set_pool(self, samples: list[PoolSample]) -> None:
+        """The inference-routing gauges' inputs, read at scrape time (see ``_pool_metrics``)."""
+        self._collector.pool = samples
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -37,6 +37,7 @@ class RequestContext:
         self.app = app
         self.state = state
         self._key = state.api_key.encode() if state.api_key else None
+        self._public = _PUBLIC_PATHS | ({"/metrics"} if state.metrics_public else set())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -62,7 +63,7 @@ class RequestContext:
 
     def _check(self, scope: Scope, headers: dict[bytes, bytes]) -> None:
         method = scope["method"]
-        if self._key is not None and scope["path"] not in _PUBLIC_PATHS and method != "OPTIONS":
+        if self._key is not None and scope["path"] not in self._public and method != "OPTIONS":
             auth = headers.get(b"authorization", b"")
             token = auth[7:] if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
             if not hmac.compare_digest(token, self._key):

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import anyio
 import httpx
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..hardware import refresh_usage
+from ..process import LlamaServer
 from ._metrics import DeviceRow
+from ._pool_metrics import sample_model
 from ._state import GatewayState, state_of
 
-__all__ = ["routes"]
+__all__ = ["MetricsPort", "routes"]
 
 
 def routes() -> list[BaseRoute]:
@@ -21,6 +25,25 @@ def routes() -> list[BaseRoute]:
         Route("/ready", _ready, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
     ]
+
+
+class MetricsPort:
+    """Requests that arrived on ``server.metrics_port`` see ``GET /metrics`` alone, without the key;
+    any other path there is a 404 (and so is any key-protected data). One uvicorn serves every
+    listener; the listener a request came in on is ``scope["server"]``'s port."""
+
+    def __init__(self, app: ASGIApp, state: GatewayState, port: int) -> None:
+        self.app = app
+        self.port = port
+        self._metrics = Starlette(routes=[Route("/metrics", _metrics, methods=["GET"])])
+        self._metrics.state.gateway = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if scope["type"] == "http" and server is not None and server[1] == self.port:
+            await self._metrics(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 async def _health(request: Request) -> Response:
@@ -40,11 +63,28 @@ async def _metrics(request: Request) -> Response:
     st.metrics.observe_loads(st.supervisor.events.history())
     st.metrics.set_devices(await anyio.to_thread.run_sync(_devices, st))
     st.metrics.child_texts.clear()
+    slots: dict[str, object] = {}
     async with anyio.create_task_group() as tg:
         for m in st.supervisor.models.values():
             if m.server is not None and m.server.alive and m.state == "ready":
                 tg.start_soon(_scrape, st, m.name, m.server.base_url, m.server.api_key)
+                tg.start_soon(_slots, slots, m.name, m.server)
+    rows = {s.name: s.to_json() for s in st.supervisor.status()}
+    st.metrics.set_pool(
+        [
+            sample_model(rows[name], st.metrics.child_texts.get(name), slots.get(name), m.config.args)
+            for name, m in st.supervisor.models.items()
+            if name in rows
+        ]
+    )
     return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def _slots(out: dict[str, object], name: str, server: LlamaServer) -> None:
+    """One child's ``/slots`` (the KV-cache usage's input); a child that does not answer: none."""
+    answer = await server.slots(timeout=2.0)
+    if answer is not None:
+        out[name] = answer
 
 
 def _devices(st: GatewayState) -> list[DeviceRow]:

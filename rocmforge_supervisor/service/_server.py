@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import uvicorn
+from starlette.types import ASGIApp
 
 from .._errors import ConfigError, ForcedExit, ForgeError, ServiceError
 from ..config import ForgeConfig, ForgeSettings, ServerConfig
@@ -29,6 +30,7 @@ from ..process import unwrap_group
 from ..supervisor import ModelState, Supervisor
 from ._app import GatewayState, create_app
 from ._info import ServiceInfo, read_service_info, service_info_path
+from ._observe import MetricsPort
 
 __all__ = ["ServiceInfo", "loop_options", "read_service_info", "run_service", "service_info_path"]
 
@@ -78,11 +80,15 @@ def _bind_all(server_cfg: ServerConfig) -> list[socket.socket]:
     """The main socket, and ``ollama_port``'s when set: Ollama clients look on 11434, so the same
     app (every route, the same auth) listens there too."""
     sockets = [_bind(server_cfg.host, server_cfg.port)]
-    if server_cfg.ollama_port is not None:
+    extra = [(server_cfg.host, server_cfg.ollama_port), (server_cfg.metrics_host, server_cfg.metrics_port)]
+    for host, port in extra:
+        if port is None:
+            continue
         try:
-            sockets.append(_bind(server_cfg.host, server_cfg.ollama_port))
+            sockets.append(_bind(host, port))
         except ServiceError:
-            sockets[0].close()
+            for s in sockets:
+                s.close()
             raise
     return sockets
 
@@ -116,7 +122,8 @@ async def run_service(
     base_url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     info_path = service_info_path(supervisor.state_dir)
     reload = _reloader(supervisor, load_config, notifier) if load_config is not None else None
-    state, uv = _gateway(config, supervisor, reload)
+    metrics_port = sockets[-1].getsockname()[1] if config.server.metrics_port is not None else None
+    state, uv = _gateway(config, supervisor, reload, metrics_port)
     forced: int | None = None
     try:
         async with anyio.create_task_group() as tg:
@@ -124,7 +131,14 @@ async def run_service(
                 await tg.start(supervisor.run)
                 gateway_done = anyio.Event()
                 tg.start_soon(_serve_gateway, uv, sockets, gateway_done)
-                _publish(info_path, base_url, config_path, sockets)
+                _publish(
+                    info_path,
+                    base_url,
+                    config_path,
+                    sockets,
+                    ollama=config.server.ollama_port is not None,
+                    metrics=metrics_port is not None,
+                )
                 if on_listening is not None:
                     on_listening(base_url)
                 tg.start_soon(_announce_ready, supervisor, notifier)
@@ -158,19 +172,28 @@ async def _serve_gateway(uv: _Uvicorn, sockets: list[socket.socket], done: anyio
         done.set()
 
 
-def _publish(info_path: Path, base_url: str, config_path: Path | None, sockets: list[socket.socket]) -> None:
+def _publish(
+    info_path: Path,
+    base_url: str,
+    config_path: Path | None,
+    sockets: list[socket.socket],
+    *,
+    ollama: bool,
+    metrics: bool,
+) -> None:
     """service.json: how ``forge ps``/``chat``/``load`` find this service (removed at exit)."""
     info = {
         "url": base_url,
         "pid": os.getpid(),
         "config": str(config_path) if config_path else None,
-        "ollama_port": sockets[1].getsockname()[1] if len(sockets) > 1 else None,
+        "ollama_port": sockets[1].getsockname()[1] if len(sockets) > 1 and ollama else None,
+        "metrics_port": sockets[-1].getsockname()[1] if metrics else None,
     }
     _write_info(info_path, info)
 
 
 def _gateway(
-    config: ForgeConfig, supervisor: Supervisor, reload: Callable[[], Any] | None
+    config: ForgeConfig, supervisor: Supervisor, reload: Callable[[], Any] | None, metrics_port: int | None
 ) -> tuple[GatewayState, _Uvicorn]:
     server_cfg = config.server
     state = GatewayState(
@@ -182,8 +205,11 @@ def _gateway(
         cors_origins=list(server_cfg.cors_origins),
         sse_keepalive=server_cfg.sse_keepalive,
         settings=config.settings,
+        metrics_public=server_cfg.metrics_public,
     )
-    app = create_app(state, cors_origins=list(server_cfg.cors_origins))
+    app: ASGIApp = create_app(state, cors_origins=list(server_cfg.cors_origins))
+    if metrics_port is not None:  # that listener: /metrics alone, no key
+        app = MetricsPort(app, state, metrics_port)
     uv = _Uvicorn(
         uvicorn.Config(
             app,

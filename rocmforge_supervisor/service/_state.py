@@ -32,7 +32,10 @@ class GatewayState:
         cors_origins: list[str] | None = None,
         sse_keepalive: float = 5.0,
         settings: ForgeSettings | None = None,
+        metrics_public: bool = False,
     ) -> None:
+        #: ``/metrics`` answers without the API key (server.metrics_public).
+        self.metrics_public = metrics_public
         #: Seconds between ``: keep-alive`` comments while a stream waits (0: off).
         self.sse_keepalive = sse_keepalive
         self.settings = settings
