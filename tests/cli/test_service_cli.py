@@ -205,3 +205,24 @@ def test_the_service_answers_with_the_default_model(svc: Service) -> None:
         )
     assert r.status_code == 200, r.text
     assert "Paris" in r.json()["choices"][0]["message"]["content"]
+
+
+def test_tools_to_the_default_model_are_refused_with_a_model_that_takes_them(svc: Service) -> None:
+    """SmolLM2's template has no tools: a request with them (every Claude Code request) is a 400
+    in Anthropic's shape naming the model and a small model that handles tools — not an answer
+    that ignores them."""
+    tool = {"name": "get_weather", "description": "The weather", "input_schema": {"type": "object"}}
+    with httpx.Client(base_url=svc.url, timeout=60) as c:
+        r = c.post(
+            "/v1/messages",
+            json={
+                "model": "smollm2-135m",
+                "max_tokens": 16,
+                "tools": [tool],
+                "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            },
+        )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "'smollm2-135m' cannot call tools" in error["message"] and "Qwen" in error["message"]
