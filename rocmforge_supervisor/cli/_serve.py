@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
-from .._errors import ServiceError, UsageError
+from .._errors import ConfigError, ServiceError, UsageError
 from .._units import format_bytes
 from ._common import console, err_console, get_settings
 
@@ -137,6 +137,7 @@ def serve(
     }
     if overrides:
         cfg = cfg.with_server(**overrides)
+    _check_model_names(cfg)
     if check_config:
         n = len(cfg.models)
         err_console.print(
@@ -386,6 +387,27 @@ def register(app: typer.Typer) -> None:
     app.command("unload")(unload)
     app.command("logs")(logs)
     app.command("reload")(reload)
+
+
+def _check_model_names(cfg: ForgeConfig) -> None:
+    """A ``path`` that can only be an embedded name and is none (``smolm2-135m``) is a config
+    error, for ``--check-config`` and for ``serve`` alike: it can never load, and a typo is better
+    told with its "did you mean" before the start than as a missing file at the first request."""
+    from ..models import unknown_name  # start-up time: only serve needs the catalog
+
+    bad = [(name, err) for name, m in cfg.models.items() if (err := unknown_name(m.path)) is not None]
+    if not bad:
+        return
+    first_name, first = bad[0]
+    place = f"config {cfg.source.name}" if cfg.source is not None else "config"
+    others = "; ".join(f"models.{n}.path: {e.message}" for n, e in bad[1:])
+    more = f" (and {len(bad) - 1} more: {others})" if others else ""
+    fix = f"fix the value in {cfg.source}: " if cfg.source is not None else ""
+    raise ConfigError(
+        f"{place}: models.{first_name}.path: {first.message}{more}",
+        key=f"models.{first_name}.path",
+        hint=fix + (first.hint or ""),
+    )
 
 
 def _missing_model_files(cfg: ForgeConfig) -> list[str]:
