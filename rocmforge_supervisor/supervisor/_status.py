@@ -106,6 +106,9 @@ class ModelStatus:
     devices: list[str] = field(default_factory=list)
     restarts: int = 0
     last_error: str | None = None
+    """Why the model is failed or restarting now; None once it is ready again."""
+    last_crash: str | None = None
+    """Why its previous child ended, kept after a recovery (``last_error`` is not)."""
     uptime: float | None = None
     in_flight: int = 0
     waiting: int = 0
@@ -136,6 +139,7 @@ class ModelStatus:
             "workers": [w.to_json() for w in self.workers],
             "restarts": self.restarts,
             "last_error": self.last_error,
+            "last_crash": self.last_crash,
             "uptime": self.uptime,
             "in_flight": self.in_flight,
             "waiting": self.waiting,
@@ -162,6 +166,9 @@ def model_status(m: ManagedModel) -> ModelStatus:
     server, plan = m.server, m.plan
     alive = server is not None and server.alive
     ready = m.ready_since is not None and m.state == ModelState.READY
+    # Memory is what the model holds now: a stopped or failed model holds none, whatever its
+    # last plan said (as placement counts it: ``held_by_models``).
+    holds = plan is not None and m.running
     return ModelStatus(
         failure_kind=m.failure_kind,
         last_stderr=m.last_stderr[-15:],
@@ -181,12 +188,13 @@ def model_status(m: ManagedModel) -> ModelStatus:
         workers=plan.workers if plan and m.running else [],  # a stopped model holds no worker
         restarts=m.restarts,
         last_error=m.last_error,
+        last_crash=m.last_crash,
         uptime=time.monotonic() - m.ready_since if ready and m.ready_since else None,
         in_flight=m.in_flight,
         waiting=m.waiting,
         load_seconds=m.load_seconds,
-        estimated_bytes=plan.estimated_bytes if plan else {},
-        actual_bytes=plan.actual.device_totals() if plan else {},
+        estimated_bytes=plan.estimated_bytes if plan and holds else {},
+        actual_bytes=plan.actual.device_totals() if plan and holds else {},
         log_path=str(plan.spec.log_path) if plan and plan.spec.log_path else None,
     )
 

@@ -155,8 +155,9 @@ def test_crash_loop_opens_the_breaker(tmp_path: Path, tiny_gguf: Path, llama_ser
         assert "crashes" in m["last_error"]
         with svc.client() as c:
             r = c.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1})
-            assert r.status_code == 503
-            assert "failed" in r.json()["error"]["message"]
+            # Failed for good (until reset): not a 503 that SDKs retry.
+            assert r.status_code == 500 and r.headers["x-should-retry"] == "false"
+            assert "failed" in r.json()["error"]["message"] and r.json()["error"]["code"] == "crash_loop"
             # `forge load NAME` resets the breaker.
             r = c.post("/api/models/tiny/load")
             assert r.status_code == 200 and r.json()["state"] == "ready"

@@ -83,6 +83,7 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "workers": [],
         "restarts": 0,
         "last_error": None,
+        "last_crash": None,
         "uptime": None,
         "in_flight": 0,
         "waiting": 0,
