@@ -281,6 +281,18 @@ def load(
         raise crash
 
 
+#: What ``forge chat`` does itself with a line that starts with "/" (as ``ollama run`` does):
+#: nothing that starts with "/" goes to the model, unknown commands included — a ``/help`` the
+#: model answered as a question taught nothing. ``//text`` sends "/text".
+CHAT_HELP = (
+    "/help     this list\n"
+    "/reset    forget the conversation (the --system prompt stays)\n"
+    "/exit     quit (also /quit, /bye, Ctrl-D)\n"
+    "//text    send /text to the model"
+)
+_EXIT = frozenset({"/exit", "/quit", "/bye"})
+
+
 def _chat_loop(tm: Any, system: str | None, max_tokens: int, temperature: float) -> None:
     from ..client import Message  # httpx, anyio: start-up time that other commands need not pay
 
@@ -291,13 +303,29 @@ def _chat_loop(tm: Any, system: str | None, max_tokens: int, temperature: float)
         except (EOFError, KeyboardInterrupt):
             console.print()
             return
-        if line.strip() in ("/exit", "/quit"):
-            return
-        if line.strip() == "/reset":
-            history = history[:1] if system else []
+        command = line.strip()
+        if not command:
             continue
-        if not line.strip():
+        if command.startswith("/") and not command.startswith("//"):
+            word = command.split()[0].lower()
+            if word in _EXIT:
+                return
+            if word == "/reset":
+                history = history[:1] if system else []
+                console.print("(conversation cleared)", style="dim", markup=False)
+            elif word in ("/help", "/?"):
+                console.print(CHAT_HELP, style="dim", markup=False, highlight=False)
+            else:
+                console.print(
+                    f"unknown command {word} (not sent to the model): /help lists the commands, "
+                    "//text sends /text",
+                    style="yellow",
+                    markup=False,
+                    highlight=False,
+                )
             continue
+        if command.startswith("//"):
+            line = line.lstrip()[1:]
         history.append(Message("user", line))
         reply: list[str] = []
         console.print("[bold blue]model>[/] ", end="")
@@ -325,7 +353,8 @@ def chat(
     url: str | None = _URL_OPT,
     private: bool = _PRIVATE_OPT,
 ) -> None:
-    """An interactive streaming chat with MODEL (history kept; /reset clears it, /exit or Ctrl-D quits).
+    """An interactive streaming chat with MODEL (history kept; /reset clears it, /exit or Ctrl-D quits,
+    /help lists the commands: lines that start with / never go to the model).
 
     With a `forge serve` running that serves MODEL by name, the chat goes to it (no second
     llama-server); --private starts one of this command's own.
@@ -339,7 +368,7 @@ def chat(
     tm, seconds = _load(model, ctx_size=ctx_size, gpu=_gpu_option(gpu))
     with tm:
         err_console.print(
-            f"{tm.plan.spec.alias} ready in {seconds:.1f} s — /reset, /exit", style="dim", markup=False
+            f"{tm.plan.spec.alias} ready in {seconds:.1f} s — /help, /reset, /exit", style="dim", markup=False
         )
         _chat_loop(tm, system, max_tokens, temperature)
 

@@ -122,6 +122,18 @@ def test_chat_uses_the_running_service(svc: Service) -> None:
     assert {p.pid for p in svc.llama_children()} == before
 
 
+def test_chat_slash_commands_stay_local(svc: Service) -> None:
+    """`/help` and unknown `/commands` are answered by `forge chat` itself, never sent to the model
+    as a question (`/help` was); `//text` is the way to send text that starts with "/"."""
+    r = forge(svc, "chat", "--temperature", "0", "-n", "4", stdin="/help\n/nope now\n/reset\n/bye\n")
+    assert r.returncode == 0, r.stderr
+    assert "/reset    forget the conversation" in r.stdout and "//text" in r.stdout, r.stdout
+    assert "unknown command /nope (not sent to the model)" in r.stdout, r.stdout
+    assert "conversation cleared" in r.stdout and "model>" not in r.stdout, r.stdout
+    r = forge(svc, "chat", "--temperature", "0", "-n", "4", stdin="//help\n/exit\n")
+    assert r.returncode == 0 and r.stdout.count("model>") == 1, r.stdout
+
+
 def test_load_prompt_uses_the_running_service(svc: Service) -> None:
     r = forge(svc, "load", LONG, "-p", "Hello", "-n", "4")  # not loaded yet: the service loads it
     assert r.returncode == 0, r.stderr
