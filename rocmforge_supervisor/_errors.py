@@ -37,6 +37,7 @@ error (the input was wrong), 1 for a runtime failure (the input was fine, the wo
     └── ServiceError               talking to or running ``forge serve``
         ├── QueueFull              too many requests waiting for one model
         ├── ForcedExit             a second SIGTERM/SIGINT cut the drain short (exit 128 + signal)
+        ├── ModelFailed            the model's breaker is open (a missing file, a crash loop …)
         └── ModelRetired           a reload replaced or removed the model: look it up again
 """
 
@@ -57,6 +58,7 @@ __all__ = [
     "InvalidModelFile",
     "InvalidRequest",
     "ModelCrashed",
+    "ModelFailed",
     "ModelLoading",
     "ModelNotFound",
     "ModelRetired",
@@ -279,6 +281,15 @@ class QueueFull(ServiceError):
     def __init__(self, message: str, *, retry_after: float = 1.0, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.retry_after = retry_after
+
+
+class ModelFailed(ServiceError):
+    """The model failed for good: its breaker is open until ``forge load NAME`` or a reload, so a
+    retry cannot succeed. ``kind`` says why (file_not_found, invalid, placement, crash_loop, …)."""
+
+    def __init__(self, message: str, *, kind: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.kind = kind
 
 
 class ModelRetired(ServiceError):

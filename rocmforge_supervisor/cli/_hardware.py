@@ -35,11 +35,20 @@ def _mask(device: Device, inventory: Inventory, settings: ForgeSettings) -> str:
     return " ".join(f"{k}={env[k]}" for k in keys if env.get(k) not in (None, "-1"))
 
 
+def _memory_kind(device: Device) -> str:
+    """What the memory figures of a device are: the CPU's are system RAM (the JSON keeps the one
+    ``vram_*`` key set for every device, placement compares them alike), an APU's its carve-out
+    plus the GTT it maps from RAM, a discrete GPU's its VRAM."""
+    if device.vendor == "cpu":
+        return "RAM"
+    return "VRAM+GTT" if device.integrated and device.gtt_total_bytes else "VRAM"
+
+
 def _table(inventory: Inventory, settings: ForgeSettings) -> Table:
     from rich.table import Table  # start-up time: only the table output needs it
 
     table = Table(header_style="bold")
-    for column in ("index", "vendor", "name", "gfx / cc", "VRAM (GiB)", "iGPU", "usable", "mask"):
+    for column in ("index", "vendor", "name", "gfx / cc", "memory", "iGPU", "usable", "mask"):
         table.add_column(column, overflow="fold")
     for d in inventory.devices:
         used, total = d.vram_used_bytes / GiB, d.vram_total_bytes / GiB
@@ -48,7 +57,7 @@ def _table(inventory: Inventory, settings: ForgeSettings) -> Table:
             d.vendor,
             escape(d.name),
             d.gfx_target or d.compute_capability or (f"{d.cores} cores" if d.cores else ""),
-            f"{used:.1f}/{total:.1f}",
+            f"{used:.1f}/{total:.1f} GiB {_memory_kind(d)}",  # used/total
             "yes" if d.integrated else "no",
             "[green]yes[/]" if d.usable else "[yellow]no[/]",
             escape(_mask(d, inventory, settings)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -58,6 +59,34 @@ def _load(model: str, **kw: Any) -> Any:
     return tm, time.monotonic() - t0
 
 
+#: The question every printed example asks: one a 135M instruct model answers right at
+#: temperature 0 ("Paris"), so the first thing a new user sees is a right answer.
+QUESTION = "What is the capital of France? Answer in one word."
+#: Its text-completion form, for a base model (no chat template to put a question in).
+SAMPLE_TEXT = "The capital of France is"
+
+
+def try_curl(openai_base_url: str, *, chat: bool, auth: str = "") -> str:
+    """The ``curl`` that ``forge load`` prints: the chat route for a model with a chat template
+    (an instruct model asked through ``/completions`` stops at once), text completion for a base
+    model; ``temperature`` 0 so that it answers the same, right, thing every time."""
+    if chat:
+        route = "chat/completions"
+        body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 16, "temperature": 0}
+    else:
+        route = "completions"
+        body = {"prompt": SAMPLE_TEXT, "max_tokens": 16, "temperature": 0}
+    return (
+        f"curl -s {openai_base_url}/{route}{auth} -H 'Content-Type: application/json' -d '{json.dumps(body)}'"
+    )
+
+
+def has_chat_template(tm: Any) -> bool:
+    """Whether the model in this foreground child carries its own chat template (GGUF metadata).
+    A base model without one (gemma-3-270m) gets text completion."""
+    return bool(tm.plan.info.has_chat_template)
+
+
 def _summary(tm: Any, seconds: float) -> Panel:
     from rich.panel import Panel  # start-up time: commands import what they use
     from rich.table import Table
@@ -80,13 +109,7 @@ def _summary(tm: Any, seconds: float) -> Panel:
         auth = f" -H 'Authorization: Bearer {server.api_key}'"
     else:
         t.add_row("API key", "none (loopback only)")
-    t.add_row(
-        "try",
-        escape(
-            f"curl {tm.openai_base_url}/completions{auth} "
-            f'-H \'Content-Type: application/json\' -d \'{{"prompt": "Hello", "max_tokens": 16}}\''
-        ),
-    )
+    t.add_row("try", escape(try_curl(tm.openai_base_url, chat=has_chat_template(tm), auth=auth)))
     t.add_row("log", escape(str(plan.spec.log_path)))
     return Panel(t, title="forge load", expand=False)
 
@@ -99,8 +122,18 @@ _PRIVATE_OPT = typer.Option(
 )
 
 
-def _stream_prompt(tm: Any, prompt: str, max_tokens: int, temperature: float) -> None:
-    for tok in tm.generate(prompt, max_tokens=max_tokens, temperature=temperature):
+def _stream_prompt(tm: Any, prompt: str, max_tokens: int, temperature: float, *, chat: bool) -> None:
+    """One answer to ``prompt`` on stdout: as a user turn through the model's chat template when it
+    has one (what ``forge chat``, ``ollama run`` and ``llama-cli`` do), else as text to continue."""
+    if chat:
+        from ..client import Message  # httpx, anyio: start-up time that other commands need not pay
+
+        tokens = tm.chat([Message("user", prompt)], max_tokens=max_tokens, temperature=temperature)
+    else:
+        tokens = tm.generate(prompt, max_tokens=max_tokens, temperature=temperature)
+    for tok in tokens:
+        if tok.reasoning:
+            continue
         sys.stdout.write(tok.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -116,8 +149,9 @@ def _stream_prompt(tm: Any, prompt: str, max_tokens: int, temperature: float) ->
         )
 
 
-def _service_model(model: str, url: str | None, private: bool) -> Any:
-    """A TextModel over the running service when it serves ``model`` (loaded there first)."""
+def _service_model(model: str, url: str | None, private: bool) -> tuple[Any, bool] | None:
+    """A TextModel over the running service when it serves ``model`` (loaded there first), and
+    whether the model's GGUF has a chat template (the service's ``/api/show`` says)."""
     if private:
         return None
     from ..client import TextModel
@@ -132,7 +166,8 @@ def _service_model(model: str, url: str | None, private: bool) -> Any:
         style="dim",
         markup=False,
     )
-    return TextModel.connect(client.base_url, model=model, api_key=client.api_key)
+    chat = client.has_chat_template(model)
+    return TextModel.connect(client.base_url, model=model, api_key=client.api_key), chat
 
 
 def _key_option(api_key: str | None, no_api_key: bool) -> str | None:
@@ -149,7 +184,15 @@ def load(
     model: str = typer.Argument(
         ..., help=f"A .gguf path, an embedded name ({', '.join(embedded_models())}), or hf:org/repo:QUANT."
     ),
-    prompt: str | None = typer.Option(None, "--prompt", "-p", help="Stream one completion and exit."),
+    prompt: str | None = typer.Option(
+        None,
+        "--prompt",
+        "-p",
+        help="Stream one answer and exit (a chat turn when the model has a chat template).",
+    ),
+    raw: bool = typer.Option(
+        False, "--raw", help="With --prompt: send it as raw text to complete, without the chat template."
+    ),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=0, help="With --prompt."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="With --prompt."),
     ctx_size: int | None = typer.Option(
@@ -191,10 +234,11 @@ def load(
             if load_via_service(model, None, url=url):
                 return
         else:
-            remote = _service_model(model, url, private)
-            if remote is not None:
+            found = _service_model(model, url, private)
+            if found is not None:
+                remote, chat = found
                 with remote:
-                    _stream_prompt(remote, prompt, max_tokens, temperature)
+                    _stream_prompt(remote, prompt, max_tokens, temperature, chat=chat and not raw)
                 return
     kw = {
         "ctx_size": ctx_size,
@@ -208,16 +252,24 @@ def load(
     tm, seconds = _load(model, **kw)
     with tm:
         if prompt is not None:
-            _stream_prompt(tm, prompt, max_tokens, temperature)
+            _stream_prompt(tm, prompt, max_tokens, temperature, chat=has_chat_template(tm) and not raw)
             return
         err_console.print(_summary(tm, seconds))
         console.print(tm.openai_base_url, markup=False)
         try:
-            sample = "The capital of France is"
-            err_console.print(f"[dim]sample:[/] {sample}", end="")
+            chat = has_chat_template(tm)
+            sample = QUESTION if chat else SAMPLE_TEXT
+            err_console.print(f"[dim]sample:[/] {sample}" + (" → " if chat else ""), end="")
             try:
-                for tok in tm.generate(sample, max_tokens=24, temperature=0.0):
-                    err_console.print(tok.text, end="", markup=False, highlight=False)
+                if chat:
+                    from ..client import Message
+
+                    tokens = tm.chat([Message("user", sample)], max_tokens=24, temperature=0.0)
+                else:
+                    tokens = tm.generate(sample, max_tokens=24, temperature=0.0)
+                for tok in tokens:
+                    if not tok.reasoning:
+                        err_console.print(tok.text, end="", markup=False, highlight=False)
             finally:
                 err_console.print()
             err_console.print("serving until Ctrl-C …")
@@ -227,6 +279,18 @@ def load(
             return
         crash = tm.err() or ForgeError(f"llama-server exited: {tm.server.status()['exit']}")
         raise crash
+
+
+#: What ``forge chat`` does itself with a line that starts with "/" (as ``ollama run`` does):
+#: nothing that starts with "/" goes to the model, unknown commands included — a ``/help`` the
+#: model answered as a question taught nothing. ``//text`` sends "/text".
+CHAT_HELP = (
+    "/help     this list\n"
+    "/reset    forget the conversation (the --system prompt stays)\n"
+    "/exit     quit (also /quit, /bye, Ctrl-D)\n"
+    "//text    send /text to the model"
+)
+_EXIT = frozenset({"/exit", "/quit", "/bye"})
 
 
 def _chat_loop(tm: Any, system: str | None, max_tokens: int, temperature: float) -> None:
@@ -239,13 +303,29 @@ def _chat_loop(tm: Any, system: str | None, max_tokens: int, temperature: float)
         except (EOFError, KeyboardInterrupt):
             console.print()
             return
-        if line.strip() in ("/exit", "/quit"):
-            return
-        if line.strip() == "/reset":
-            history = history[:1] if system else []
+        command = line.strip()
+        if not command:
             continue
-        if not line.strip():
+        if command.startswith("/") and not command.startswith("//"):
+            word = command.split()[0].lower()
+            if word in _EXIT:
+                return
+            if word == "/reset":
+                history = history[:1] if system else []
+                console.print("(conversation cleared)", style="dim", markup=False)
+            elif word in ("/help", "/?"):
+                console.print(CHAT_HELP, style="dim", markup=False, highlight=False)
+            else:
+                console.print(
+                    f"unknown command {word} (not sent to the model): /help lists the commands, "
+                    "//text sends /text",
+                    style="yellow",
+                    markup=False,
+                    highlight=False,
+                )
             continue
+        if command.startswith("//"):
+            line = line.lstrip()[1:]
         history.append(Message("user", line))
         reply: list[str] = []
         console.print("[bold blue]model>[/] ", end="")
@@ -273,21 +353,22 @@ def chat(
     url: str | None = _URL_OPT,
     private: bool = _PRIVATE_OPT,
 ) -> None:
-    """An interactive streaming chat with MODEL (history kept; /reset clears it, /exit or Ctrl-D quits).
+    """An interactive streaming chat with MODEL (history kept; /reset clears it, /exit or Ctrl-D quits,
+    /help lists the commands: lines that start with / never go to the model).
 
     With a `forge serve` running that serves MODEL by name, the chat goes to it (no second
     llama-server); --private starts one of this command's own.
     """
     _sigterm_as_interrupt()
-    remote = _service_model(model, url, private)
-    if remote is not None:
-        with remote:
+    found = _service_model(model, url, private)
+    if found is not None:
+        with found[0] as remote:
             _chat_loop(remote, system, max_tokens, temperature)
         return
     tm, seconds = _load(model, ctx_size=ctx_size, gpu=_gpu_option(gpu))
     with tm:
         err_console.print(
-            f"{tm.plan.spec.alias} ready in {seconds:.1f} s — /reset, /exit", style="dim", markup=False
+            f"{tm.plan.spec.alias} ready in {seconds:.1f} s — /help, /reset, /exit", style="dim", markup=False
         )
         _chat_loop(tm, system, max_tokens, temperature)
 

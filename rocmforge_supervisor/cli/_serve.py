@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
-from .._errors import ServiceError, UsageError
+from .._errors import ConfigError, ServiceError, UsageError
 from .._units import format_bytes
 from ._common import console, err_console, get_settings
 
@@ -78,22 +80,33 @@ def connect_service(
 
 
 def usage_examples(url: str, model: str, *, keyed: bool) -> list[str]:
-    """What ``forge serve`` prints to try it: a curl and an OpenAI-SDK program, both complete
-    enough to paste into a shell as they are (ASCII only, a key that works, a ``max_tokens``)."""
+    """What ``forge serve`` prints to try it: a curl and a Python program, both complete enough to
+    paste into a shell as they are (ASCII only, a key that works, a ``max_tokens``).
+
+    The program runs under this very interpreter (its absolute path), with this package's own
+    :class:`~rocmforge_supervisor.TextModel`: that is the one Python known to have what the
+    program imports (``make setup`` installs no OpenAI SDK, and ``python3`` on the PATH may be a
+    system one without anything). ``temperature`` 0 in both: the same, right, answer every time
+    (sampled, SmolLM2 answered "SUR" to the question 3 times in 4)."""
     question = "What is the capital of France? Answer in one word."
-    body = json.dumps({"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": question}]})
+    body = json.dumps(
+        {
+            "model": model,
+            "max_tokens": 64,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": question}],
+        }
+    )
     auth = ' -H "Authorization: Bearer $FORGE_API_KEY"' if keyed else ""
-    # Without a key the service accepts any bearer token; the SDK insists on one, so give it one.
-    key = 'os.environ["FORGE_API_KEY"]' if keyed else '"forge"'
+    key = ', api_key=os.environ["FORGE_API_KEY"]' if keyed else ""
     return [
         f"curl -s {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{body}'",
-        "python3 - <<'EOF'",
-        "import os",
-        "from openai import OpenAI",
-        f'client = OpenAI(base_url="{url}/v1", api_key={key})',
-        f'r = client.chat.completions.create(model="{model}", max_tokens=64, '
-        f'messages=[{{"role": "user", "content": "{question}"}}])',
-        "print(r.choices[0].message.content)",
+        f"{shlex.quote(sys.executable)} - <<'EOF'",
+        *(["import os"] if keyed else []),
+        "from rocmforge_supervisor import TextModel",
+        f'with TextModel.connect("{url}/v1", model="{model}"{key}) as m:',
+        f'    msgs = [{{"role": "user", "content": "{question}"}}]',
+        '    print("".join(t.text for t in m.chat(msgs, max_tokens=64, temperature=0)))',
         "EOF",
     ]
 
@@ -124,6 +137,7 @@ def serve(
     }
     if overrides:
         cfg = cfg.with_server(**overrides)
+    _check_model_names(cfg)
     if check_config:
         n = len(cfg.models)
         err_console.print(
@@ -373,6 +387,27 @@ def register(app: typer.Typer) -> None:
     app.command("unload")(unload)
     app.command("logs")(logs)
     app.command("reload")(reload)
+
+
+def _check_model_names(cfg: ForgeConfig) -> None:
+    """A ``path`` that can only be an embedded name and is none (``smolm2-135m``) is a config
+    error, for ``--check-config`` and for ``serve`` alike: it can never load, and a typo is better
+    told with its "did you mean" before the start than as a missing file at the first request."""
+    from ..models import unknown_name  # start-up time: only serve needs the catalog
+
+    bad = [(name, err) for name, m in cfg.models.items() if (err := unknown_name(m.path)) is not None]
+    if not bad:
+        return
+    first_name, first = bad[0]
+    place = f"config {cfg.source.name}" if cfg.source is not None else "config"
+    others = "; ".join(f"models.{n}.path: {e.message}" for n, e in bad[1:])
+    more = f" (and {len(bad) - 1} more: {others})" if others else ""
+    fix = f"fix the value in {cfg.source}: " if cfg.source is not None else ""
+    raise ConfigError(
+        f"{place}: models.{first_name}.path: {first.message}{more}",
+        key=f"models.{first_name}.path",
+        hint=fix + (first.hint or ""),
+    )
 
 
 def _missing_model_files(cfg: ForgeConfig) -> list[str]:

@@ -74,18 +74,10 @@ def _env_var_for(loc: tuple[str, ...], env_keys: Mapping[str, str]) -> str | Non
     return next((var for name, var in sorted(env_keys.items()) if name.startswith(deeper)), None)
 
 
-def translate(
-    exc: ValidationError,
-    prefix: tuple[str, ...],
-    *,
-    source: Path | None,
-    env_keys: Mapping[str, str],
-    overrides: Mapping[str, Any] | None = None,
-    known_keys: Callable[[tuple[str, ...]], list[str]],
-) -> ConfigError:
-    """pydantic's first error → one line naming the dotted key, the reason and where to fix it."""
-    errors = exc.errors(include_url=False)
-    err = errors[0]
+def _describe(
+    err: Any, prefix: tuple[str, ...], known_keys: Callable[[tuple[str, ...]], list[str]]
+) -> tuple[tuple[str, ...], str, str]:
+    """One pydantic error as (dotted location, reason, the verb of its fix)."""
     loc = (*prefix, *(str(p) for p in err["loc"]))
     kind = err["type"]
     reason = err["msg"]
@@ -107,8 +99,28 @@ def translate(
     quote_input = kind not in _CUSTOM_KINDS and kind not in ("extra_forbidden", "missing")
     if quote_input and loc[-1] not in _SECRET_KEYS and _is_scalar(err.get("input")):
         reason += f" (got {err['input']!r})"
+    return loc, reason, verb
+
+
+def translate(
+    exc: ValidationError,
+    prefix: tuple[str, ...],
+    *,
+    source: Path | None,
+    env_keys: Mapping[str, str],
+    overrides: Mapping[str, Any] | None = None,
+    known_keys: Callable[[tuple[str, ...]], list[str]],
+) -> ConfigError:
+    """pydantic's errors → one line: the first one's dotted key, reason and where to fix it, then
+    every other one by key and reason (a bare "and 2 more" sent the user back for two more runs)."""
+    errors = exc.errors(include_url=False)
+    err = errors[0]
+    kind = err["type"]
+    loc, reason, verb = _describe(err, prefix, known_keys)
     key = ".".join(loc)
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    others = [_describe(e, prefix, known_keys) for e in errors[1:]]
+    more = f" (and {len(others)} more: " + "; ".join(f"{'.'.join(o[0])}: {o[1]}" for o in others) + ")"
+    more = more if others else ""
     if overrides is not None and loc[1:2] and loc[1] in overrides:
         option = f"--{loc[1].replace('_', '-')}"
         place, hint = f"the {option} option", f"fix the {option} option"

@@ -9,7 +9,14 @@ from .._lazy import lazy_getattr
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._allocations import REQUIRED_VERBOSITY, Allocation, AllocationLedger, parse_allocation_line
-    from ._catalog import BASE_MODEL, DEFAULT_MODEL, embedded_models, ensure_embedded, resolve_model_path
+    from ._catalog import (
+        BASE_MODEL,
+        DEFAULT_MODEL,
+        embedded_models,
+        ensure_embedded,
+        resolve_model_path,
+        unknown_name,
+    )
     from ._estimate import DeviceEstimate, MemoryEstimate, estimate_memory, kv_bytes_per_token
     from ._gguf import GGUFInfo, inspect_gguf
     from ._hub import HubRef, parse_hf_reference, pull, resolve_hf_reference
@@ -29,6 +36,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "embedded_models",
                 "ensure_embedded",
                 "resolve_model_path",
+                "unknown_name",
             ),
             "._estimate": ("DeviceEstimate", "MemoryEstimate", "estimate_memory", "kv_bytes_per_token"),
             "._gguf": ("GGUFInfo", "inspect_gguf"),
@@ -56,4 +64,5 @@ __all__ = [
     "pull",
     "resolve_hf_reference",
     "resolve_model_path",
+    "unknown_name",
 ]

@@ -15,6 +15,7 @@ matched, so an interrupted fetch or assembly never leaves a file that a later ru
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import tempfile
@@ -36,6 +37,7 @@ __all__ = [
     "embedded_models",
     "ensure_embedded",
     "resolve_model_path",
+    "unknown_name",
 ]
 
 
@@ -80,6 +82,24 @@ _EMBEDDED = {
 
 def embedded_models() -> dict[str, EmbeddedModel]:
     return dict(_EMBEDDED)
+
+
+def unknown_name(ref: str) -> ModelNotFound | None:
+    """The error for a reference that can only mean an embedded name, and is none: no path
+    separator, no ``.gguf``, no ``hf:``, and no file by that name. None for anything else (a path
+    that may exist later, on a volume, is not judged here). ``smolm2-135m`` says "did you mean
+    'smollm2-135m'?": a typo is told now, not at the first request as a missing file."""
+    if ref in _EMBEDDED or ref.startswith("hf:") or "/" in ref or os.sep in ref:
+        return None
+    if ref.lower().endswith(".gguf") or ref.startswith(("~", ".")) or Path(ref).exists():
+        return None
+    guess = difflib.get_close_matches(ref, list(_EMBEDDED), n=1, cutoff=0.6)
+    known = ", ".join(sorted(_EMBEDDED))
+    return ModelNotFound(
+        f"{ref!r} is not an embedded model name (nor a file)"
+        + (f" — did you mean {guess[0]!r}?" if guess else ""),
+        hint=f"use an embedded name ({known}), a .gguf path or hf:org/repo:QUANT",
+    )
 
 
 def _verified_stamp(path: Path) -> Path:
@@ -188,6 +208,9 @@ def resolve_model_path(ref: str, settings: ForgeSettings) -> Path:
         from ._hub import resolve_hf_reference
 
         return resolve_hf_reference(ref[3:], settings)
+    bare = unknown_name(ref)
+    if bare is not None:
+        raise bare
     known = ", ".join(sorted(_EMBEDDED))
     raise ModelNotFound(
         f"no model file at {ref}",

@@ -57,6 +57,12 @@ class ServiceClient:
         status: dict[str, Any] = self._call("POST", f"/api/models/{_seg(name)}/unload", model=name)
         return status
 
+    def has_chat_template(self, name: str) -> bool:
+        """Whether the model's GGUF carries a chat template (``/api/show``'s ``template``): the
+        CLI sends a prompt to such a model as a chat turn, to a base model as text to complete."""
+        shown: dict[str, Any] = self._call("POST", "/api/show", model=name, json={"model": name})
+        return bool(shown.get("template"))
+
     def reload(self) -> dict[str, Any]:
         summary: dict[str, Any] = self._call("POST", "/api/reload")
         return summary

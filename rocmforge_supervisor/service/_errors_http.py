@@ -27,6 +27,7 @@ from .._errors import (
     Forbidden,
     ForgeError,
     InstanceError,
+    ModelFailed,
     ModelLoading,
     ModelNotFound,
     PayloadTooLarge,
@@ -85,6 +86,11 @@ def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
         return 400, "invalid_request_error", "context_length_exceeded"
     if isinstance(exc, RequestRejected):
         return exc.status_code or 400, exc.error_type or "invalid_request_error", None
+    if isinstance(exc, ModelFailed):
+        # Failed for good (the breaker stays open until `forge load NAME` or a reload): no 503,
+        # which says "in a moment" and which every SDK retries. The server failed, not the
+        # request, so a 5xx (and in the 5xx alerts), with X-Should-Retry: false (error_response).
+        return 500, "server_error", exc.kind or "model_failed"
     if isinstance(exc, PlacementError):
         return 503, "insufficient_resources", "does_not_fit"
     if isinstance(exc, ModelLoading):
@@ -144,6 +150,10 @@ def error_response(
         headers["Retry-After"] = "2"
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, ModelFailed):
+        # The official SDKs (openai, anthropic; Python and JS) obey this before the status: a
+        # permanent failure is not retried (with their defaults, 3 tries and ~2 s of backoff).
+        headers["X-Should-Retry"] = "false"
     if request_id:
         headers["X-Request-ID"] = request_id
     return JSONResponse(body, status_code=status, headers=headers)

@@ -48,9 +48,10 @@ from ._ollama_convert import (
 from ._ollama_meta import ModelCard, capabilities, card_for, ps_entry, show_entry, tag_entry
 from ._ollama_pull import api_pull
 from ._routes import resolve_name
+from ._tools import refuse_unusable_tools
 from ._validate import parse_object
 
-__all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "model_list", "routes"]
+__all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "check_tools", "model_list", "routes"]
 
 #: The Ollama version reported by ``/api/version``. Clients gate features on it (VS Code Copilot
 #: refuses servers that look older than it needs: NoLlama#9); this is the Ollama API behaviour
@@ -137,6 +138,12 @@ def _args(b: OllamaBackend, name: str) -> list[str]:
     if m.plan is not None:
         return list(m.plan.spec.extra_args)
     return list(getattr(m.config, "args", []) or [])
+
+
+async def check_tools(b: OllamaBackend, name: str, body: dict[str, Any]) -> None:
+    """A 400 when ``body`` sends tools that model ``name`` cannot use (:mod:`._tools`): every
+    route's way to that one check, with the model's card and arguments as ``/v1/models`` reads them."""
+    refuse_unusable_tools(name, body, await _card(b, name), _args(b, name))
 
 
 async def model_list(b: OllamaBackend, created: float) -> list[dict[str, Any]]:
@@ -241,6 +248,7 @@ async def _generation(request: Request, *, generate: bool, embed: str | None = N
         elif generate:
             target = generate_target(body, name)
         else:
+            await check_tools(b, name, body)
             target = chat_target(body, name)
         _keep_alive(b, name, target.keep_alive)
         empty = not embed and not (

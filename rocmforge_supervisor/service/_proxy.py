@@ -35,9 +35,10 @@ from ..client._transport import asend
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstream_error
 from ._keepalive import KeepAliveStream, Opened
 from ._middleware import read_body
-from ._ollama import model_list
+from ._ollama import check_tools, model_list
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, request_id, state_of
+from ._tools import asks_for_tools
 from ._validate import check_fields, parse_object
 
 __all__ = ["FORWARDED", "open_upstream", "routes"]
@@ -75,10 +76,12 @@ _GENERATES = frozenset({"chat", "completion"})
 _LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
-def _checked_json(st: GatewayState, route: ForwardRoute, body: bytes) -> tuple[str, bool, bytes]:
-    """(model, stream, body to send) of a JSON request: the body parsed and its known fields
-    checked (a 400 naming the field), the model's ``max_tokens`` default applied when none is
-    sent — then, and only then, the body is re-serialized; otherwise it goes as received."""
+def _checked_json(
+    st: GatewayState, route: ForwardRoute, body: bytes
+) -> tuple[str, bool, bytes, dict[str, Any]]:
+    """(model, stream, body to send, parsed body) of a JSON request: the body parsed and its known
+    fields checked (a 400 naming the field), the model's ``max_tokens`` default applied when none
+    is sent — then, and only then, the body is re-serialized; otherwise it goes as received."""
     payload = parse_object(body)
     asked = payload.get("model")
     if not isinstance(asked, str) or not asked:
@@ -92,7 +95,7 @@ def _checked_json(st: GatewayState, route: ForwardRoute, body: bytes) -> tuple[s
     if default is not None and kind in _GENERATES and all(payload.get(k) is None for k in _LENGTH_FIELDS):
         payload["max_tokens"] = default
         body = json.dumps(payload).encode()
-    return name, payload.get("stream") is True, body
+    return name, payload.get("stream") is True, body, payload
 
 
 def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
@@ -304,7 +307,9 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         try:
             body = await read_body(request, st.max_body_bytes) if route.method == "POST" else b""
             if route.model_from == "json":
-                name, stream, body = _checked_json(st, route, body)
+                name, stream, body, payload = _checked_json(st, route, body)
+                if asks_for_tools(payload):
+                    await check_tools(request.app.state.ollama, name, payload)
             else:
                 asked, stream = await model_from_request(route, request, body)
                 name = resolve_name(asked, st.supervisor.models)

@@ -20,7 +20,15 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._errors import ForgeError, ModelRetired, PlacementError, QueueFull, ServiceError, StartFailed
+from .._errors import (
+    ForgeError,
+    ModelFailed,
+    ModelNotFound,
+    ModelRetired,
+    PlacementError,
+    QueueFull,
+    StartFailed,
+)
 from ..config import ModelConfig, SupervisorConfig
 from ..hardware import cpu_flags
 from ..process import LlamaServer, crash_advice, crash_cause, describe_returncode, unwrap_group
@@ -73,6 +81,8 @@ class ManagedModel:
         self.stalls = 0  # children killed by the progress watchdog
         self._kill_reason: str | None = None  # why we killed the child, for its crash record
         self.last_error: str | None = None
+        #: Why the child last ended before the one that runs now (kept after a recovery).
+        self.last_crash: str | None = None
         self.last_stderr: list[str] = []
         self.breaker = Breaker(policy.crash_loop_max, policy.crash_loop_window)
         self.server: LlamaServer | None = None
@@ -232,7 +242,14 @@ class ManagedModel:
                 self._set_state(ModelState.LOADING, waiting_for="workers", retry_in=self._backoff)
                 await self._wait_backoff()
             except ForgeError as exc:
-                self._fail(str(exc), [], kind="placement" if isinstance(exc, PlacementError) else "invalid")
+                kind = (
+                    "placement"
+                    if isinstance(exc, PlacementError)
+                    else "file_not_found"
+                    if isinstance(exc, ModelNotFound)
+                    else "invalid"
+                )
+                self._fail(str(exc), [], kind=kind)
                 return None
             except Exception as exc:  # a bug must fail this model, not the whole service
                 log.exception("model %s: planning the start failed", self.name)
@@ -278,6 +295,11 @@ class ManagedModel:
         return _Exit.CRASHED
 
     def _on_ready(self, server: LlamaServer) -> None:
+        # Recovered: the last crash is history (``last_crash``, the events, ``restarts``), not
+        # the model's present error.
+        if self.last_error is not None:
+            self.last_crash = self.last_error
+        self.last_error, self.failure_kind = None, None
         self.load_seconds = server.load_seconds
         self.ready_since = self.last_used = time.monotonic()
         self._set_state(ModelState.READY, pid=server.pid, port=server.port, load_seconds=server.load_seconds)
@@ -437,8 +459,9 @@ class ManagedModel:
             if self.state == ModelState.READY and server is not None and server.alive:
                 return server
             if self.state == ModelState.FAILED:
-                raise ServiceError(
+                raise ModelFailed(
                     f"model {self.name!r} failed: {self.last_error}",
+                    kind=self.failure_kind,
                     hint=f"fix the cause, then `forge load {self.name}` or reload the config",
                 )
             changed = self._changed

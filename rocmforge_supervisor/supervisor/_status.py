@@ -107,6 +107,9 @@ class ModelStatus:
     restarts: int = 0
     stalls: int = 0
     last_error: str | None = None
+    """Why the model is failed or restarting now; None once it is ready again."""
+    last_crash: str | None = None
+    """Why its previous child ended, kept after a recovery (``last_error`` is not)."""
     uptime: float | None = None
     in_flight: int = 0
     waiting: int = 0
@@ -138,6 +141,7 @@ class ModelStatus:
             "restarts": self.restarts,
             "stalls": self.stalls,
             "last_error": self.last_error,
+            "last_crash": self.last_crash,
             "uptime": self.uptime,
             "in_flight": self.in_flight,
             "waiting": self.waiting,
@@ -164,6 +168,9 @@ def model_status(m: ManagedModel) -> ModelStatus:
     server, plan = m.server, m.plan
     alive = server is not None and server.alive
     ready = m.ready_since is not None and m.state == ModelState.READY
+    # Memory is what the model holds now: a stopped or failed model holds none, whatever its
+    # last plan said (as placement counts it: ``held_by_models``).
+    holds = plan is not None and m.running
     return ModelStatus(
         failure_kind=m.failure_kind,
         last_stderr=m.last_stderr[-15:],
@@ -184,12 +191,13 @@ def model_status(m: ManagedModel) -> ModelStatus:
         restarts=m.restarts,
         stalls=m.stalls,
         last_error=m.last_error,
+        last_crash=m.last_crash,
         uptime=time.monotonic() - m.ready_since if ready and m.ready_since else None,
         in_flight=m.in_flight,
         waiting=m.waiting,
         load_seconds=m.load_seconds,
-        estimated_bytes=plan.estimated_bytes if plan else {},
-        actual_bytes=plan.actual.device_totals() if plan else {},
+        estimated_bytes=plan.estimated_bytes if plan and holds else {},
+        actual_bytes=plan.actual.device_totals() if plan and holds else {},
         log_path=str(plan.spec.log_path) if plan and plan.spec.log_path else None,
     )
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,12 +39,36 @@ def test_prompt_streams_one_completion(tiny_gguf: Path, env: dict[str, str]) -> 
     assert "5 completion tokens" in r.stderr and "finish: length" in r.stderr
 
 
+def _prompt_tokens(stderr: str) -> int:
+    found = re.search(r"(\d+) prompt \+ \d+ completion tokens", stderr)
+    assert found, stderr
+    return int(found.group(1))
+
+
 def test_embedded_default_model_by_name(env: dict[str, str], gemma_path: Path) -> None:
+    """The base model (no chat template in its GGUF) continues the text as given: the prompt is
+    its 5 words (and BOS), not a chat turn wrapped in gemma's turn markers."""
     r = _forge(
         ["load", "gemma-3-270m", "-p", "The capital of France is", "-n", "8", "--ctx-size", "512"], env
     )
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.strip()) > 0
+    assert _prompt_tokens(r.stderr) <= 7, r.stderr
+
+
+def test_prompt_to_a_chat_model_is_a_chat_turn(env: dict[str, str], smollm2_path: Path) -> None:
+    """`-p` on a model with a chat template goes through the template (as `forge chat`, `ollama
+    run` and `llama-cli` do): an answer, where raw text completion stopped at once (an empty
+    line, "7 prompt + 1 completion tokens"). `--raw` keeps text completion: no template tokens."""
+    args = ["load", "smollm2-135m", "-p", "What is the capital of France?", "-n", "32", "-c", "1024"]
+    r = _forge([*args, "--gpu", "cpu"], env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip(), r.stderr  # a 135M model's answer: words, not always the right ones
+    answered = re.search(r"\+ (\d+) completion tokens", r.stderr)
+    assert answered and int(answered.group(1)) > 1, r.stderr  # not the 1-token stop of before
+    raw = _forge([*args, "--gpu", "cpu", "--raw"], env)
+    assert raw.returncode == 0, raw.stderr
+    assert _prompt_tokens(raw.stderr) < 10 < _prompt_tokens(r.stderr), (raw.stderr, r.stderr)
 
 
 def _not_gguf(tmp: Path) -> str:
@@ -122,6 +148,35 @@ def test_foreground_serves_until_ctrl_c(tiny_gguf: Path, env: dict[str, str]) ->
         assert proc.stderr is not None
         err = proc.stderr.read()
         assert "API key" in err and "pid / port" in err and "stopping" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_foreground_curl_asks_a_chat_model_through_chat(smollm2_path: Path, env: dict[str, str]) -> None:
+    """The `try` curl of foreground `forge load` on a chat model uses the chat route at
+    temperature 0, and pasted as printed it answers the question right."""
+    proc = subprocess.Popen(
+        [*FORGE, "load", "smollm2-135m", "--gpu", "cpu", "--ctx-size", "1024"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(env, COLUMNS="1000"),  # the panel's row on one line
+    )
+    try:
+        assert proc.stderr is not None
+        line = next(row for row in iter(proc.stderr.readline, "") if "curl -s" in row)
+        curl = line[line.index("curl -s") :].rstrip().rstrip("│").rstrip()
+        assert "/v1/chat/completions" in curl and '"temperature": 0' in curl, curl
+        r = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "Paris" in json.loads(r.stdout)["choices"][0]["message"]["content"], r.stdout
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

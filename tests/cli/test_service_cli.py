@@ -49,7 +49,7 @@ def _printed_examples(stderr: str) -> tuple[str, str]:
     lines = stderr.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("try it"))
     curl = next(line for line in lines[start:] if line.startswith("curl "))
-    py_start = next(i for i in range(start, len(lines)) if lines[i].startswith("python3 - <<'EOF'"))
+    py_start = next(i for i in range(start, len(lines)) if lines[i].endswith(" - <<'EOF'"))
     py_end = next(i for i in range(py_start + 1, len(lines)) if lines[i] == "EOF")
     return curl, "\n".join(lines[py_start : py_end + 1])
 
@@ -60,20 +60,31 @@ def _bash(script: str, env: dict[str, str] | None = None) -> subprocess.Complete
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120, env=full)
 
 
+def _bare_shell(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A shell as a new user's: no virtualenv on the PATH, no VIRTUAL_ENV, no PYTHONPATH."""
+    full = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    full.update(PATH="/usr/bin:/bin", **(env or {}))
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120, env=full)
+
+
 def test_printed_examples_paste_and_run(svc: Service) -> None:
-    """What `forge serve` prints pastes into a shell as it is: no `…`, a key the SDK accepts, a
-    max_tokens. (Before: a SyntaxError in Python, then a UnicodeEncodeError inside httpx.)"""
+    """What `forge serve` prints pastes into a shell as it is: no `…`, a key that works, a
+    max_tokens. (Before: a SyntaxError in Python, then a UnicodeEncodeError inside httpx, then
+    `No module named 'openai'` where only `make setup` ran.) Both are deterministic
+    (temperature 0) and answer the question right: the first answer a new user sees."""
     err = svc.stderr_text()
     curl, program = _printed_examples(err)
     assert "…" not in curl + program and '"max_tokens": 64' in curl and "max_tokens=64" in program
+    assert '"temperature": 0' in curl and "temperature=0" in program
+    assert "openai" not in program  # not installed by `make setup`
     r = _bash(curl)
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout)
-    assert body["choices"][0]["message"]["content"].strip(), body
+    assert "Paris" in body["choices"][0]["message"]["content"], body
     assert body["usage"]["completion_tokens"] <= 64
-    r = _bash(program)
+    r = _bare_shell(program)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip()
+    assert "Paris" in r.stdout, r.stdout
     assert "color_message" not in err  # uvicorn's extra stays out of the log lines
 
 
@@ -92,8 +103,10 @@ def test_printed_examples_with_an_api_key(tmp_path: Path, smollm2_path: Path, ll
         assert _bash(curl + " -o /dev/null -w '%{http_code}'", {"FORGE_API_KEY": "wrong"}).stdout == "401"
         r = _bash(curl, {"FORGE_API_KEY": "s3cret-key"})
         assert json.loads(r.stdout)["choices"][0]["message"]["content"].strip(), r.stdout
-        r = _bash(program, {"FORGE_API_KEY": "s3cret-key"})
-        assert r.returncode == 0 and r.stdout.strip(), r.stderr
+        r = _bare_shell(program, {"FORGE_API_KEY": "wrong"})
+        assert r.returncode != 0 and "401" in r.stderr + r.stdout, (r.stdout, r.stderr)
+        r = _bare_shell(program, {"FORGE_API_KEY": "s3cret-key"})
+        assert r.returncode == 0 and "Paris" in r.stdout, (r.stdout, r.stderr)
 
 
 def test_chat_uses_the_running_service(svc: Service) -> None:
@@ -109,6 +122,18 @@ def test_chat_uses_the_running_service(svc: Service) -> None:
     assert {p.pid for p in svc.llama_children()} == before
 
 
+def test_chat_slash_commands_stay_local(svc: Service) -> None:
+    """`/help` and unknown `/commands` are answered by `forge chat` itself, never sent to the model
+    as a question (`/help` was); `//text` is the way to send text that starts with "/"."""
+    r = forge(svc, "chat", "--temperature", "0", "-n", "4", stdin="/help\n/nope now\n/reset\n/bye\n")
+    assert r.returncode == 0, r.stderr
+    assert "/reset    forget the conversation" in r.stdout and "//text" in r.stdout, r.stdout
+    assert "unknown command /nope (not sent to the model)" in r.stdout, r.stdout
+    assert "conversation cleared" in r.stdout and "model>" not in r.stdout, r.stdout
+    r = forge(svc, "chat", "--temperature", "0", "-n", "4", stdin="//help\n/exit\n")
+    assert r.returncode == 0 and r.stdout.count("model>") == 1, r.stdout
+
+
 def test_load_prompt_uses_the_running_service(svc: Service) -> None:
     r = forge(svc, "load", LONG, "-p", "Hello", "-n", "4")  # not loaded yet: the service loads it
     assert r.returncode == 0, r.stderr
@@ -117,6 +142,19 @@ def test_load_prompt_uses_the_running_service(svc: Service) -> None:
     # The service's child, not ours: unload it, so that the test leaves what it found.
     assert forge(svc, "unload", LONG).returncode == 0
     wait_for(lambda: not any(LONG in " ".join(p.cmdline()) for p in svc.llama_children()), what="unloaded")
+
+
+def test_load_prompt_on_the_service_is_a_chat_turn(svc: Service) -> None:
+    """`forge load NAME -p` through the service: a chat model gets the question as a chat turn
+    (the service's /api/show says it has a template), and answers it."""
+    question = "What is the capital of France? Answer in one word."
+    r = forge(svc, "load", "smollm2-135m", "-p", question, "-n", "16")
+    assert r.returncode == 0, r.stderr
+    assert f"forge service at {svc.url}" in r.stderr and "Paris" in r.stdout, (r.stdout, r.stderr)
+    raw = forge(svc, "load", "smollm2-135m", "-p", question, "-n", "16", "--raw")
+    assert raw.returncode == 0, raw.stderr
+    prompt_tokens = [int(x.stderr.split(" prompt")[0].split()[-1]) for x in (raw, r)]
+    assert prompt_tokens[0] < prompt_tokens[1], (raw.stderr, r.stderr)  # the template's tokens
 
 
 def test_private_flag_starts_a_child_of_its_own(svc: Service, tiny_gguf: Path) -> None:
@@ -179,3 +217,24 @@ def test_the_service_answers_with_the_default_model(svc: Service) -> None:
         )
     assert r.status_code == 200, r.text
     assert "Paris" in r.json()["choices"][0]["message"]["content"]
+
+
+def test_tools_to_the_default_model_are_refused_with_a_model_that_takes_them(svc: Service) -> None:
+    """SmolLM2's template has no tools: a request with them (every Claude Code request) is a 400
+    in Anthropic's shape naming the model and a small model that handles tools — not an answer
+    that ignores them."""
+    tool = {"name": "get_weather", "description": "The weather", "input_schema": {"type": "object"}}
+    with httpx.Client(base_url=svc.url, timeout=60) as c:
+        r = c.post(
+            "/v1/messages",
+            json={
+                "model": "smollm2-135m",
+                "max_tokens": 16,
+                "tools": [tool],
+                "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            },
+        )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "'smollm2-135m' cannot call tools" in error["message"] and "Qwen" in error["message"]

@@ -279,6 +279,22 @@ def test_message_format_matches_the_documented_one(
     assert str(e.value).endswith(f"— fix the value in {f}")
 
 
+def test_every_error_is_named_not_counted(tmp_path: Path, settings: ForgeSettings, etc: Path) -> None:
+    """Three mistakes: the line names all three (a bare "(and 2 more)" before), on one line."""
+    f = write(
+        tmp_path / "forge.toml",
+        '[models.gemma]\npath = "g"\nctx_size = -1\nparalel = 2\n[server]\nport = "eighty"\n',
+    )
+    with pytest.raises(ConfigError) as e:
+        load(f, settings, etc)
+    text = str(e.value)
+    assert "\n" not in text
+    assert "(and 2 more: " in text, text
+    for key in ("models.gemma.ctx_size", "models.gemma.paralel", "server.port"):
+        assert key in text, text
+    assert "did you mean 'parallel'?" in text and "'eighty'" in text
+
+
 OWNED = [
     "-m",
     "--model",

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -202,6 +203,43 @@ def test_chat_with_tools_streams_on_a_tool_template(svc: Service, closing: ExitS
         )
     )
     assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason is not None
+
+
+def test_tools_to_a_model_whose_template_has_none_are_a_400_in_each_dialect(
+    svc: Service, closing: ExitStack
+) -> None:
+    """`plain`'s template never renders tools: llama-server would drop them and answer without
+    (what Claude Code met on the default model). The SDKs get a 400 they raise and do not retry,
+    naming the model and what to use; without tools, or with tool_choice none, it answers."""
+    oai = closing.enter_context(openai.OpenAI(base_url=f"{svc.url}/v1", api_key=KEY, max_retries=0))
+    msgs: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    with pytest.raises(openai.BadRequestError) as bad:
+        oai.chat.completions.create(model="plain", messages=msgs, tools=[TOOL], max_tokens=4)  # type: ignore[list-item]
+    err = bad.value.body
+    assert isinstance(err, dict) and "'plain' cannot call tools" in err["message"], err
+    assert "without tools" in err["message"] and "Qwen" in err["message"]
+    assert err["type"] == "invalid_request_error"
+    r = oai.chat.completions.create(
+        model="plain",
+        messages=msgs,
+        tools=[TOOL],  # type: ignore[list-item]
+        tool_choice="none",
+        max_tokens=2,
+    )
+    assert r.choices[0].message is not None
+
+    ant = closing.enter_context(anthropic.Anthropic(base_url=svc.url, api_key=KEY, max_retries=0))
+    tool = {"name": "get_weather", "description": "d", "input_schema": TOOL["function"]["parameters"]}  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError) as abad:
+        ant.messages.create(model="plain", max_tokens=4, messages=msgs, tools=[tool])  # type: ignore[list-item]
+    body = abad.value.body
+    assert isinstance(body, dict) and body["type"] == "error", body
+    assert (
+        body["error"]["type"] == "invalid_request_error" and "cannot call tools" in body["error"]["message"]
+    )
+    # The model with a tool template takes the same Anthropic request.
+    msg = ant.messages.create(model="chat", max_tokens=4, messages=msgs, tools=[tool])  # type: ignore[list-item]
+    assert msg.type == "message"
 
 
 def test_unknown_route_and_body_errors_are_clear(svc: Service) -> None:

@@ -104,6 +104,9 @@ def test_ollama_tools_and_errors(svc: Service, closing: ExitStack) -> None:
         model="chat", messages=[{"role": "user", "content": "x"}], tools=[tool], options={"num_predict": 3}
     )
     assert reply.done
+    with pytest.raises(ollama.ResponseError) as no_tools:  # its template renders no tools
+        client.chat(model="plain", messages=[{"role": "user", "content": "x"}], tools=[tool])
+    assert no_tools.value.status_code == 400 and "'plain' cannot call tools" in no_tools.value.error
     with pytest.raises(ollama.ResponseError) as nf:
         client.chat(model="nope", messages=[{"role": "user", "content": "x"}])
     assert nf.value.status_code == 404 and "nope" in nf.value.error

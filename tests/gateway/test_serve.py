@@ -155,8 +155,9 @@ def test_crash_loop_opens_the_breaker(tmp_path: Path, tiny_gguf: Path, llama_ser
         assert "crashes" in m["last_error"]
         with svc.client() as c:
             r = c.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1})
-            assert r.status_code == 503
-            assert "failed" in r.json()["error"]["message"]
+            # Failed for good (until reset): not a 503 that SDKs retry.
+            assert r.status_code == 500 and r.headers["x-should-retry"] == "false"
+            assert "failed" in r.json()["error"]["message"] and r.json()["error"]["code"] == "crash_loop"
             # `forge load NAME` resets the breaker.
             r = c.post("/api/models/tiny/load")
             assert r.status_code == 200 and r.json()["state"] == "ready"
@@ -436,6 +437,34 @@ def test_check_config_validates_without_serving(tmp_path: Path, tiny_gguf: Path)
         timeout=60,
     )
     assert r.returncode == 2 and "models.x.workers" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_misspelt_embedded_name_is_a_config_error(tmp_path: Path, tiny_gguf: Path) -> None:
+    """`path = "smolm2-135m"` can only mean an embedded model: --check-config (and serve) say so
+    with "did you mean", exit 2, one line naming every such model — not a note and exit 0."""
+    env = dict(os.environ, FORGE_STATE_DIR=str(tmp_path / "state"))
+    cfg = write_config(
+        tmp_path / "forge.toml",
+        model_section("chat", Path("smolm2-135m"))
+        + model_section("here", tiny_gguf)
+        + model_section("base", Path("gemma-3-207m")),
+    )
+    for args in (["--check-config"], ["--port", "0"]):
+        r = subprocess.run(
+            [*FORGE, "serve", *args, "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith(
+            "error: config forge.toml: models.chat.path: 'smolm2-135m' is not an embedded"
+        ), line
+        assert "did you mean 'smollm2-135m'?" in line and "models.base.path" in line
+        assert "did you mean 'gemma-3-270m'?" in line and "Traceback" not in line
+    assert not (tmp_path / "state" / "service.json").exists()  # nothing was served
 
 
 def test_forge_ps_and_unload_talk_to_the_service(

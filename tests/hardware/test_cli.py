@@ -105,6 +105,13 @@ def test_gpus_table(forge: typer.Typer) -> None:
     assert "HIP_VISIBLE_DEVICES=0" in out
     assert "amd:1 not used: integrated GPU" in out
     assert "/dev/kfd: accessible" in out
+    # Each device's memory says what it is: the CPU's is RAM, not "VRAM" (as the header said).
+    (cpu,) = [line for line in out.splitlines() if "│ cpu " in line]
+    (dgpu,) = [line for line in out.splitlines() if "RX 7800 XT" in line]
+    (apu,) = [line for line in out.splitlines() if "780M" in line]
+    assert "GiB RAM " in cpu and "VRAM" not in cpu, cpu
+    assert "GiB VRAM " in dgpu and "GiB VRAM+GTT " in apu, (dgpu, apu)
+    assert "VRAM (GiB)" not in out
 
 
 def test_gpus_json_through_the_entry_point() -> None:

@@ -9,6 +9,7 @@ import pytest
 from rocmforge_supervisor._errors import (
     Forbidden,
     ForgeError,
+    ModelFailed,
     ModelNotFound,
     PayloadTooLarge,
     QueueFull,
@@ -37,11 +38,19 @@ from rocmforge_supervisor.service._errors_http import (
         (UsageError("bad json"), 400, None),
         (ServerUnavailable("down"), 503, None),
         (StreamError("broke"), 502, "upstream_broken"),
+        (ModelFailed("failed for good", kind="file_not_found"), 500, "file_not_found"),
     ],
 )
 def test_status_for_each_condition(exc: ForgeError, status: int, code: str | None) -> None:
     got_status, _, got_code = status_for(exc)
     assert (got_status, got_code) == (status, code)
+
+
+def test_a_failed_model_is_not_retried() -> None:
+    """Not a 503 ("in a moment"): a 500 whose header the official SDKs obey before the status."""
+    r = error_response(ModelFailed("model 'm' failed: no model file at /x.gguf", kind="file_not_found"))
+    assert r.status_code == 500 and r.headers["x-should-retry"] == "false"
+    assert "retry-after" not in r.headers
 
 
 def test_error_response_headers_and_body() -> None:

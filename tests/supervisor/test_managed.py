@@ -120,7 +120,8 @@ async def test_a_hung_child_is_killed_and_replaced(make_config: MakeConfig, fake
                 kinds = [ev.kind async for ev in _until_ready(events)]
         assert EventKind.HANG in kinds and EventKind.CRASH in kinds
         assert m.server is not None and m.server.pid != hung and not alive(hung)
-        assert m.last_error == "llama-server killed by SIGKILL"
+        # Recovered: no present error; the crash is kept as the last one.
+        assert m.last_error is None and m.last_crash == "llama-server killed by SIGKILL"
         assert any("(SIGKILL): no answer to /health 2 times" in line for line in (m.last_stderr or []))
 
 

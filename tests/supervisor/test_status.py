@@ -84,6 +84,7 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "restarts": 0,
         "stalls": 0,
         "last_error": None,
+        "last_crash": None,
         "uptime": None,
         "in_flight": 0,
         "waiting": 0,
