@@ -72,14 +72,26 @@ class BuildResult:
     source: SourceTree | None
 
 
-def detected_gpu_targets(settings: ForgeSettings) -> tuple[str, ...]:
-    """gfx targets for a HIP build: ``FORGE_GPU_TARGETS``, else the AMD GPUs discovery sees."""
+def detected_gpu_targets(settings: ForgeSettings, backend: Backend = "hip") -> tuple[str, ...]:
+    """GPU targets: ``FORGE_GPU_TARGETS``, else what discovery sees: the AMD GPUs' gfx targets for
+    HIP, the NVIDIA GPUs' compute capabilities for CUDA (NVML's ``9.0`` → ``90``: one architecture
+    compiled instead of the toolkit's whole default list)."""
     if settings.gpu_targets:
         return tuple(t for t in re.split(r"[;,\s]+", settings.gpu_targets) if t)
     try:
         inventory = detect(settings)
     except Exception:  # discovery never blocks a build; cmake then targets what it finds itself
         return ()
+    if backend == "cuda":
+        return tuple(
+            sorted(
+                {
+                    d.compute_capability.replace(".", "")
+                    for d in inventory.devices
+                    if d.vendor == "nvidia" and d.compute_capability
+                }
+            )
+        )
     return tuple(sorted({d.gfx_target for d in inventory.devices if d.vendor == "amd" and d.gfx_target}))
 
 
@@ -105,8 +117,8 @@ def build_llama_server(
     cpu = "portable" if portable else isa_fingerprint(cpu_flags())
     chosen: Backend = choose_backend(backend)
     targets: tuple[str, ...] = ()
-    if chosen == "hip":
-        targets = tuple(gpu_targets) if gpu_targets is not None else detected_gpu_targets(settings)
+    if chosen in ("hip", "cuda"):
+        targets = tuple(gpu_targets) if gpu_targets is not None else detected_gpu_targets(settings, chosen)
     elif gpu_targets:
         targets = tuple(gpu_targets)
     # The cache is checked before sources are resolved: a cache hit must not download anything.

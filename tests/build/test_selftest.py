@@ -362,3 +362,18 @@ def test_a_killed_build_leaves_no_compiler_and_no_cache_entry(tmp_path: Path, si
     assert not [
         p for p in builds.iterdir() if (p / "build-info.json").exists() or p.name.startswith(".staging")
     ]
+
+
+def test_cuda_targets_come_from_the_gpus_nvml_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML's compute capabilities (8.9, 8.6) become CMAKE_CUDA_ARCHITECTURES 86;89, as the gfx
+    targets of the AMD GPUs do for HIP; FORGE_GPU_TARGETS still wins."""
+    from rocmforge_supervisor.hardware import detect
+    from tests.hardware.conftest import FIXTURES, machine_settings
+    from tests.hardware.test_libraries import FakeNvml
+
+    settings = machine_settings(FIXTURES / "no_gpu", use_nvml=True)
+    monkeypatch.setattr(_builder, "detect", lambda s: detect(s, nvml_module=FakeNvml()))
+    assert _builder.detected_gpu_targets(settings, "cuda") == ("86", "89")
+    assert _builder.detected_gpu_targets(settings, "hip") == ()
+    pinned = machine_settings(FIXTURES / "no_gpu", use_nvml=True, gpu_targets="90")
+    assert _builder.detected_gpu_targets(pinned, "cuda") == ("90",)
