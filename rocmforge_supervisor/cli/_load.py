@@ -87,7 +87,7 @@ def _summary(tm: Any, seconds: float) -> Panel:
             f'-H \'Content-Type: application/json\' -d \'{{"prompt": "Hello", "max_tokens": 16}}\''
         ),
     )
-    t.add_row("log", escape(str(plan.spec.log_path)))
+    t.add_row("log", escape(str(server.log.path or plan.spec.log_path)))
     return Panel(t, title="forge load", expand=False)
 
 
