@@ -72,22 +72,23 @@ def _try_claim(path: Path) -> bool:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:  # another process holds it
         os.close(fd)
         return False
+    except OSError:
+        pass  # a file system without flock: write it unclaimed rather than not at all
     _CLAIMS[path] = [fd, 1]
     return True
 
 
 def claim_log(path: Path) -> Path:
     """``path`` when no other live process writes it, else ``STEM.PID.log`` beside it (ours
-    alone); claimed until :func:`release_log`."""
+    alone: a pid is unique among live processes); claimed until :func:`release_log`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if _try_claim(path):
         return path
     own = path.with_name(f"{path.stem}.{os.getpid()}{path.suffix}")
-    if not _try_claim(own):  # another process of ours with our pid: only after a pid wrapped
-        raise OSError(f"log file {own} is held by another process")
+    _try_claim(own)
     return own
 
 
