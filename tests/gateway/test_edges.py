@@ -293,6 +293,18 @@ def test_embeddings_with_openai_and_langchain(svc: Service) -> None:
     assert len(lc.embed_query("a bird")) == len(vectors[0])
 
 
+def test_embeddings_estimate_matches_what_the_child_allocated(svc: Service) -> None:
+    """`embeddings = true` (forge adds --embeddings --pooling mean): the service's estimate counts
+    the ubatch of logits the child allocates for it, as `forge ps --json` shows (the issue: 196 MiB
+    estimated, 283 MiB allocated); the same file without it as a control."""
+    for name in ("emb", "noemb"):
+        memory = svc.model(name)["memory"]
+        estimated, actual = sum(memory["estimated_bytes"].values()), sum(memory["actual_bytes"].values())
+        assert actual and abs(estimated - actual) <= 0.10 * actual, (name, estimated, actual)
+    emb, noemb = (sum(svc.model(n)["memory"]["actual_bytes"].values()) for n in ("emb", "noemb"))
+    assert emb > noemb  # the difference the estimate has to see is real
+
+
 def test_embeddings_on_a_model_without_the_key_says_which_key(svc: Service) -> None:
     client = openai.OpenAI(base_url=f"{svc.url}/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError, match=r"embeddings = true in \[models.noemb\]"):
