@@ -324,7 +324,7 @@ def test_every_control_is_reachable_from_390_px_up(
         wait_until(d, lambda d: row_state(d, LONG_NAME) == "ready", "the ready row")
         wait_until(d, lambda d: row_state(d, "broken") == "failed", "the failed row")
         wait_until(d, lambda d: d.find_element(By.ID, "logout").is_displayed(), "the header's buttons")
-        for width in (1440, 1366, 1280, 1024, 961, 960, 820, 390):
+        for width in (1920, 1440, 1401, 1400, 1366, 1280, 1024, 961, 960, 820, 390):
             full_page_screenshot(d, tmp_path / f"status-{width}.png", width)
             problems = d.execute_script(_UNREACHABLE)
             assert problems == [], f"at {width} px: {problems} (see {tmp_path}/status-{width}.png)"
