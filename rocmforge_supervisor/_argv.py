@@ -21,6 +21,7 @@ __all__ = [
     "fallback_chat_template_args",
     "is_owned_flag",
     "normalise_flag",
+    "outputs_every_token",
     "redact",
     "server_argv",
 ]
@@ -144,6 +145,25 @@ def embedding_args(embeddings: bool, user_args: Sequence[str], architecture: str
     if "--pooling" not in flags and architecture not in _POOLED_ARCHITECTURES:
         out += ["--pooling", "mean"]
     return out
+
+
+def outputs_every_token(args: Sequence[str]) -> bool:
+    """Whether a child started with ``args`` computes an output row for every token of a ubatch.
+
+    llama-server (4df29be, ``server_output_limits``) sets ``n_outputs_max = n_batch`` with
+    ``--embeddings`` (``--reranking`` implies it) or a ``--pooling`` other than ``none``, instead of
+    one per slot; its compute buffer then holds the logits of a whole ubatch (the estimate's
+    ``embeddings``)."""
+    found = False
+    for i, arg in enumerate(args):
+        flag, eq, inline = arg.partition("=")
+        flag = normalise_flag(flag) or ""
+        if flag in ("--embedding", "--embeddings", "--reranking", "--rerank"):
+            found = True
+        elif flag == "--pooling":
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            found = found or value.lower() not in ("none", "")
+    return found
 
 
 def server_argv(

@@ -16,7 +16,8 @@ error (the input was wrong), 1 for a runtime failure (the input was fine, the wo
     │   ├── Unauthorized           the HTTP edge: no or a wrong API key (401)
     │   ├── Forbidden              the HTTP edge: a cross-origin write from a web page (403)
     │   ├── InvalidRequest         the HTTP edge: a request body field is wrong (400, names it)
-    │   └── PayloadTooLarge        the HTTP edge: a request body over the limit (413)
+    │   ├── PayloadTooLarge        the HTTP edge: a request body over the limit (413)
+    │   └── UnsupportedMediaType   the HTTP edge: a JSON route sent a body that is not JSON (415)
     ├── InvalidModelFile           not a GGUF, truncated, unsupported version (exit 2)
     ├── BuildError                 llama-server could not be built
     │   ├── SourceError            llama.cpp sources missing, unverifiable, or the wrong hash
@@ -76,6 +77,7 @@ __all__ = [
     "StreamError",
     "ToolchainMissing",
     "Unauthorized",
+    "UnsupportedMediaType",
     "UsageError",
 ]
 
@@ -136,6 +138,10 @@ class InvalidRequest(UsageError):
 
 class PayloadTooLarge(UsageError):
     """The HTTP edge: the request body is over the limit (declared or counted while read)."""
+
+
+class UnsupportedMediaType(UsageError):
+    """The HTTP edge: a JSON route got another ``Content-Type`` (an HTML form's, say)."""
 
 
 class InvalidModelFile(ForgeError):

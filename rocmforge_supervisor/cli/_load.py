@@ -110,7 +110,7 @@ def _summary(tm: Any, seconds: float) -> Panel:
     else:
         t.add_row("API key", "none (loopback only)")
     t.add_row("try", escape(try_curl(tm.openai_base_url, chat=has_chat_template(tm), auth=auth)))
-    t.add_row("log", escape(str(plan.spec.log_path)))
+    t.add_row("log", escape(str(server.log.path or plan.spec.log_path)))
     return Panel(t, title="forge load", expand=False)
 
 

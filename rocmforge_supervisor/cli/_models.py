@@ -90,6 +90,7 @@ def _estimate_table(est: MemoryEstimate) -> Table:
     title = (
         f"estimate: ctx {est.ctx_size:,}{slots}, KV {est.cache_type_k}/{est.cache_type_v}, "
         f"flash attention {'on' if est.flash_attn else 'off'}, {est.n_gpu_layers} layers on GPU"
+        + (", embeddings" if est.embeddings else "")
     )
     from rich.table import Table  # start-up time: commands import what they use
 
@@ -134,6 +135,9 @@ def inspect(
     flash_attn: str = typer.Option(
         "auto", "--flash-attn", "-fa", help="on, off or auto (on where supported)."
     ),
+    embeddings: bool = typer.Option(
+        False, "--embeddings", help="As served with embeddings = true (a ubatch of logits to compute)."
+    ),
 ) -> None:
     """Show a GGUF's metadata and the memory a load with these settings would take."""
     # gguf and numpy: ~0.15 s of start-up time that the other commands need not pay
@@ -161,6 +165,7 @@ def inspect(
         cache_type_v=cache_type_v.lower(),
         flash_attn=_flash(flash_attn),
         devices=_devices(gpu),
+        embeddings=embeddings,
     )
     if as_json:
         console.print_json(json.dumps({**info.to_json(), "estimate": estimate.to_json()}))

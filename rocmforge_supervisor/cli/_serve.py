@@ -305,12 +305,15 @@ def logs(
     name: str = typer.Argument(...),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines."),
     tail: int = typer.Option(200, "--tail", "-n", min=0),
+    every: bool = typer.Option(
+        False, "--all", help="Every line as written (runs of 'all slots are idle' are collapsed otherwise)."
+    ),
     config: Path | None = _CONFIG_OPT,
 ) -> None:
     """A model's llama-server log from the running service."""
     client = connect_service(config, required=True)
     try:
-        for line in client.logs(name, tail=tail, follow=follow):
+        for line in client.logs(name, tail=tail, follow=follow, every=every):
             console.print(line, markup=False, highlight=False)
     except KeyboardInterrupt:
         return

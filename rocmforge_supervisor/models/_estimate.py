@@ -18,6 +18,16 @@ decided without a dry run:
   (the attention scores without flash attention, the feed-forward activations otherwise), plus
   the logits; calibrated against what the real llama-server reserved for the embedded model
   (see tests/models/test_estimate_real.py). Corrected after load by the child's own numbers.
+- **embeddings** (``--embeddings``, ``--reranking``, a ``--pooling``): llama-server then asks for
+  an output row for every token of a ubatch instead of one per slot (``server_output_limits``:
+  ``n_outputs_max = n_batch``, and ``n_batch`` is cut to ``n_ubatch``), and the worst-case graph
+  it reserves (``sched_reserve``, ``n_outputs = n_ubatch``) computes the logits of all of them:
+  ``n_ubatch × n_vocab × f32`` on the output layer's device (96 MiB for SmolLM2's 49152-token
+  vocabulary, 512 MiB for Gemma 3's 262144) next to the masks and a few hidden-state rows. That
+  stage, not the layers, is then the compute buffer's peak. The output buffer gains one
+  embedding row per slot. Not counted: the output buffer grows to a ubatch of logits and
+  embeddings rows in host memory on the first long embedding request (``output_reserve``; a
+  debug-only log line, so no allocation line to check it against).
 """
 
 from __future__ import annotations
@@ -102,6 +112,8 @@ class MemoryEstimate:
     cache_type_k: str
     cache_type_v: str
     flash_attn: bool
+    embeddings: bool = False
+    """Every token of a ubatch is an output (``--embeddings``/``--pooling``)."""
 
     def device(self, key: str) -> DeviceEstimate:
         for d in self.devices:
@@ -155,6 +167,7 @@ class MemoryEstimate:
             "cache_type_k": self.cache_type_k,
             "cache_type_v": self.cache_type_v,
             "flash_attn": self.flash_attn,
+            "embeddings": self.embeddings,
         }
 
 
@@ -230,6 +243,21 @@ def _compute_allowance(
     return n_tokens * per_token * _F32 + scores + masks
 
 
+def _every_token_output_stage(
+    info: GGUFInfo, *, n_tokens: int, n_kv_full: int, n_kv_swa: int, flash_attn: bool
+) -> int:
+    """The compute peak at the output layer when every token of the ubatch is an output
+    (embeddings): its logits, plus the masks and ~4 hidden-state rows per token still held there.
+
+    Measured on the real llama-server (CPU): SmolLM2-135M 100.40 MiB (ub 512, -np 4), 105.89 MiB
+    (-fa off, -np 1), 50.20 MiB (ub 256); gemma-3-270m 516.53, 525.27, 258.14 MiB; this gives
+    104.5, 108.5, 50.8, 523.5, 527.0, 259.4 (all within 5 %).
+    """
+    mask_elt = 2 if flash_attn else _F32
+    masks = n_tokens * (n_kv_full + n_kv_swa) * mask_elt
+    return n_tokens * (info.vocab_size + 4 * info.embedding_length) * _F32 + masks
+
+
 def estimate_memory(
     info: GGUFInfo,
     *,
@@ -243,6 +271,7 @@ def estimate_memory(
     tensor_split: Sequence[float] | None = None,
     n_ubatch: int = DEFAULT_N_UBATCH,
     kv_unified: bool | None = None,
+    embeddings: bool = False,
 ) -> MemoryEstimate:
     """Estimate the memory of one llama-server load, per device and part.
 
@@ -251,7 +280,8 @@ def estimate_memory(
     ``n_gpu_layers`` None or negative means all layers. ``ctx_size`` 0 means the trained
     context. ``parallel`` None means llama-server's auto (4 slots sharing one KV cache).
     ``flash_attn`` None is llama-server's auto, which turns it on where the backend supports it
-    (all the backends we build).
+    (all the backends we build). ``embeddings``: the child outputs every token (``--embeddings``,
+    ``--reranking`` or a ``--pooling``; see the module docstring).
     """
     gpus = [d for d in devices if d != "cpu"]
     n_layer = info.block_count
@@ -311,18 +341,21 @@ def estimate_memory(
     compute: dict[str, int] = {}
     for dev in {*layers, out_dev}:
         dev_kinds = kinds.get(dev, set())
-        compute[dev] = _compute_allowance(
-            info,
-            n_tokens=n_tokens,
-            n_kv_full=n_ctx_seq if False in dev_kinds else 0,
-            n_kv_swa=swa_cells if True in dev_kinds else 0,
-            flash_attn=fa,
-        )
+        kv_cells = {
+            "n_kv_full": n_ctx_seq if False in dev_kinds else 0,
+            "n_kv_swa": swa_cells if True in dev_kinds else 0,
+        }
+        compute[dev] = _compute_allowance(info, n_tokens=n_tokens, flash_attn=fa, **kv_cells)
+        if embeddings and dev == out_dev:
+            stage = _every_token_output_stage(info, n_tokens=n_tokens, flash_attn=fa, **kv_cells)
+            compute[dev] = max(compute[dev], stage)
     if gpus and "cpu" not in compute:
         # Pinned host staging for the ubatch's inputs (``ROCm_Host`` / ``CUDA_Host`` compute buffer).
         compute["cpu"] = n_tokens * info.embedding_length * _F32 * 2
-    # The logits the server reads back: one row per slot (``llama_context`` output buffer).
-    output = {"cpu": n_seq * info.vocab_size * _F32}
+    # The logits the server reads back: one row per slot (``llama_context`` output buffer), and
+    # with embeddings an embedding row per slot too.
+    out_row = info.vocab_size + (info.embedding_length if embeddings else 0)
+    output = {"cpu": n_seq * out_row * _F32}
 
     keys = ["cpu", *gpus]
     per_device = tuple(
@@ -345,4 +378,5 @@ def estimate_memory(
         cache_type_k=cache_type_k,
         cache_type_v=cache_type_v,
         flash_attn=fa,
+        embeddings=embeddings,
     )

@@ -4,13 +4,14 @@ from ._env import clean_child_env
 from ._groups import GroupReaper, kill_process_group
 from ._instance import LlamaServer
 from ._ledger import ChildLedger
-from ._logs import LogRing, classify_failure, crash_cause
+from ._logs import IDLE_LINE_RE, LogRing, classify_failure, crash_cause, without_idle
 from ._ports import free_port, port_is_free
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
 from ._spawn import with_parent_death
 from ._spec import InstanceSpec, InstanceState, crash_advice, describe_returncode, unwrap_group
 
 __all__ = [
+    "IDLE_LINE_RE",
     "ChildLedger",
     "GroupReaper",
     "InstanceSpec",
@@ -32,5 +33,6 @@ __all__ = [
     "run_supervised",
     "unwrap_group",
     "with_parent_death",
+    "without_idle",
     "worker_specs",
 ]

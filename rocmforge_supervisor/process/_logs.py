@@ -2,21 +2,45 @@
 
 llama-server writes everything to stderr. If nobody reads the pipe, a chatty child blocks on a
 full pipe buffer; so a task drains it from the moment the child starts, for its whole life.
+
+**One writer process per log file.** ``forge logs NAME`` reads ``logs/NAME.log``; a second
+process appending to it (a private ``forge load`` of the same name, a second ``forge worker``)
+would put its child's lines in that tail. So a :class:`LogRing` *claims* its file with an
+exclusive ``flock`` for as long as it is open (the kernel drops it when the process dies, so a
+crash leaves no stale claim); a file another process holds is left alone and the ring writes
+``STEM.PID.log`` beside it. Rings of one process share a claim (a model's next child, while the
+previous one stops, writes the same service log).
+
+**Idle noise.** At ``-lv 4`` (the verbosity the allocation lines need) llama-server prints
+``update_slots: all slots are idle`` every time its task loop wakes with nothing to do, which is
+on every probe: a quiet model's log is mostly that line. :func:`without_idle` collapses such runs
+in what ``forge logs`` shows; the file keeps every line.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
+import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
 import anyio
 import anyio.abc
 
-__all__ = ["OOM_PATTERNS", "RPC_FAILED_RE", "LogRing", "classify_failure", "crash_cause", "lines_of"]
+__all__ = [
+    "IDLE_LINE_RE",
+    "OOM_PATTERNS",
+    "RPC_FAILED_RE",
+    "LogRing",
+    "classify_failure",
+    "crash_cause",
+    "lines_of",
+    "without_idle",
+]
 
 #: What GPU backends print when an allocation fails (the strings peers match too).
 OOM_PATTERNS = re.compile(
@@ -31,7 +55,51 @@ RPC_FAILED_RE = re.compile(
     r"Remote RPC server crashed|Failed to connect to .*:\d+|failed to register RPC device"
 )
 
+#: llama-server's lines that say nothing happened (its task loop woke and every slot was idle).
+IDLE_LINE_RE = re.compile(r"update_slots: all slots are idle\s*$")
+
 LineListener = Callable[[str], object]
+
+#: This process's claims: log path → [the fd holding the flock, the rings using it].
+_CLAIMS: dict[Path, list[int]] = {}
+
+
+def _try_claim(path: Path) -> bool:
+    held = _CLAIMS.get(path)
+    if held is not None:
+        held[1] += 1
+        return True
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another process holds it
+        os.close(fd)
+        return False
+    except OSError:
+        pass  # a file system without flock: write it unclaimed rather than not at all
+    _CLAIMS[path] = [fd, 1]
+    return True
+
+
+def claim_log(path: Path) -> Path:
+    """``path`` when no other live process writes it, else ``STEM.PID.log`` beside it (ours
+    alone: a pid is unique among live processes); claimed until :func:`release_log`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if _try_claim(path):
+        return path
+    own = path.with_name(f"{path.stem}.{os.getpid()}{path.suffix}")
+    _try_claim(own)
+    return own
+
+
+def release_log(path: Path) -> None:
+    held = _CLAIMS.get(path)
+    if held is None:
+        return
+    held[1] -= 1
+    if held[1] <= 0:
+        del _CLAIMS[path]
+        os.close(held[0])  # closing the fd drops the flock
 
 
 async def lines_of(
@@ -57,13 +125,17 @@ class LogRing:
 
     def __init__(self, path: Path | None, maxlen: int = 400) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=maxlen)
-        self.path = path
+        #: The file really written: ``path``, or ``STEM.PID.log`` when another process holds it.
+        self.path = claim_log(path) if path is not None else None
         self._file: IO[str] | None = None
         self._listeners: list[LineListener] = []
         self.total_lines = 0
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a", encoding="utf-8", errors="replace", buffering=1)
+        if self.path is not None:
+            try:
+                self._file = self.path.open("a", encoding="utf-8", errors="replace", buffering=1)
+            except OSError:
+                release_log(self.path)
+                raise
 
     def subscribe(self, listener: LineListener) -> Callable[[], None]:
         self._listeners.append(listener)
@@ -90,6 +162,27 @@ class LogRing:
             with contextlib.suppress(OSError):
                 self._file.close()
             self._file = None
+            if self.path is not None:
+                release_log(self.path)
+
+
+def without_idle(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` with each run of idle lines (:data:`IDLE_LINE_RE`) collapsed into one note."""
+    idle = 0
+    for line in lines:
+        if IDLE_LINE_RE.search(line):
+            idle += 1
+            continue
+        if idle:
+            yield _idle_note(idle)
+            idle = 0
+        yield line
+    if idle:
+        yield _idle_note(idle)
+
+
+def _idle_note(n: int) -> str:
+    return f"[forge] ({n} idle line{'s' if n > 1 else ''} 'all slots are idle' hidden)"
 
 
 _CLASSIFY: list[tuple[str, re.Pattern[str]]] = [

@@ -318,7 +318,8 @@ def worker_specs(
             cache=cache,
             mask=mask,
             name=name,
-            log_path=(log_dir / f"worker-{name.replace(':', '')}.log") if log_dir else None,
+            # One file per worker process: two `forge worker`s (other ports) must not share one.
+            log_path=(log_dir / f"worker-{name.replace(':', '')}-{port + i}.log") if log_dir else None,
             state_dir=state_dir,
         )
         for i, (name, devices, mask) in enumerate(groups)

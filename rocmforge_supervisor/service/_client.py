@@ -79,8 +79,8 @@ class ServiceClient:
         except (httpx.HTTPError, ValueError):
             return
 
-    def logs(self, name: str, tail: int = 200, follow: bool = False) -> Iterator[str]:
-        params = {"tail": str(tail), "follow": "1" if follow else "0"}
+    def logs(self, name: str, tail: int = 200, follow: bool = False, every: bool = False) -> Iterator[str]:
+        params = {"tail": str(tail), "follow": "1" if follow else "0", "all": "1" if every else "0"}
         try:
             with self._http.stream("GET", f"/api/models/{_seg(name)}/logs", params=params) as r:
                 if r.status_code >= 400:

@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from .._errors import ForgeError, InvalidRequest, ModelNotFound, ServiceError, UsageError
 from ..config import MODEL_NAME
+from ..process import IDLE_LINE_RE, without_idle
 from ..supervisor import ModelStatus
 from ._errors_http import error_response
 from ._live import LiveStream
@@ -168,9 +169,25 @@ async def api_events(request: Request) -> Response:
     )
 
 
+_LOG_WINDOW = 8 << 20
+
+
+def _last_lines(path: Path, n: int, every: bool) -> list[str]:
+    """The last ``n`` lines of a log (idle runs collapsed unless ``every``), from its last 8 MiB:
+    a model's log grows for as long as the service runs."""
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - _LOG_WINDOW))
+        text = f.read().decode("utf-8", "replace")
+    raw = text.splitlines()[1 if size > _LOG_WINDOW else 0 :]  # the first may be cut
+    return list(raw if every else without_idle(raw))[-n:]
+
+
 async def api_logs(request: Request) -> Response:
     """
     summary: The model's llama-server log (last lines; ?follow=1 streams new lines).
+    description: Runs of llama-server's "all slots are idle" lines are collapsed into one note
+      (?all=1 shows every line as written).
     responses:
       200: {description: text/plain}
     """
@@ -187,11 +204,11 @@ async def api_logs(request: Request) -> Response:
             request_id(request),
         )
     follow = request.query_params.get("follow") in ("1", "true")
+    every = request.query_params.get("all") in ("1", "true")
     path = m.status().log_path
     lines: list[str] = []
     if path and await anyio.Path(path).exists():
-        text = await anyio.Path(path).read_text(encoding="utf-8", errors="replace")
-        lines = text.splitlines()[-n:]
+        lines = await anyio.to_thread.run_sync(_last_lines, Path(path), n, every)
     if not follow:
         return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
 
@@ -200,7 +217,8 @@ async def api_logs(request: Request) -> Response:
             yield (line + "\n").encode()
         async with st.supervisor.log_bus.subscribe() as stream:
             async for ev in stream:
-                if ev.model == m.name:
-                    yield (str(ev.data.get("line", "")) + "\n").encode()
+                line = str(ev.data.get("line", ""))
+                if ev.model == m.name and (every or not IDLE_LINE_RE.search(line)):
+                    yield (line + "\n").encode()
 
     return LiveStream(tail(), st.closing, media_type="text/plain")

@@ -39,6 +39,7 @@ from .._errors import (
     ServiceError,
     StreamError,
     Unauthorized,
+    UnsupportedMediaType,
     UsageError,
 )
 from ._routes import Dialect
@@ -60,6 +61,7 @@ _ANTHROPIC_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
     529: "overloaded_error",
@@ -74,6 +76,8 @@ def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
         return 403, "permission_error", "forbidden_origin"
     if isinstance(exc, PayloadTooLarge):
         return 413, "invalid_request_error", "request_too_large"
+    if isinstance(exc, UnsupportedMediaType):
+        return 415, "invalid_request_error", "unsupported_media_type"
     if isinstance(exc, ModelNotFound):
         return 404, "invalid_request_error", "model_not_found"
     if isinstance(exc, QueueFull):

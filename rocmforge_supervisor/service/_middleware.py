@@ -1,26 +1,40 @@
 """The gateway's edge checks, as one plain ASGI middleware (no per-request task or body copy).
 
-Request id (``X-Request-ID``, made up when absent), bearer auth, the CSRF Origin check and the
-declared body size. Each check *raises* a typed error (``Unauthorized``, ``Forbidden``,
-``PayloadTooLarge``); ``_errors_http`` alone turns it into a response. A body without a
-``Content-Length`` (chunked) is counted by :func:`read_body` and gets the same 413.
+Request id (``X-Request-ID``, made up when absent), bearer auth, the CSRF Origin check, the
+declared body size and the body's media type. Each check *raises* a typed error
+(``Unauthorized``, ``Forbidden``, ``PayloadTooLarge``, ``UnsupportedMediaType``); ``_errors_http``
+alone turns it into a response. A body without a ``Content-Length`` (chunked) is counted by
+:func:`read_body` and gets the same 413.
+
+**Media type (415).** The JSON routes parse the body whatever its ``Content-Type`` says, so
+without this check an HTML form on any web site could post JSON to them: a ``text/plain`` form
+sends its fields unencoded (``<input name='{"model":"m","prompt":"' value='"}'>`` is a JSON
+body), and a browser that sends no ``Origin`` with it gets past the Origin check. So a JSON
+route takes ``application/json`` (or ``application/*+json``), or no ``Content-Type`` at all
+(a form always sends one; ``fetch`` without one always sends ``Origin``). One exception, for
+curl: ``curl -d '{...}'`` labels its body ``application/x-www-form-urlencoded``, and Ollama's
+own documentation (and Ollama, which ignores the label) posts that way. A form cannot forge such
+a body, since it percent-encodes ``{``, ``[`` and ``"``; so that label is accepted when the
+body's first non-blank byte opens a JSON object or array. Everything else (``text/plain``,
+``multipart/form-data``, a form-encoded ``a=b``, an empty form body) is a 415 naming the fix.
 """
 
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._errors import Forbidden, ForgeError, PayloadTooLarge, Unauthorized
+from .._errors import Forbidden, ForgeError, PayloadTooLarge, Unauthorized, UnsupportedMediaType
 from ..config import is_loopback
 from ._errors_http import error_response
 from ._logging import request_id_var
 from ._page import PAGE_PATHS, same_origin
-from ._routes import dialect_for_path
+from ._routes import dialect_for_path, takes_json
 from ._state import GatewayState
 
 __all__ = ["RequestContext", "read_body"]
@@ -28,6 +42,8 @@ __all__ = ["RequestContext", "read_body"]
 # Probes (a Kubernetes kubelet, a load balancer) cannot send the key: /ready answers status only.
 _PUBLIC_PATHS = frozenset({"/health", "/ready"}) | PAGE_PATHS  # the page's files hold no data
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+_JSON_MEDIA = re.compile(r"application/(?:[\w.-]+\+)?json")
+_CURL_DEFAULT = "application/x-www-form-urlencoded"
 
 
 class RequestContext:
@@ -56,6 +72,7 @@ class RequestContext:
 
         try:
             self._check(scope, headers)
+            receive = await _check_media_type(scope, headers, receive)
         except ForgeError as exc:
             await error_response(exc, dialect=dialect_for_path(scope["path"]))(scope, receive, send_with_id)
             return
@@ -84,6 +101,46 @@ class RequestContext:
         if text in self.state.cors_origins or is_loopback(urlsplit(text).hostname or ""):
             return True
         return same_origin(scope, text, keyed=self._key is not None)  # the status page at a LAN address
+
+
+async def _check_media_type(scope: Scope, headers: dict[bytes, bytes], receive: Receive) -> Receive:
+    """The 415 rule of the module docstring; returns the ``receive`` the app must read the body
+    from (a replay of what was peeked at, for curl's form-encoded label)."""
+    raw = headers.get(b"content-type")
+    if raw is None or not takes_json(scope["method"], scope["path"]):
+        return receive
+    media = raw.split(b";", 1)[0].strip().decode("latin-1").lower()
+    if _JSON_MEDIA.fullmatch(media):
+        return receive
+    if media == _CURL_DEFAULT:
+        peeked, replay = await _peek_first_byte(receive)
+        if peeked in (b"{", b"["):
+            return replay
+    what = f"{media} body" if media != _CURL_DEFAULT else "form-encoded body that is not JSON"
+    raise UnsupportedMediaType(
+        f"{scope['method']} {scope['path']} takes a JSON body, not a {what}",
+        hint="send Content-Type: application/json (curl: -H 'Content-Type: application/json' -d BODY)",
+    )
+
+
+async def _peek_first_byte(receive: Receive) -> tuple[bytes, Receive]:
+    """The body's first non-blank byte (b"" for a blank body), and a ``receive`` that replays the
+    messages read to find it before passing on to the real one."""
+    seen: list[Message] = []
+    first = b""
+    while True:
+        message = await receive()
+        seen.append(message)
+        if message["type"] != "http.request":
+            break
+        first = message.get("body", b"").lstrip(b" \t\r\n")[:1]
+        if first or not message.get("more_body", False):
+            break
+
+    async def replay() -> Message:
+        return seen.pop(0) if seen else await receive()
+
+    return first, replay
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

@@ -31,6 +31,7 @@ __all__ = [
     "dialect_for_path",
     "model_from_request",
     "resolve_name",
+    "takes_json",
 ]
 
 Dialect = Literal["openai", "anthropic", "ollama"]
@@ -85,6 +86,23 @@ OLLAMA_PATHS = frozenset(
 )
 
 _ANTHROPIC_PATHS = frozenset(r.path for r in FORWARDED if r.dialect == "anthropic")
+
+#: The routes whose body is a JSON document: the forwarded model routes (not the multipart audio
+#: upload), Ollama's (not its binary blob upload) and the control API's writes.
+_JSON_BODY_PATHS = frozenset(
+    {r.path for r in FORWARDED if r.method == "POST" and r.model_from == "json"}
+    | (OLLAMA_PATHS - {"/api/version", "/api/tags", "/api/ps", "/api/blobs"})
+    | {"/api/models", "/api/reload"}
+)
+
+
+def takes_json(method: str, path: str) -> bool:
+    """Whether a request's body must be JSON (checked by the middleware's Content-Type rule)."""
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return False
+    if path in _JSON_BODY_PATHS:
+        return True
+    return path.startswith("/api/models/") and path.endswith(("/load", "/unload"))
 
 
 def dialect_for_path(path: str) -> Dialect:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .._argv import embedding_args, fallback_chat_template_args
+from .._argv import embedding_args, fallback_chat_template_args, outputs_every_token
 from ..config import ForgeSettings, GpuChoice, GpuLayers, ModelConfig, gpu_layers_for_placement
 from ..hardware import Inventory, WorkerReport, child_env
 from ..models import (
@@ -142,7 +142,8 @@ def decide(
         ctx_size=spec.ctx_size,
         parallel=spec.parallel,
         n_gpu_layers=gpu_layers_for_placement(spec.n_gpu_layers),
-        extra_args=spec.args,
+        # The flags build_plan adds for ``embeddings = true`` change the size too.
+        extra_args=(*embedding_args(spec.embeddings, spec.args, str(model.info.architecture)), *spec.args),
     )
     return place(inventory, request, loaded, PlacementPolicy(allow_evict=allow_evict))
 
@@ -165,6 +166,7 @@ def decide_on_workers(
         held=held,
         name=name,
         spread=spec.workers == "all",
+        embeddings=spec.embeddings or outputs_every_token(spec.args),
     ).as_decision()
 
 

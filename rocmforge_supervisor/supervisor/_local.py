@@ -98,7 +98,8 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
         settings,
         binary=found.path,
         binary_args=found.child_args,
-        log_path=options.log_path or settings.logs_dir / f"{alias.replace('/', '_')}.log",
+        # Not the service's ``NAME.log``: ``forge logs NAME`` must show the service's child alone.
+        log_path=options.log_path or settings.logs_dir / f"load-{alias.replace('/', '_')}.log",
         state_dir=settings.state_dir,
         port=options.port,
         api_key=options.api_key,

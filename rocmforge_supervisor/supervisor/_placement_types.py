@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .._argv import SIZE_FLAGS
+from .._argv import SIZE_FLAGS, outputs_every_token
 from ..config import GpuChoice
 from ..hardware import Device, Inventory
 from ..models import GGUFInfo, MemoryEstimate
@@ -48,9 +48,12 @@ class PlacementRequest:
     tensor_split: tuple[float, ...] | None = None
     """Explicit proportions for an explicit GPU list; otherwise by free memory."""
     n_ubatch: int = 512
+    embeddings: bool = False
+    """The child outputs every token (``--embeddings``, ``--pooling``): a ubatch of logits."""
     extra_args: tuple[str, ...] = ()
     """The child's extra llama-server arguments: the ones that change its size (``-c``, ``-np``,
-    ``-ctk``, ``-ctv``, ``-fa``, ``-ub``, ``-ngl``, ``-ts``) are read by :meth:`effective`."""
+    ``-ctk``, ``-ctv``, ``-fa``, ``-ub``, ``-ngl``, ``-ts``, ``--embeddings``, ``--pooling``) are
+    read by :meth:`effective`."""
 
     def effective(self) -> PlacementRequest:
         """This request with the size-changing flags of ``extra_args`` applied (they win, as
@@ -188,6 +191,8 @@ def _apply_args(request: PlacementRequest) -> PlacementRequest:
                 changes[name] = value.lower()
         except ValueError:
             continue  # llama-server will refuse it itself, with its own message
+    if outputs_every_token(args):
+        changes["embeddings"] = True
     return replace(request, **changes) if changes else request  # type: ignore[arg-type]
 
 

@@ -59,6 +59,7 @@ class Planner:
             devices=tuple(gpus) or ("cpu",),
             tensor_split=split,
             n_ubatch=r.n_ubatch,
+            embeddings=r.embeddings,
         )
         return Layout(tuple(gpus), est.n_gpu_layers, tuple(split) if split else None, est, kind)
 

@@ -102,6 +102,7 @@ def plan_on_workers(
     held: Collection[str] = (),
     name: str = "model",
     spread: bool = False,
+    embeddings: bool = False,
 ) -> RemotePlan:
     """The smallest set of workers that holds the whole model (``spread``: every usable worker),
     or WorkersUnavailable saying why."""
@@ -124,6 +125,7 @@ def plan_on_workers(
             parallel=parallel,
             devices=tuple(d.key for d in devices),
             tensor_split=split,
+            embeddings=embeddings,
         )
         over = {  # a device with no share (nearly full) holds nothing: it cannot be over
             d.key: int(est.bytes_on(d.key) * (1 + _MARGIN)) + _RESERVE - d.free_bytes

@@ -198,8 +198,16 @@ def model_status(m: ManagedModel) -> ModelStatus:
         load_seconds=m.load_seconds,
         estimated_bytes=plan.estimated_bytes if plan and holds else {},
         actual_bytes=plan.actual.device_totals() if plan and holds else {},
-        log_path=str(plan.spec.log_path) if plan and plan.spec.log_path else None,
+        log_path=_log_path(m),
     )
+
+
+def _log_path(m: ManagedModel) -> str | None:
+    """The file the model's child writes: the plan's, or ``NAME.PID.log`` when another process
+    held that one (see ``process._logs``)."""
+    if m.server is not None and m.server.log.path is not None:
+        return str(m.server.log.path)
+    return str(m.plan.spec.log_path) if m.plan and m.plan.spec.log_path else None
 
 
 def _ttl_left(m: ManagedModel) -> float | None:

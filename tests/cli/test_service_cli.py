@@ -161,6 +161,35 @@ def test_private_flag_starts_a_child_of_its_own(svc: Service, tiny_gguf: Path) -
     r = forge(svc, "load", "smollm2-135m", "--private", "-p", "Hello", "-n", "3", "-c", "512", "--gpu", "cpu")
     assert r.returncode == 0, r.stderr
     assert "forge service" not in r.stderr and "3 completion tokens" in r.stderr
+    # Its child logged to a file of its own: `forge logs` shows the service's child alone.
+    private_start = "--ctx-size 512"
+    own = (svc.state_dir / "logs" / "load-smollm2-135m.log").read_text()
+    assert private_start in own
+    shown = forge(svc, "logs", "smollm2-135m", "--all", "-n", "100000")
+    assert shown.returncode == 0, shown.stderr
+    assert "[forge] starting:" in shown.stdout and "--ctx-size 2048" in shown.stdout
+    assert private_start not in shown.stdout
+
+
+def test_logs_collapse_the_idle_lines(svc: Service) -> None:
+    """A quiet model's log was mostly `update_slots: all slots are idle` (one per task its loop
+    wakes for): `forge logs` shows a run of them as one note, `--all` as written."""
+    idle = "update_slots: all slots are idle"
+    log = svc.state_dir / "logs" / "smollm2-135m.log"
+    with svc.client() as c:
+        for _ in range(6):  # each /slots is a task: the loop wakes, finds every slot idle, says so
+            assert c.get("/slots", params={"model": "smollm2-135m"}).status_code == 200
+    wait_for(lambda: log.read_text().count(idle) >= 6, timeout=30, what="idle lines in the log")
+    raw = forge(svc, "logs", "smollm2-135m", "--all", "-n", "100000").stdout.splitlines()
+    assert sum(idle in line for line in raw) >= 6
+    shown = forge(svc, "logs", "smollm2-135m", "-n", "100000").stdout.splitlines()
+    assert not any(idle in line and "hidden" not in line for line in shown), shown[-10:]
+    notes = [line for line in shown if "idle line" in line and "hidden" in line]
+    assert notes and all(line.startswith("[forge] (") for line in notes)
+    assert len(shown) < len(raw)
+    # a short tail is the last lines that say something, not a screen of idle lines
+    tail = forge(svc, "logs", "smollm2-135m", "-n", "5").stdout.splitlines()
+    assert len(tail) == 5 and sum("idle line" in line for line in tail) <= 3
 
 
 def test_url_chooses_the_service(svc: Service) -> None:

@@ -23,7 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 KDIR = ROOT / "deploy" / "kubernetes"
 FORGE = [sys.executable, "-m", "rocmforge_supervisor.cli"]
 K8S_VERSION = "1.30.0"  # the oldest minor still in upstream support when this was written
-OVERLAYS = {"base": None, "overlays/amd": "amd.com/gpu", "overlays/nvidia": "nvidia.com/gpu"}
+OVERLAYS = {
+    "base": None,
+    "overlays/amd": "amd.com/gpu",
+    "overlays/nvidia": "nvidia.com/gpu",
+    "overlays/cpu": None,
+}
 
 
 def _kubectl() -> str:
@@ -82,6 +87,17 @@ def test_worker_component_is_valid_and_fenced(tmp_path: Path) -> None:
     assert allowed.items() <= pod_labels.items()  # only forge pods reach the unauthenticated workers
 
 
+def test_every_containerfile_has_its_overlay() -> None:
+    """The README offers Containerfile.cpu/.rocm/.cuda: each has an overlay running its image."""
+    backends = sorted(p.suffix[1:] for p in (ROOT / "deploy" / "containers").glob("Containerfile.*"))
+    assert backends == ["cpu", "cuda", "rocm"]
+    for backend in backends:
+        overlay = {"rocm": "amd", "cuda": "nvidia"}.get(backend, backend)
+        assert (KDIR / "overlays" / overlay / "kustomization.yaml").is_file(), f"no overlay for {backend}"
+        image = _forge_container(render(KDIR / "overlays" / overlay))["image"]
+        assert image.startswith(f"localhost/rocmforge-forge-{backend}"), (overlay, image)
+
+
 def test_kubernetes_validate_rejects_a_broken_object() -> None:
     """The check above can fail: the same validator on a wrong field type."""
     docs = render(KDIR / "base")
@@ -124,6 +140,17 @@ def _configmap_toml(tmp_path: Path) -> Path:
     return path
 
 
+def test_configmap_serves_the_instruct_default(tmp_path: Path) -> None:
+    """A chat request to the pod must reach a model with a chat template: the embedded default
+    (smollm2-135m), not the base model gemma-3-270m (which answers chat with free text)."""
+    import tomllib
+
+    from rocmforge_supervisor.models import DEFAULT_MODEL
+
+    models = tomllib.loads(_configmap_toml(tmp_path).read_text())["models"]
+    assert {name: m["path"] for name, m in models.items()} == {DEFAULT_MODEL: DEFAULT_MODEL}
+
+
 def test_configmap_forge_toml_passes_check_config(tmp_path: Path) -> None:
     toml = _configmap_toml(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
@@ -163,6 +190,20 @@ def test_configmap_config_serves_the_probed_routes(tmp_path: Path, llama_server_
         for path in ("/health", "/ready"):
             assert httpx.get(svc.url + path, timeout=10).status_code == 200, path
         assert httpx.get(svc.url + "/v1/models", timeout=10).status_code == 401
-        wait_for(lambda: svc.model("gemma-3-270m")["state"] == "ready", timeout=120, what="preload")
+        wait_for(lambda: svc.model("smollm2-135m")["state"] == "ready", timeout=120, what="preload")
         metrics = httpx.get(svc.url + "/metrics", headers=svc.headers, timeout=10)
         assert metrics.status_code == 200 and "forge_" in metrics.text
+        # The pod answers chat as a chat model does (the base model answered free text here).
+        chat = httpx.post(
+            svc.url + "/v1/chat/completions",
+            headers=svc.headers,
+            json={
+                "model": "smollm2-135m",
+                "messages": [{"role": "user", "content": "What is the capital of France? One word."}],
+                "max_tokens": 8,
+                "temperature": 0,
+            },
+            timeout=60,
+        )
+        assert chat.status_code == 200, chat.text
+        assert "paris" in chat.json()["choices"][0]["message"]["content"].lower()

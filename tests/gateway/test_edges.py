@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,6 +131,103 @@ def test_every_error_is_json_in_the_apis_shape(
         assert allow in r.headers["allow"]
 
 
+# A form's JSON (text/plain sends name=value unencoded): what a cross-site page could post.
+FORM_JSON = b'{"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "x": "="}'
+# One JSON route of each dialect; the control API's names a model that does not exist, so a
+# request that got through would be a 404, never an unload.
+JSON_ROUTES = [
+    ("/v1/chat/completions", "openai"),
+    ("/v1/messages", "anthropic"),
+    ("/api/generate", "ollama"),
+    ("/api/models/nosuch/unload", "openai"),
+]
+NOT_JSON = [
+    ("text/plain", FORM_JSON),
+    ("text/plain;charset=UTF-8", FORM_JSON),
+    (
+        "multipart/form-data; boundary=x",
+        b"--x\r\nContent-Disposition: form-data; name=a\r\n\r\nb\r\n--x--\r\n",
+    ),
+    ("application/x-www-form-urlencoded", b"model=tiny&prompt=Hi"),  # what an HTML form sends
+    ("application/x-www-form-urlencoded", b""),
+    ("application/xml", b"<model>tiny</model>"),
+]
+
+
+@pytest.mark.parametrize(("path", "dialect"), JSON_ROUTES)
+@pytest.mark.parametrize(("ctype", "body"), NOT_JSON, ids=[f"{c}:{len(b)}" for c, b in NOT_JSON])
+def test_a_body_that_is_not_json_is_a_415(
+    svc: Service, path: str, dialect: str, ctype: str, body: bytes
+) -> None:
+    with svc.client() as c:
+        r = c.post(path, content=body, headers={"Content-Type": ctype})
+    assert r.status_code == 415, r.text
+    data = r.json()
+    if dialect == "anthropic":
+        assert data["type"] == "error" and data["error"]["type"] == "invalid_request_error"
+        message = data["error"]["message"]
+    elif dialect == "ollama":
+        message = data["error"]
+    else:
+        assert data["error"]["code"] == "unsupported_media_type"
+        message = data["error"]["message"]
+    assert "\n" not in message and f"POST {path} takes a JSON body" in message, message
+    assert "Content-Type: application/json" in message, message
+    assert ctype.split(";")[0] in message or "form-encoded" in message, message
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Content-Type": "application/json"},
+        {"Content-Type": "Application/JSON; charset=utf-8"},
+        {"Content-Type": "application/vnd.forge+json"},
+        {},  # no Content-Type: no HTML form sends that
+        {"Content-Type": "application/x-www-form-urlencoded"},  # curl -d's label, a JSON body
+    ],
+    ids=["json", "json-charset", "plus-json", "none", "curl-default"],
+)
+def test_json_bodies_are_served(svc: Service, headers: dict[str, str]) -> None:
+    content = b"\n  " + json.dumps(_chat()).encode()
+    with svc.client() as c:
+        r = c.post("/v1/chat/completions", content=content, headers=headers)
+        assert r.status_code == 200, r.text
+        # the same, chunked: the first bytes (blank) and the JSON arrive in separate messages
+        chunked = c.post(
+            "/v1/chat/completions", content=iter([b"\n  ", json.dumps(_chat()).encode()]), headers=headers
+        )
+        assert chunked.status_code == 200, chunked.text
+    assert chunked.json()["usage"]["completion_tokens"] == 2
+
+
+def test_curl_as_the_docs_write_it(svc: Service) -> None:
+    """``curl -d`` without a Content-Type (Ollama's docs) and with ``-H 'Content-Type: application/json'``
+    (OpenAI's) are served; a form body from curl (``-F``) is a 415."""
+    curl = shutil.which("curl")
+    assert curl, "curl is needed for this test"
+
+    def run(*args: str) -> tuple[int, dict[str, Any]]:
+        out = subprocess.run(
+            [curl, "-s", "-w", "\n%{http_code}", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        body, _, code = out.rpartition("\n")
+        return int(code), json.loads(body)
+
+    generate = json.dumps({"model": "tiny", "prompt": "Hi", "stream": False, "options": {"num_predict": 2}})
+    code, data = run(f"{svc.url}/api/generate", "-d", generate)
+    assert code == 200 and data["done"] is True, data
+    code, data = run(
+        f"{svc.url}/v1/chat/completions", "-H", "Content-Type: application/json", "-d", json.dumps(_chat())
+    )
+    assert code == 200 and data["usage"]["completion_tokens"] == 2, data
+    code, data = run(f"{svc.url}/v1/chat/completions", "-F", "model=tiny")
+    assert code == 415 and "multipart/form-data" in data["error"]["message"], data
+
+
 def test_retrieve_model_with_the_openai_sdk(svc: Service) -> None:
     client = openai.OpenAI(base_url=f"{svc.url}/v1", api_key="unused", max_retries=0)
     m = client.models.retrieve("tiny")
@@ -193,6 +291,18 @@ def test_embeddings_with_openai_and_langchain(svc: Service) -> None:
     vectors = lc.embed_documents(["a cat", "a dog"])
     assert len(vectors) == 2 and len(vectors[0]) == len(out.data[0].embedding)
     assert len(lc.embed_query("a bird")) == len(vectors[0])
+
+
+def test_embeddings_estimate_matches_what_the_child_allocated(svc: Service) -> None:
+    """`embeddings = true` (forge adds --embeddings --pooling mean): the service's estimate counts
+    the ubatch of logits the child allocates for it, as `forge ps --json` shows (the issue: 196 MiB
+    estimated, 283 MiB allocated); the same file without it as a control."""
+    for name in ("emb", "noemb"):
+        memory = svc.model(name)["memory"]
+        estimated, actual = sum(memory["estimated_bytes"].values()), sum(memory["actual_bytes"].values())
+        assert actual and abs(estimated - actual) <= 0.10 * actual, (name, estimated, actual)
+    emb, noemb = (sum(svc.model(n)["memory"]["actual_bytes"].values()) for n in ("emb", "noemb"))
+    assert emb > noemb  # the difference the estimate has to see is real
 
 
 def test_embeddings_on_a_model_without_the_key_says_which_key(svc: Service) -> None:

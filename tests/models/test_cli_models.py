@@ -57,6 +57,19 @@ def test_inspect_gpu_estimate(gemma_path: Path) -> None:
     assert by_device["amd:0"]["layers"] + by_device["amd:1"]["layers"] == 18
 
 
+def test_inspect_with_embeddings(smollm2_path: Path) -> None:
+    """The estimate as served with ``embeddings = true``: a ubatch of logits in the compute buffer
+    (what the real child allocates: tests/models/test_estimate_real.py)."""
+    args = ("inspect", str(smollm2_path), "-c", "4096", "-np", "4", "--json")
+    plain = json.loads(forge(*args).stdout)["estimate"]
+    r = forge(*args, "--embeddings")
+    assert r.returncode == 0, r.stderr
+    emb = json.loads(r.stdout)["estimate"]
+    assert emb["embeddings"] is True and plain["embeddings"] is False
+    assert emb["compute_bytes"] >= 512 * 49152 * 4 > plain["compute_bytes"]
+    assert "embeddings" in forge("inspect", str(smollm2_path), "--embeddings").stdout
+
+
 def test_inspect_split_model(split_tiny: list[Path]) -> None:
     r = forge("inspect", str(split_tiny[1]), "--json")
     assert r.returncode == 0, r.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rocmforge_supervisor._argv import embedding_args, outputs_every_token
 from rocmforge_supervisor.models import (
     REQUIRED_VERBOSITY,
     AllocationLedger,
@@ -71,7 +72,8 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def _estimate(model: Path, args: list[str]) -> MemoryEstimate:
-    opts = dict(zip(args[::2], args[1::2], strict=True))
+    valued = [a for a in args if a != "--embeddings"]
+    opts = dict(zip(valued[::2], valued[1::2], strict=True))
     fa = opts.get("-fa", "auto")
     return estimate_memory(
         inspect_gguf(model),
@@ -81,6 +83,8 @@ def _estimate(model: Path, args: list[str]) -> MemoryEstimate:
         cache_type_k=opts.get("-ctk", "f16"),
         cache_type_v=opts.get("-ctv", "f16"),
         flash_attn=None if fa == "auto" else fa == "on",
+        n_ubatch=int(opts.get("-ub", 512)),
+        embeddings=outputs_every_token(args),
     )
 
 
@@ -120,6 +124,33 @@ def test_gemma_estimate_within_10_percent(gemma_path: Path, llama_server_bin: Pa
         f"gemma-3-270m Q4_K_M {' '.join(args) or '(defaults)'}", _estimate(gemma_path, args), ledger
     )
     assert abs(error) < 0.10, f"estimate off by {error:+.1%}"
+
+
+# ``embeddings = true`` adds these flags (forge's own: embedding_args) to a chat model's child.
+EMBED = embedding_args(True, [], "llama")
+EMBEDDING_CASES = [
+    ["-c", "4096", "-np", "4", *EMBED],  # examples/forge.toml's model with embeddings = true
+    ["-c", "4096", "-np", "1", "-fa", "off", *EMBED],
+    ["-c", "2048", "-np", "2", "-ub", "256", *EMBED],
+]
+
+
+@pytest.mark.parametrize("args", EMBEDDING_CASES, ids=lambda a: " ".join(a))
+def test_embeddings_estimate_within_10_percent(
+    smollm2_path: Path, gemma_path: Path, llama_server_bin: Path, args: list[str]
+) -> None:
+    """With --embeddings the child's compute buffer holds a whole ubatch of logits (the issue:
+    estimated 196 MiB, allocated 283 MiB for the default model): the estimate must count it."""
+    assert EMBED == ["--embeddings", "--pooling", "mean"]
+    for name, model in (("smollm2-135m", smollm2_path), ("gemma-3-270m", gemma_path)):
+        ledger = _actual(llama_server_bin, model, args)
+        est = _estimate(model, args)
+        error = _compare(f"{name} {' '.join(args)}", est, ledger)
+        assert abs(error) < 0.10, f"{name}: estimate off by {error:+.1%}"
+        # The cause, seen in the child's own numbers: a whole ubatch of logits in its compute buffer.
+        n_ubatch = int(args[args.index("-ub") + 1]) if "-ub" in args else 512
+        logits = n_ubatch * inspect_gguf(model).vocab_size * 4
+        assert ledger.part_totals()["compute"] > logits and est.embeddings
 
 
 @pytest.mark.parametrize("args", [["-c", "2048", "-np", "1"], ["-c", "2048", "-np", "2", "-fa", "off"]])

@@ -33,8 +33,19 @@ def test_worker_listens_and_stops_cleanly(rpc_server_bin: Path, tmp_path: Path) 
         w.proc.send_signal(signal.SIGTERM)
         assert w.proc.wait(timeout=20) == 0
         assert not child.is_running() or child.status() == "zombie"
-    log = (tmp_path / "logs").glob("worker-cpu.log")
-    assert any("Starting RPC server" in p.read_text() for p in log)  # its banner reached the log
+    log = tmp_path / "logs" / f"worker-cpu-{w.port}.log"
+    assert "Starting RPC server" in log.read_text()  # its banner reached the log
+
+
+def test_two_workers_keep_their_own_logs(rpc_server_bin: Path, tmp_path: Path) -> None:
+    """Two `forge worker`s on one state dir (other ports) shared worker-cpu.log: each has its own."""
+    with running_worker(rpc_server_bin, tmp_path) as a, running_worker(rpc_server_bin, tmp_path) as b:
+        logs = {w.port: tmp_path / "logs" / f"worker-cpu-{w.port}.log" for w in (a, b)}
+        for w in (a, b):
+            text = logs[w.port].read_text()
+            assert f"-p {w.port}" in text  # its own rpc-server's command line
+            other = next(p for p in logs if p != w.port)
+            assert f"-p {other}" not in text  # not one line of the other worker's
 
 
 def test_killed_rpc_server_is_restarted(rpc_server_bin: Path, tmp_path: Path) -> None:

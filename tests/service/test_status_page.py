@@ -262,3 +262,77 @@ def test_status_page_asks_for_the_api_key(tmp_path: Path, tiny_gguf: Path, llama
         wait_until(d, lambda d: login.is_displayed(), "the login form after Forget key")
         assert d.find_elements(By.CSS_SELECTOR, "tbody.model") == []
         assert severe_console_errors(d, allow=("401",)) == []
+
+
+# Every control (button, field, the log toggle) that is shown, with what keeps it from being used
+# without scrolling sideways: outside the viewport, or cut by a box that scrolls or clips.
+_UNREACHABLE = """
+const vw = document.documentElement.clientWidth;
+const out = [];
+const name = (el) => `${el.tagName.toLowerCase()}${el.id ? "#" + el.id : ""}` +
+  `${el.dataset.action ? "[" + el.dataset.action + "]" : ""} "${(el.textContent || el.value || "").trim().slice(0, 20)}"` +
+  `${el.closest("tbody.model") ? " of " + el.closest("tbody.model").dataset.model : ""}`;
+if (document.documentElement.scrollWidth > vw + 1) {
+  out.push(`the page is ${document.documentElement.scrollWidth} px wide in a ${vw} px window`);
+}
+for (const el of document.querySelectorAll("button, input, select, textarea, summary")) {
+  const r = el.getBoundingClientRect();
+  if (!el.getClientRects().length || r.width === 0) continue;  // not shown
+  if (r.left < -0.5 || r.right > vw + 0.5) out.push(`${name(el)} spans ${Math.round(r.left)}..${Math.round(r.right)} of ${vw}`);
+  for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
+    const cs = getComputedStyle(p);
+    if (cs.overflowX === "visible") continue;
+    if (p.scrollWidth > p.clientWidth + 1) out.push(`${name(el)} is inside ${p.className || p.tagName}, which scrolls sideways`);
+    const pr = p.getBoundingClientRect();
+    if (r.left < pr.left - 0.5 || r.right > pr.right + 0.5) out.push(`${name(el)} is cut by ${p.className || p.tagName}`);
+  }
+}
+return [...new Set(out)];
+"""
+
+LONG_NAME = "a-model-with-a-rather-long-descriptive-name-for-the-table-q4"
+
+
+def test_every_control_is_reachable_from_390_px_up(
+    tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path
+) -> None:
+    """At common laptop widths the models table was ~1330 px wide: it scrolled sideways, "Unload"
+    was cut at "Un" and "Reload" was off-screen. Every control must be usable without scrolling
+    sideways at every width from a phone's up; checked in the browser, row by row, with a ready
+    model (a long name, a TTL, GPU and CPU memory lines), a failed one, and the header's buttons."""
+    key = "page-width-key-0123456789"
+    cfg = _config(tmp_path, tiny_gguf, LONG_NAME, ttl=900, parallel=4)
+    with cfg.open("a") as f:
+        f.write(
+            f'[models.broken]\npath = "{tiny_gguf}"\ngpu = "cpu"\npreload = true\nargs = ["--no-such-flag"]\n'
+        )
+    machine = Path(__file__).parents[1] / "fixtures" / "sysfs" / "apu780m_rx7800xt"
+    env = {
+        "FORGE_API_KEY": key,
+        "FORGE_SYSFS_ROOT": str(machine / "sys"),
+        "FORGE_DEV_ROOT": str(machine / "dev"),
+        "FORGE_USE_AMDSMI": "0",
+        "FORGE_USE_NVML": "0",
+    }
+    with (
+        running_service(cfg, tmp_path / "state", llama_server_bin, api_key=key, extra_env=env) as svc,
+        chromium(tmp_path / "profile", 1366, 900) as d,
+    ):
+        d.get(svc.url + "/")
+        d.execute_script("sessionStorage.setItem('forge.apiKey', arguments[0])", key)
+        d.refresh()
+        wait_until(d, lambda d: row_state(d, LONG_NAME) == "ready", "the ready row")
+        wait_until(d, lambda d: row_state(d, "broken") == "failed", "the failed row")
+        wait_until(d, lambda d: d.find_element(By.ID, "logout").is_displayed(), "the header's buttons")
+        for width in (1920, 1440, 1401, 1400, 1366, 1280, 1024, 961, 960, 820, 390):
+            full_page_screenshot(d, tmp_path / f"status-{width}.png", width)
+            problems = d.execute_script(_UNREACHABLE)
+            assert problems == [], f"at {width} px: {problems} (see {tmp_path}/status-{width}.png)"
+            for action in ("load", "unload", "reload"):
+                button = model_row(d, LONG_NAME).find_element(
+                    By.CSS_SELECTOR, f'button[data-action="{action}"]'
+                )
+                assert button.text == action.capitalize(), (width, button.text)
+        # The check can fail: a fixed-width box wider than the window is reported.
+        d.execute_script("document.querySelector('.table-wrap').style.minWidth = '2000px'")
+        assert d.execute_script(_UNREACHABLE), "a 2000 px table at 390 px was not reported"

@@ -167,6 +167,35 @@ def test_extra_args_change_the_size() -> None:
     assert q8.estimate.cache_type_k == "q8_0" and q8.estimate.kv_bytes < base.estimate.kv_bytes * 2
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [("--embeddings", "--pooling", "mean"), ("--embedding",), ("--pooling=cls",), ("--reranking",)],
+)
+def test_embeddings_flags_count_a_ubatch_of_logits_on_the_gpu(flags: tuple[str, ...]) -> None:
+    """--embeddings (or a pooling) makes every token an output: the output layer's device (the GPU
+    here) holds a ubatch of logits in its compute buffer, and placement must see it."""
+    plain = place(one_7900xtx(), req(LLAMA_8B, extra_args=("-c", "4096")), [])
+    emb = place(one_7900xtx(), req(LLAMA_8B, extra_args=("-c", "4096", *flags)), [])
+    assert emb.estimate.embeddings and not plain.estimate.embeddings
+    logits = 512 * LLAMA_8B.vocab_size * 4  # 250 MiB for a 128256-token vocabulary
+    assert emb.estimate.device("amd:0").compute_bytes >= logits > plain.estimate.device("amd:0").compute_bytes
+    assert emb.need_bytes["amd:0"] > plain.need_bytes["amd:0"] + logits // 2
+    none = place(one_7900xtx(), req(LLAMA_8B, extra_args=("-c", "4096", "--pooling", "none")), [])
+    assert not none.estimate.embeddings
+
+
+def test_decide_counts_the_flags_of_embeddings_true() -> None:
+    """``embeddings = true`` in forge.toml adds --embeddings --pooling mean at launch: decide()
+    must estimate with them (the issue: 196 MiB estimated, 283 MiB allocated)."""
+    from rocmforge_supervisor.supervisor._launch import ModelSpec, ResolvedModel, decide
+
+    model = ResolvedModel(Path("/models/llama-8b.gguf"), LLAMA_8B)
+    plain = decide(ModelSpec(path="x", ctx_size=4096), "m", model, one_7900xtx())
+    emb = decide(ModelSpec(path="x", ctx_size=4096, embeddings=True), "m", model, one_7900xtx())
+    assert emb.estimate.embeddings and not plain.estimate.embeddings
+    assert emb.estimate.compute_bytes >= 512 * LLAMA_8B.vocab_size * 4 > plain.estimate.compute_bytes
+
+
 def test_unknown_gpu_refused() -> None:
     with pytest.raises(PlacementError) as err:
         place(one_7900xtx(), req(LLAMA_8B, gpu=7), [])
