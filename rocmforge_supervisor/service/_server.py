@@ -70,7 +70,11 @@ def _bind(host: str, port: int) -> socket.socket:
             hint="choose another server.port (0 picks a free one), or stop what uses it",
         ) from exc
     sock.listen(2048)
-    sock.set_inheritable(True)
+    # Not inheritable (Python's default, said here because it matters): uvloop spawns children with
+    # libuv, which ignores close_fds, so every llama-server inherited the gateway's listener. After
+    # uvicorn closed its copy at SIGTERM the kernel still queued new connections on the children's
+    # copy, and nothing ever accepted them: a client hung instead of being refused.
+    sock.set_inheritable(False)
     return sock
 
 
@@ -268,9 +272,32 @@ async def _drain(
 
         tg.start_soon(second_signal)
         with anyio.move_on_after(supervisor.policy.drain_timeout + 5):
+            await _close_connections_when_drained(uv, gateway_done)
             await gateway_done.wait()
         tg.cancel_scope.cancel()
     return forced
+
+
+async def _close_connections_when_drained(uv: _Uvicorn, gateway_done: anyio.Event) -> None:
+    """Drain *requests*, not connections: once uvicorn has stopped accepting and no request is in
+    flight, close the connections that are left.
+
+    uvicorn's graceful shutdown asks each connection it knows to close after its response, then
+    waits until the set of connections is empty. A connection it did not ask — accepted in the same
+    loop turn as the shutdown, so that it joined the set after uvicorn went through it (uvloop
+    calls ``connection_made`` a turn after the accept) — stays open as long as its client likes,
+    and the service waited the whole drain period on it with nothing in flight (issue 19, 1).
+    uvicorn polls every 0.1 s; so does this, on its request tasks.
+    """
+    state = uv.server_state
+    while not gateway_done.is_set():
+        servers = getattr(uv, "servers", [])
+        if not any(s.is_serving() for s in servers) and not state.tasks:
+            for connection in list(state.connections):
+                connection.shutdown()  # idle: closed now; a response in flight: closed after it
+            if not state.connections:
+                return
+        await anyio.sleep(0.05)
 
 
 async def _reload_quietly(reload: Callable[[], Any]) -> None:
