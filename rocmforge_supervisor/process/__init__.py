@@ -9,6 +9,7 @@ from ._ports import free_port, port_is_free
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
 from ._spawn import with_parent_death
 from ._spec import InstanceSpec, InstanceState, describe_returncode, unwrap_group
+from ._statelock import StateDirLock
 
 __all__ = [
     "ChildLedger",
@@ -17,6 +18,7 @@ __all__ = [
     "LlamaServer",
     "LogRing",
     "RpcWorker",
+    "StateDirLock",
     "WorkerEvent",
     "WorkerSpec",
     "classify_failure",

@@ -25,7 +25,7 @@ import uvicorn
 
 from .._errors import ConfigError, ForcedExit, ForgeError, ServiceError
 from ..config import ForgeConfig, ForgeSettings, ServerConfig
-from ..process import unwrap_group
+from ..process import StateDirLock, unwrap_group
 from ..supervisor import ModelState, Supervisor
 from ._app import GatewayState, create_app
 from ._info import ServiceInfo, read_service_info, service_info_path
@@ -113,6 +113,28 @@ async def run_service(
 
     ``settings`` are the ones ``config`` was loaded with (kept for the CLI's call).
     """
+    lock = StateDirLock(config.state_dir)
+    lock.acquire()  # first: a second service on this state dir is refused before it binds or sweeps
+    try:
+        await _run_locked(
+            config,
+            config_path=config_path,
+            load_config=load_config,
+            notifier=notifier,
+            on_listening=on_listening,
+        )
+    finally:
+        lock.release()
+
+
+async def _run_locked(
+    config: ForgeConfig,
+    *,
+    config_path: Path | None,
+    load_config: Callable[[], ForgeConfig] | None,
+    notifier: Any,
+    on_listening: Callable[[str], None] | None,
+) -> None:
     supervisor = Supervisor(config)
     sockets = _bind_all(config.server)
     sock = sockets[0]

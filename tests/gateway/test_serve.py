@@ -460,6 +460,42 @@ def test_forge_ps_and_unload_talk_to_the_service(
         assert r.returncode == 0 and r.stdout.strip()
 
 
+def test_a_second_service_on_the_same_state_dir_is_refused(
+    two_models: Path, tmp_path: Path, llama_server_bin: Path
+) -> None:
+    """Two real `forge serve`s on one state dir: the second refuses at once, naming the first's pid,
+    and leaves the first one's bookkeeping as it was (issue 19, 2: it used to start, and at its
+    exit `forge ps` lost the first service and children.json was emptied under its children)."""
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+        ledger = svc.state_dir / "children.json"
+        info = svc.state_dir / "service.json"
+        before = (ledger.read_text(), info.read_text())
+        children = [r["pid"] for r in json.loads(before[0])]
+        assert children and json.loads(before[1])["pid"] == svc.proc.pid
+        env = dict(os.environ, FORGE_STATE_DIR=str(svc.state_dir), FORGE_LLAMA_SERVER=str(llama_server_bin))
+        env.pop("NOTIFY_SOCKET", None)
+        second = subprocess.run(
+            [*FORGE, "serve", "--config", str(two_models), "--port", "0"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert second.returncode == 1, second.stderr
+        line = second.stderr.strip()
+        assert f"pid {svc.proc.pid}" in line and str(svc.state_dir) in line and "FORGE_STATE_DIR" in line, (
+            line
+        )
+        assert "Traceback" not in second.stderr and not second.stdout.strip()  # it never listened
+        assert (ledger.read_text(), info.read_text()) == before
+        assert sorted(p.pid for p in svc.llama_children()) == sorted(children)
+        ps = subprocess.run([*FORGE, "ps", "--json"], capture_output=True, text=True, env=env, timeout=60)
+        assert ps.returncode == 0 and json.loads(ps.stdout)["models"], ps.stderr
+    # The lock dies with its holder: the same state dir serves again at once.
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+        assert json.loads((svc.state_dir / "service.json").read_text())["pid"] == svc.proc.pid
+
+
 def test_sys_executable_runs_forge() -> None:
     r = subprocess.run([*FORGE, "--version"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "llama.cpp 4df29be" in r.stdout
