@@ -248,7 +248,17 @@ class ManagedModel:
                 await server.exited.wait()
                 tg.cancel_scope.cancel()
         except BaseException as exc:
-            return self._start_failed(unwrap_group(exc), exc)
+            inner = unwrap_group(exc)
+            if server.died_unasked and isinstance(inner, Exception) and not isinstance(inner, StartFailed):
+                # Something broke while the child was dying (issue 19, 5: an unmapped error from a
+                # connection to it). The child's own exit is the reason; the error goes to the log.
+                log.warning("model %s: %r as its child died", self.name, inner, exc_info=inner)
+                return self._crashed(server)
+            return self._start_failed(inner, exc)
+        return self._crashed(server)
+
+    def _crashed(self, server: LlamaServer) -> _Exit:
+        """The child is gone: its exit (and what its log says about why) is the crash's reason."""
         if self._stop_requested:
             return _Exit.STOPPED
         how = describe_returncode(server.returncode)

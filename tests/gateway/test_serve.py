@@ -162,6 +162,41 @@ def test_crash_loop_opens_the_breaker(tmp_path: Path, tiny_gguf: Path, llama_ser
             assert r.status_code == 200 and r.json()["state"] == "ready"
 
 
+def test_a_child_killed_each_time_it_comes_up_fails_with_its_own_cause(
+    tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path
+) -> None:
+    """What an OOM killer does: every new child is SIGKILLed as soon as it exists (while the
+    supervisor polls it coming up, health checks every 50 ms), until the breaker opens. The
+    reason is the kill, never an error from a connection to the dying child (issue 19, 5: it
+    read ``internal error: AttributeError("'NoneType' object has no attribute 'getpeername'")``)."""
+    cfg = write_config(
+        tmp_path / "forge.toml",
+        FAST.replace("[supervisor]", "[supervisor]\ncrash_loop_max = 3\ncrash_loop_window = 120")
+        .replace("health_interval = 0.5", "health_interval = 0.05")
+        .replace("restart_backoff_initial = 0.2", "restart_backoff_initial = 0.05")
+        + model_section("tiny", tiny_gguf, preload=True),
+    )
+    with running_service(cfg, tmp_path / "state", llama_server_bin, wait_ready=False) as svc:
+        killed: set[int] = set()
+
+        def kill_new_children() -> bool:
+            for p in svc.llama_children():
+                if p.pid not in killed:
+                    killed.add(p.pid)
+                    os.kill(p.pid, signal.SIGKILL)  # fault injection
+            try:
+                return bool(svc.model("tiny")["state"] == "failed")
+            except httpx.HTTPError:  # the gateway is not up yet
+                return False
+
+        wait_for(kill_new_children, timeout=60, interval=0.005, what="the breaker to open")
+        m = svc.model("tiny")
+        assert len(killed) >= 3
+        assert "crashes" in m["last_error"] and "SIGKILL" in m["last_error"], m["last_error"]
+        assert "internal error" not in m["last_error"], m["last_error"]
+        assert "internal error" not in svc.stderr_text()
+
+
 def _health_detection_bound(interval: float, failures: int) -> float:
     """The documented bound (README, "Hung children"): ``failures`` checks, each one waiting
     ``interval`` and then at most its timeout, ``min(interval, 5 s)`` but at least 0.5 s."""
