@@ -115,7 +115,7 @@ class SupervisorConfig(_Section):
     health_interval: float = Field(default=5.0, gt=0)
     """Seconds between ``/health`` checks of a ready child."""
     health_failures: int = Field(default=3, ge=1)
-    """Consecutive failed checks → the child is hung: killed and restarted."""
+    """No answer for ``health_interval × health_failures`` seconds → hung: killed and restarted."""
     load_stall_timeout: float = Field(default=300.0, gt=0)
     load_deadline_base: float = Field(default=300.0, gt=0)
     """A load's deadline: this plus ``load_deadline_per_gib`` per GiB of model file."""

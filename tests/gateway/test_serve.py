@@ -198,16 +198,15 @@ def test_a_child_killed_each_time_it_comes_up_fails_with_its_own_cause(
 
 
 def _health_detection_bound(interval: float, failures: int) -> float:
-    """The documented bound (README, "Hung children"): ``failures`` checks, each one waiting
-    ``interval`` and then at most its timeout, ``min(interval, 5 s)`` but at least 0.5 s."""
-    return failures * (interval + max(0.5, min(interval, 5.0)))
+    """The documented bound (README, "Hung children"): no answer for ``interval × failures``."""
+    return failures * interval
 
 
 def test_sigstopped_child_is_replaced(two_models: Path, tmp_path: Path, llama_server_bin: Path) -> None:
     """A real SIGSTOP: the hang is detected within the documented bound, and the model is ready
     again on a new child within that bound + the first restart backoff + the new child's start."""
     interval, failures, backoff = 0.5, 2, 0.2  # FAST
-    slack = 3.0  # scheduling on a loaded 2-core box (1.5 s was exceeded once in a full run); the bound is 2 s
+    slack = 3.0  # scheduling on a loaded 2-core box (1.5 s was exceeded once in a full run); the bound is 1 s
     with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
         pid = svc.model("tiny")["pid"]
         events: list[dict[str, object]] = []
