@@ -49,8 +49,9 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, key: str = "port") -> socket.socket:
     """The listening socket, made here (not by uvicorn) so its address is known before serving.
+    ``key`` is the ``[server]`` key that chose ``port``: the error names the one to change.
 
     ``proto`` must be ``IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` on accepted connections only
     when the listening socket says so. With proto 0, every response after the first on a
@@ -67,7 +68,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise ServiceError(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-            hint="choose another server.port (0 picks a free one), or stop what uses it",
+            hint=f"choose another server.{key} (0 picks a free one), or stop what uses it",
         ) from exc
     sock.listen(2048)
     # Not inheritable (Python's default, said here because it matters): uvloop spawns children with
@@ -78,13 +79,18 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
 def _bind_all(server_cfg: ServerConfig) -> list[socket.socket]:
     """The main socket, and ``ollama_port``'s when set: Ollama clients look on 11434, so the same
     app (every route, the same auth) listens there too."""
     sockets = [_bind(server_cfg.host, server_cfg.port)]
     if server_cfg.ollama_port is not None:
         try:
-            sockets.append(_bind(server_cfg.host, server_cfg.ollama_port))
+            sockets.append(_bind(server_cfg.host, server_cfg.ollama_port, "ollama_port"))
         except ServiceError:
             sockets[0].close()
             raise
@@ -106,7 +112,7 @@ async def run_service(
     config_path: Path | None,
     load_config: Callable[[], ForgeConfig] | None = None,
     notifier: Any = None,
-    on_listening: Callable[[str], None] | None = None,
+    on_listening: Callable[[str, str | None], None] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT; drain; stop every child. A second signal during the drain cuts
     it short (uvicorn's ``force_exit``) and ends in :class:`ForcedExit` (exit status 128 + signal).
@@ -133,13 +139,13 @@ async def _run_locked(
     config_path: Path | None,
     load_config: Callable[[], ForgeConfig] | None,
     notifier: Any,
-    on_listening: Callable[[str], None] | None,
+    on_listening: Callable[[str, str | None], None] | None,
 ) -> None:
     supervisor = Supervisor(config)
     sockets = _bind_all(config.server)
     sock = sockets[0]
-    host, port = sock.getsockname()[:2]
-    base_url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    base_url = _url(sock)
+    ollama_url = _url(sockets[1]) if len(sockets) > 1 else None
     info_path = service_info_path(supervisor.state_dir)
     reload = _reloader(supervisor, load_config, notifier) if load_config is not None else None
     state, uv = _gateway(config, supervisor, reload)
@@ -152,7 +158,7 @@ async def _run_locked(
                 tg.start_soon(_serve_gateway, uv, sockets, gateway_done)
                 _publish(info_path, base_url, config_path, sockets)
                 if on_listening is not None:
-                    on_listening(base_url)
+                    on_listening(base_url, ollama_url)
                 tg.start_soon(_announce_ready, supervisor, notifier)
                 if notifier is not None and notifier.watchdog_interval:
                     tg.start_soon(_watchdog, notifier)
