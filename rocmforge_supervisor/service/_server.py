@@ -314,8 +314,8 @@ async def _close_connections_when_drained(uv: _Uvicorn, gateway_done: anyio.Even
     waits until the set of connections is empty. A connection it did not ask — accepted in the same
     loop turn as the shutdown, so that it joined the set after uvicorn went through it (uvloop
     calls ``connection_made`` a turn after the accept) — stays open as long as its client likes,
-    and the service waited the whole drain period on it with nothing in flight (issue 19, 1).
-    uvicorn polls every 0.1 s; so does this, on its request tasks.
+    and the service would wait the whole drain period on it with nothing in flight: one way to the
+    stall of issue 19, 1. uvicorn polls every 0.1 s; so does this, on its request tasks.
     """
     state = uv.server_state
     while not gateway_done.is_set():
