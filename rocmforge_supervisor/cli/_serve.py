@@ -154,12 +154,14 @@ def serve(
         new = load_config(source, settings)
         return new.with_server(**overrides) if overrides else new
 
-    def on_listening(url: str) -> None:
+    def on_listening(url: str, ollama_url: str | None) -> None:
         console.print(url, markup=False)
         names = ", ".join(cfg.models) or "none"
         err_console.print(
             f"forge serve listening on {url} (OpenAI base URL {url}/v1); models: {names}", markup=False
         )
+        if ollama_url is not None:  # with `ollama_port = 0` this line is the only way to find it
+            err_console.print(f"Ollama API also on {ollama_url} (server.ollama_port)", markup=False)
         if cfg.models:
             keyed = cfg.server.api_key is not None
             err_console.print("try it (paste into a shell):", markup=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -30,6 +31,7 @@ __all__ = [
     "async_pool",
     "map_httpx_errors",
     "send",
+    "socket_gone_as_httpx_error",
     "sync_pool",
 ]
 
@@ -85,6 +87,37 @@ def async_pool(timeout: httpx.Timeout, *, max_keepalive: int = 20) -> httpx.Asyn
     )
 
 
+def _raised_by_anyio_socket_attributes(exc: AttributeError) -> bool:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    code = tb.tb_frame.f_code
+    return code.co_name == "extra_attributes" and "anyio" in Path(code.co_filename).parts
+
+
+@contextmanager
+def socket_gone_as_httpx_error(url: str) -> Iterator[None]:
+    """The one outside failure that escapes httpx's own mapping, mapped to what it is: the
+    connection is gone (``httpx.ConnectError``).
+
+    Under uvloop a transport that has closed (the peer reset it: a child killed while it was
+    coming up) no longer has a socket, and anyio's socket attributes then raise
+    ``AttributeError: 'NoneType' object has no attribute 'getpeername'``. httpcore asks for them
+    when it opens a connection and when it checks whether a pooled one is still good, so the
+    error came out of a plain ``client.get`` — and once became a model's failure reason
+    (issue 19, 5). Only that error is mapped (recognised by where it was raised); any other
+    AttributeError is a bug and stays one.
+    """
+    try:
+        yield
+    except AttributeError as exc:
+        if not _raised_by_anyio_socket_attributes(exc):
+            raise
+        raise httpx.ConnectError(f"the connection to {url} closed while it was being used") from exc
+
+
 def _unavailable(upstream: Upstream, exc: Exception) -> ServerUnavailable:
     return ServerUnavailable(
         f"cannot reach {upstream.base_url}: {exc}",
@@ -119,7 +152,8 @@ def send(
         request = client.build_request(method, upstream.url(path), content=content, headers=headers)
         with map_httpx_errors(upstream, streaming=False):
             try:
-                return client.send(request, stream=True)
+                with socket_gone_as_httpx_error(upstream.base_url):
+                    return client.send(request, stream=True)
             except RETRYABLE:
                 if attempt == 2 or not upstream.alive():
                     raise
@@ -140,7 +174,8 @@ async def asend(
         request = client.build_request(method, upstream.url(path), content=content, headers=headers)
         with map_httpx_errors(upstream, streaming=False):
             try:
-                return await client.send(request, stream=True)
+                with socket_gone_as_httpx_error(upstream.base_url):
+                    return await client.send(request, stream=True)
             except RETRYABLE:
                 if attempt == 2 or not upstream.alive():
                     raise

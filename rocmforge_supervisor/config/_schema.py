@@ -123,7 +123,7 @@ class SupervisorConfig(_Section):
     health_interval: float = Field(default=5.0, gt=0)
     """Seconds between ``/health`` checks of a ready child."""
     health_failures: int = Field(default=3, ge=1)
-    """Consecutive failed checks → the child is hung: killed and restarted."""
+    """No answer for ``health_interval × health_failures`` seconds → hung: killed and restarted."""
     load_stall_timeout: float = Field(default=300.0, gt=0)
     stall_timeout: float = Field(default=120.0, ge=0)
     """A ready child with requests in flight whose slots make no progress (no token, no prompt

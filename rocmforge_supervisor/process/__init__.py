@@ -9,6 +9,7 @@ from ._ports import free_port, port_is_free
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
 from ._spawn import with_parent_death
 from ._spec import InstanceSpec, InstanceState, crash_advice, describe_returncode, unwrap_group
+from ._statelock import StateDirLock
 
 __all__ = [
     "IDLE_LINE_RE",
@@ -19,6 +20,7 @@ __all__ = [
     "LlamaServer",
     "LogRing",
     "RpcWorker",
+    "StateDirLock",
     "WorkerEvent",
     "WorkerSpec",
     "classify_failure",

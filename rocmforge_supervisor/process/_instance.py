@@ -34,9 +34,11 @@ from types import TracebackType
 import anyio
 import anyio.abc
 import httpx
+import psutil
 
 from .._argv import redact
 from .._errors import StartFailed, UsageError
+from ..client._transport import socket_gone_as_httpx_error
 from ._env import clean_child_env
 from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure, lines_of
 from ._ports import free_port, port_is_free
@@ -80,6 +82,9 @@ class LlamaServer:
         self._tmp_state: Path | None = None  # only when the caller gave no state_dir
         self._stop_lock = anyio.Lock()
         self.stop_requested = False
+        #: The child exited (or was killed) before anyone asked it to stop: whatever else went
+        #: wrong around it, its exit is the cause to report.
+        self.died_unasked = False
 
     # -- public -------------------------------------------------------------------------------
 
@@ -158,6 +163,7 @@ class LlamaServer:
                     task_status.started(self)
                     await self.exited.wait()
                 finally:
+                    self._note_unasked_death()
                     with anyio.CancelScope(shield=True):
                         await self.stop()
                     tg.cancel_scope.cancel()
@@ -233,7 +239,8 @@ class LlamaServer:
         try:
             # verify=False: plain http on loopback; a default client loads the CA bundle (~38 ms CPU).
             async with httpx.AsyncClient(timeout=timeout, trust_env=False, verify=False) as c:
-                r = await c.get(f"{self.base_url}/health")
+                with socket_gone_as_httpx_error(self.base_url):
+                    r = await c.get(f"{self.base_url}/health")
                 return r.status_code
         except httpx.HTTPError:
             return None
@@ -368,9 +375,26 @@ class LlamaServer:
         await proc.wait()
         self._mark_exited(proc)
 
+    def _note_unasked_death(self) -> None:
+        """Before our own stop: has the child died already (exited, or a zombie whose exit the
+        watcher has not read yet)?"""
+        if self.stop_requested or self._process is None:
+            return
+        if self.exited.is_set():
+            self.died_unasked = True
+            return
+        try:
+            self.died_unasked = psutil.Process(self._process.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            self.died_unasked = True
+        except psutil.Error:
+            pass
+
     def _mark_exited(self, proc: anyio.abc.Process) -> None:
         if self.exited.is_set() or proc.returncode is None:
             return
+        if not self.stop_requested:
+            self.died_unasked = True
         self.returncode = proc.returncode
         # Anything the child forked into its group goes too — once, here, right after the exit
         # was seen: later the group id could belong to someone else.
@@ -441,7 +465,8 @@ class LlamaServer:
 
     async def _poll(self, client: httpx.AsyncClient) -> int | None:
         try:
-            r = await client.get("/health")
+            with socket_gone_as_httpx_error(self.base_url):
+                r = await client.get("/health")
         except httpx.HTTPError:
             return None
         return r.status_code

@@ -39,8 +39,10 @@ class ChildLedger:
         return self.state_dir / "children.json"
 
     def record(self, children: Iterable[tuple[str, LlamaServer]]) -> None:
-        """Replace the ledger with the children that are alive now (written atomically)."""
-        records = []
+        """Replace this supervisor's records with its children that are alive now (written
+        atomically). Records of another live ``forge serve`` stay: one instance never rewrites
+        another's (the state-dir lock makes two rare; this keeps the ledger right if it happens)."""
+        records = self._foreign()
         for model, server in children:
             if not server.alive or server.pid is None:
                 continue
@@ -51,6 +53,9 @@ class ChildLedger:
             records.append(
                 {"pid": server.pid, "create_time": created, "model": model, "supervisor": os.getpid()}
             )
+        self._write(records)
+
+    def _write(self, records: list[dict[str, object]]) -> None:
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.state_dir, prefix=".children-")
@@ -62,18 +67,39 @@ class ChildLedger:
 
     def reap_stale(self) -> list[int]:
         """Stop llama-server children that a previous run recorded and that still run; their pids."""
-        try:
-            records = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return []
-        procs = [p for p in map(_stale, records if isinstance(records, list) else []) if p is not None]
+        procs = [p for p in map(_stale, self._read()) if p is not None]
         for p in procs:
             p.terminate()
         _, alive = psutil.wait_procs(procs, timeout=_STALE_GRACE)
         for p in alive:
             p.kill()
-        self.path.unlink(missing_ok=True)
+        foreign = self._foreign()
+        if foreign:
+            self._write(foreign)
+        else:
+            self.path.unlink(missing_ok=True)
         return [p.pid for p in procs]
+
+    def _read(self) -> list[object]:
+        try:
+            records = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return []
+        return records if isinstance(records, list) else []
+
+    def _foreign(self) -> list[dict[str, object]]:
+        """The records of another supervisor that is still running."""
+        out = []
+        for r in self._read():
+            if not isinstance(r, dict):
+                continue
+            try:
+                owner = int(r.get("supervisor", 0))
+            except (TypeError, ValueError):
+                continue
+            if owner and owner != os.getpid() and psutil.pid_exists(owner) and _is_forge(owner):
+                out.append(r)
+        return out
 
 
 def _stale(record: object) -> psutil.Process | None:

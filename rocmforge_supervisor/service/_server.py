@@ -26,7 +26,7 @@ from starlette.types import ASGIApp
 
 from .._errors import ConfigError, ForcedExit, ForgeError, ServiceError
 from ..config import ForgeConfig, ForgeSettings, ServerConfig
-from ..process import unwrap_group
+from ..process import StateDirLock, unwrap_group
 from ..supervisor import ModelState, Supervisor
 from ._app import GatewayState, create_app
 from ._info import ServiceInfo, read_service_info, service_info_path
@@ -51,8 +51,9 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, key: str = "port") -> socket.socket:
     """The listening socket, made here (not by uvicorn) so its address is known before serving.
+    ``key`` is the ``[server]`` key that chose ``port``: the error names the one to change.
 
     ``proto`` must be ``IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` on accepted connections only
     when the listening socket says so. With proto 0, every response after the first on a
@@ -69,23 +70,35 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise ServiceError(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-            hint="choose another server.port (0 picks a free one), or stop what uses it",
+            hint=f"choose another server.{key} (0 picks a free one), or stop what uses it",
         ) from exc
     sock.listen(2048)
-    sock.set_inheritable(True)
+    # Not inheritable (Python's default, said here because it matters): uvloop spawns children with
+    # libuv, which ignores close_fds, so every llama-server inherited the gateway's listener. After
+    # uvicorn closed its copy at SIGTERM the kernel still queued new connections on the children's
+    # copy, and nothing ever accepted them: a client hung instead of being refused.
+    sock.set_inheritable(False)
     return sock
 
 
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
 def _bind_all(server_cfg: ServerConfig) -> list[socket.socket]:
-    """The main socket, and ``ollama_port``'s when set: Ollama clients look on 11434, so the same
-    app (every route, the same auth) listens there too."""
+    """The main socket, ``ollama_port``'s when set (Ollama clients look on 11434, so the same app,
+    every route, the same auth, listens there too), then ``metrics_port``'s (``/metrics`` alone)."""
     sockets = [_bind(server_cfg.host, server_cfg.port)]
-    extra = [(server_cfg.host, server_cfg.ollama_port), (server_cfg.metrics_host, server_cfg.metrics_port)]
-    for host, port in extra:
+    extra = [
+        (server_cfg.host, server_cfg.ollama_port, "ollama_port"),
+        (server_cfg.metrics_host, server_cfg.metrics_port, "metrics_port"),
+    ]
+    for host, port, key in extra:
         if port is None:
             continue
         try:
-            sockets.append(_bind(host, port))
+            sockets.append(_bind(host, port, key))
         except ServiceError:
             for s in sockets:
                 s.close()
@@ -108,18 +121,40 @@ async def run_service(
     config_path: Path | None,
     load_config: Callable[[], ForgeConfig] | None = None,
     notifier: Any = None,
-    on_listening: Callable[[str], None] | None = None,
+    on_listening: Callable[[str, str | None], None] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT; drain; stop every child. A second signal during the drain cuts
     it short (uvicorn's ``force_exit``) and ends in :class:`ForcedExit` (exit status 128 + signal).
 
     ``settings`` are the ones ``config`` was loaded with (kept for the CLI's call).
     """
+    lock = StateDirLock(config.state_dir)
+    lock.acquire()  # first: a second service on this state dir is refused before it binds or sweeps
+    try:
+        await _run_locked(
+            config,
+            config_path=config_path,
+            load_config=load_config,
+            notifier=notifier,
+            on_listening=on_listening,
+        )
+    finally:
+        lock.release()
+
+
+async def _run_locked(
+    config: ForgeConfig,
+    *,
+    config_path: Path | None,
+    load_config: Callable[[], ForgeConfig] | None,
+    notifier: Any,
+    on_listening: Callable[[str, str | None], None] | None,
+) -> None:
     supervisor = Supervisor(config)
     sockets = _bind_all(config.server)
     sock = sockets[0]
-    host, port = sock.getsockname()[:2]
-    base_url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    base_url = _url(sock)
+    ollama_url = _url(sockets[1]) if config.server.ollama_port is not None else None
     info_path = service_info_path(supervisor.state_dir)
     reload = _reloader(supervisor, load_config, notifier) if load_config is not None else None
     metrics_port = sockets[-1].getsockname()[1] if config.server.metrics_port is not None else None
@@ -140,7 +175,7 @@ async def run_service(
                     metrics=metrics_port is not None,
                 )
                 if on_listening is not None:
-                    on_listening(base_url)
+                    on_listening(base_url, ollama_url)
                 tg.start_soon(_announce_ready, supervisor, notifier)
                 if notifier is not None and notifier.watchdog_interval:
                     tg.start_soon(_watchdog, notifier)
@@ -294,9 +329,32 @@ async def _drain(
 
         tg.start_soon(second_signal)
         with anyio.move_on_after(supervisor.policy.drain_timeout + 5):
+            await _close_connections_when_drained(uv, gateway_done)
             await gateway_done.wait()
         tg.cancel_scope.cancel()
     return forced
+
+
+async def _close_connections_when_drained(uv: _Uvicorn, gateway_done: anyio.Event) -> None:
+    """Drain *requests*, not connections: once uvicorn has stopped accepting and no request is in
+    flight, close the connections that are left.
+
+    uvicorn's graceful shutdown asks each connection it knows to close after its response, then
+    waits until the set of connections is empty. A connection it did not ask — accepted in the same
+    loop turn as the shutdown, so that it joined the set after uvicorn went through it (uvloop
+    calls ``connection_made`` a turn after the accept) — stays open as long as its client likes,
+    and the service would wait the whole drain period on it with nothing in flight: one way to the
+    stall of issue 19, 1. uvicorn polls every 0.1 s; so does this, on its request tasks.
+    """
+    state = uv.server_state
+    while not gateway_done.is_set():
+        servers = getattr(uv, "servers", [])
+        if not any(s.is_serving() for s in servers) and not state.tasks:
+            for connection in list(state.connections):
+                connection.shutdown()  # idle: closed now; a response in flight: closed after it
+            if not state.connections:
+                return
+        await anyio.sleep(0.05)
 
 
 async def _reload_quietly(reload: Callable[[], Any]) -> None:

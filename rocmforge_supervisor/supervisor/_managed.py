@@ -272,7 +272,17 @@ class ManagedModel:
                 await server.exited.wait()
                 tg.cancel_scope.cancel()
         except BaseException as exc:
-            return self._start_failed(unwrap_group(exc), exc)
+            inner = unwrap_group(exc)
+            if server.died_unasked and isinstance(inner, Exception) and not isinstance(inner, StartFailed):
+                # Something broke while the child was dying (issue 19, 5: an unmapped error from a
+                # connection to it). The child's own exit is the reason; the error goes to the log.
+                log.warning("model %s: %r as its child died", self.name, inner, exc_info=inner)
+                return self._crashed(server)
+            return self._start_failed(inner, exc)
+        return self._crashed(server)
+
+    def _crashed(self, server: LlamaServer) -> _Exit:
+        """The child is gone: its exit (and what its log says about why) is the crash's reason."""
         if self._stop_requested:
             return _Exit.STOPPED
         how = describe_returncode(server.returncode)
@@ -365,24 +375,48 @@ class ManagedModel:
         log.error("model %s failed: %s", self.name, reason, extra={"model": self.name})
 
     async def _watch_health(self, server: LlamaServer) -> None:
-        """A child that stops answering /health (SIGSTOP, deadlock) K times in a row is killed."""
-        failures = 0
+        """A child that has not answered ``/health`` for ``health_interval × health_failures``
+        seconds (SIGSTOP, deadlock) is killed.
+
+        The probes overlap the interval instead of adding to it: one goes out every
+        ``health_interval``, whether the one before has answered or not, and each may wait for
+        its answer until that deadline (the last answer + interval × failures). Any answer moves
+        the deadline on, so a slow child is not a hung one. Before, each failed check cost the
+        interval plus its own timeout: the bound was about twice what the two knobs say
+        (issue 19, 4: 6.2 s for 1 s × 3).
+        """
         interval = self.policy.health_interval
-        while True:
-            await anyio.sleep(interval)
-            status = await server.health(timeout=max(0.5, min(interval, 5.0)))
+        window = interval * self.policy.health_failures
+        answered = anyio.current_time()
+        unanswered = 0  # probes sent since the last answer
+
+        async def probe() -> None:
+            nonlocal answered, unanswered
+            sent = anyio.current_time()
+            status = await server.health(timeout=max(0.01, answered + window - sent))
             if status == 200:
-                failures = 0
-                continue
-            failures += 1
-            limit = self.policy.health_failures
-            msg = "model %s: /health check failed (%d/%d)"
-            log.warning(msg, self.name, failures, limit, extra={"model": self.name})
-            if failures >= self.policy.health_failures:
-                self._events.publish(self.name, EventKind.HANG, failures=failures)
-                self.last_error = f"no answer to /health {failures} times in a row: killed"
-                server.kill(self.last_error)
+                if sent >= answered:  # the newest news: the probes sent before it are answered too
+                    answered, unanswered = anyio.current_time(), 0
                 return
+            now = anyio.current_time()
+            msg = "model %s: /health check failed (no answer for %.1f s of %g s)"
+            log.warning(msg, self.name, now - answered, window, extra={"model": self.name})
+
+        async with anyio.create_task_group() as tg:
+            due = answered + interval
+            while True:
+                await anyio.sleep_until(min(due, answered + window))
+                now = anyio.current_time()
+                if now >= answered + window:
+                    break
+                if now >= due:
+                    unanswered += 1
+                    tg.start_soon(probe)
+                    due += interval
+            tg.cancel_scope.cancel()
+        self._events.publish(self.name, EventKind.HANG, failures=unanswered, seconds=window)
+        self.last_error = f"no answer to /health for {window:g} s ({unanswered} checks): killed"
+        server.kill(self.last_error)
 
     @property
     def stall_timeout(self) -> float:

@@ -9,7 +9,10 @@ look for (11434 in real use; any free port here).
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
+import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,7 +21,14 @@ import httpx
 import ollama
 import pytest
 
-from tests.support.service import Service, chat_and_plain_models, running_service, write_config
+from tests.support.service import (
+    FORGE,
+    Service,
+    chat_and_plain_models,
+    model_section,
+    running_service,
+    write_config,
+)
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +200,42 @@ def test_pull_goes_through_forges_hub_pull(
             with c.stream("POST", "/api/pull", json={"model": "nobody/nothing-GGUF:Q4_K_M"}) as s:
                 rows = [json.loads(line) for line in s.iter_lines() if line]
         assert rows[0] == {"status": "pulling manifest"} and "error" in rows[-1]
+
+
+def test_the_banner_shows_the_ollama_listener(svc: Service) -> None:
+    """With ``ollama_port = 0`` the start-up banner is where a user finds the port (issue 19, 13)."""
+    url = _ollama_url(svc)
+    assert f"Ollama API also on {url} (server.ollama_port)" in svc.stderr_text()
+    r = httpx.get(f"{url}/api/version", timeout=10)
+    assert r.status_code == 200 and r.json()["version"]
+
+
+def test_an_ollama_port_in_use_names_that_key(
+    tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path
+) -> None:
+    """The error names ``server.ollama_port``, the key to change (it said ``server.port``), and
+    nothing is left behind: no service.json, no ledger (no child was started)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = write_config(
+            tmp_path / "forge.toml",
+            f"[server]\nollama_port = {port}\n" + model_section("tiny", tiny_gguf, preload=True),
+        )
+        env = dict(
+            os.environ, FORGE_STATE_DIR=str(tmp_path / "state"), FORGE_LLAMA_SERVER=str(llama_server_bin)
+        )
+        r = subprocess.run(
+            [*FORGE, "serve", "--config", str(config), "--port", "0"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    assert r.returncode == 1, r.stderr
+    line = r.stderr.strip()
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "server.ollama_port" in line, line
+    assert "server.port " not in line and "Traceback" not in line, line
+    assert not (tmp_path / "state" / "service.json").exists()
+    assert not (tmp_path / "state" / "children.json").exists()

@@ -163,17 +163,51 @@ def test_crash_loop_opens_the_breaker(tmp_path: Path, tiny_gguf: Path, llama_ser
             assert r.status_code == 200 and r.json()["state"] == "ready"
 
 
+def test_a_child_killed_each_time_it_comes_up_fails_with_its_own_cause(
+    tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path
+) -> None:
+    """What an OOM killer does: every new child is SIGKILLed as soon as it exists (while the
+    supervisor polls it coming up, health checks every 50 ms), until the breaker opens. The
+    reason is the kill, never an error from a connection to the dying child (issue 19, 5: it
+    read ``internal error: AttributeError("'NoneType' object has no attribute 'getpeername'")``)."""
+    cfg = write_config(
+        tmp_path / "forge.toml",
+        FAST.replace("[supervisor]", "[supervisor]\ncrash_loop_max = 3\ncrash_loop_window = 120")
+        .replace("health_interval = 0.5", "health_interval = 0.05")
+        .replace("restart_backoff_initial = 0.2", "restart_backoff_initial = 0.05")
+        + model_section("tiny", tiny_gguf, preload=True),
+    )
+    with running_service(cfg, tmp_path / "state", llama_server_bin, wait_ready=False) as svc:
+        killed: set[int] = set()
+
+        def kill_new_children() -> bool:
+            for p in svc.llama_children():
+                if p.pid not in killed:
+                    killed.add(p.pid)
+                    os.kill(p.pid, signal.SIGKILL)  # fault injection
+            try:
+                return bool(svc.model("tiny")["state"] == "failed")
+            except httpx.HTTPError:  # the gateway is not up yet
+                return False
+
+        wait_for(kill_new_children, timeout=60, interval=0.005, what="the breaker to open")
+        m = svc.model("tiny")
+        assert len(killed) >= 3
+        assert "crashes" in m["last_error"] and "SIGKILL" in m["last_error"], m["last_error"]
+        assert "internal error" not in m["last_error"], m["last_error"]
+        assert "internal error" not in svc.stderr_text()
+
+
 def _health_detection_bound(interval: float, failures: int) -> float:
-    """The documented bound (README, "Hung children"): ``failures`` checks, each one waiting
-    ``interval`` and then at most its timeout, ``min(interval, 5 s)`` but at least 0.5 s."""
-    return failures * (interval + max(0.5, min(interval, 5.0)))
+    """The documented bound (README, "Hung children"): no answer for ``interval × failures``."""
+    return failures * interval
 
 
 def test_sigstopped_child_is_replaced(two_models: Path, tmp_path: Path, llama_server_bin: Path) -> None:
     """A real SIGSTOP: the hang is detected within the documented bound, and the model is ready
     again on a new child within that bound + the first restart backoff + the new child's start."""
     interval, failures, backoff = 0.5, 2, 0.2  # FAST
-    slack = 3.0  # scheduling on a loaded 2-core box (1.5 s was exceeded once in a full run); the bound is 2 s
+    slack = 3.0  # scheduling on a loaded 2-core box (1.5 s was exceeded once in a full run); the bound is 1 s
     with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
         pid = svc.model("tiny")["pid"]
         events: list[dict[str, object]] = []
@@ -487,6 +521,42 @@ def test_forge_ps_and_unload_talk_to_the_service(
             [*FORGE, "logs", "tiny", "-n", "5"], capture_output=True, text=True, env=env, timeout=60
         )
         assert r.returncode == 0 and r.stdout.strip()
+
+
+def test_a_second_service_on_the_same_state_dir_is_refused(
+    two_models: Path, tmp_path: Path, llama_server_bin: Path
+) -> None:
+    """Two real `forge serve`s on one state dir: the second refuses at once, naming the first's pid,
+    and leaves the first one's bookkeeping as it was (issue 19, 2: it used to start, and at its
+    exit `forge ps` lost the first service and children.json was emptied under its children)."""
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+        ledger = svc.state_dir / "children.json"
+        info = svc.state_dir / "service.json"
+        before = (ledger.read_text(), info.read_text())
+        children = [r["pid"] for r in json.loads(before[0])]
+        assert children and json.loads(before[1])["pid"] == svc.proc.pid
+        env = dict(os.environ, FORGE_STATE_DIR=str(svc.state_dir), FORGE_LLAMA_SERVER=str(llama_server_bin))
+        env.pop("NOTIFY_SOCKET", None)
+        second = subprocess.run(
+            [*FORGE, "serve", "--config", str(two_models), "--port", "0"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert second.returncode == 1, second.stderr
+        line = second.stderr.strip()
+        assert f"pid {svc.proc.pid}" in line and str(svc.state_dir) in line and "FORGE_STATE_DIR" in line, (
+            line
+        )
+        assert "Traceback" not in second.stderr and not second.stdout.strip()  # it never listened
+        assert (ledger.read_text(), info.read_text()) == before
+        assert sorted(p.pid for p in svc.llama_children()) == sorted(children)
+        ps = subprocess.run([*FORGE, "ps", "--json"], capture_output=True, text=True, env=env, timeout=60)
+        assert ps.returncode == 0 and json.loads(ps.stdout)["models"], ps.stderr
+    # The lock dies with its holder: the same state dir serves again at once.
+    with running_service(two_models, tmp_path / "state", llama_server_bin) as svc:
+        assert json.loads((svc.state_dir / "service.json").read_text())["pid"] == svc.proc.pid
 
 
 def test_sys_executable_runs_forge() -> None:

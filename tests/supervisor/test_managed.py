@@ -122,7 +122,30 @@ async def test_a_hung_child_is_killed_and_replaced(make_config: MakeConfig, fake
         assert m.server is not None and m.server.pid != hung and not alive(hung)
         # Recovered: no present error; the crash is kept as the last one.
         assert m.last_error is None and m.last_crash == "llama-server killed by SIGKILL"
-        assert any("(SIGKILL): no answer to /health 2 times" in line for line in (m.last_stderr or []))
+        assert any("(SIGKILL): no answer to /health for 0.1 s" in line for line in (m.last_stderr or []))
+
+
+async def test_a_hang_is_detected_within_interval_times_failures(
+    make_config: MakeConfig, fake_bin: Path
+) -> None:
+    """The bound users read from the knobs (issue 19, 4): with checks every 1 s and 3 allowed to
+    fail, a hang is killed 2-3 s after it began (it depends on where between two checks it began),
+    not after 3 × (interval + probe timeout) = 5-6 s as when each probe came on top of the interval.
+    The margins are a whole interval wide on each side: not a race with the scheduler."""
+    interval, failures = 1.0, 3
+    cfg = make_config({"m": {"preload": True}}, health_interval=interval, health_failures=failures)
+    async with running(cfg, fake_bin) as sup:
+        m = sup.get("m")
+        assert m.server is not None and m.server.pid is not None
+        async with sup.events.subscribe() as events:
+            hung_at = anyio.current_time()
+            os.kill(m.server.pid, signal.SIGSTOP)  # fault injection: the child stops answering
+            with anyio.fail_after(10):
+                async for ev in events:
+                    if ev.kind == EventKind.HANG:
+                        break
+            detected = anyio.current_time() - hung_at
+        assert (failures - 1) * interval <= detected <= failures * interval + 1.5, detected
 
 
 async def _until_ready(events):  # type: ignore[no-untyped-def]
