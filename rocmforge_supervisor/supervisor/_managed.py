@@ -71,6 +71,7 @@ class ManagedModel:
         self.state_since = time.time()
         self.restarts = 0
         self.stalls = 0  # children killed by the progress watchdog
+        self.pressure_evictions = 0  # unloads to yield memory to other programs (vram_reserve)
         self._kill_reason: str | None = None  # why we killed the child, for its crash record
         self.last_error: str | None = None
         self.last_stderr: list[str] = []

@@ -106,6 +106,7 @@ class ModelStatus:
     devices: list[str] = field(default_factory=list)
     restarts: int = 0
     stalls: int = 0
+    pressure_evictions: int = 0
     last_error: str | None = None
     uptime: float | None = None
     in_flight: int = 0
@@ -137,6 +138,7 @@ class ModelStatus:
             "workers": [w.to_json() for w in self.workers],
             "restarts": self.restarts,
             "stalls": self.stalls,
+            "pressure_evictions": self.pressure_evictions,
             "last_error": self.last_error,
             "uptime": self.uptime,
             "in_flight": self.in_flight,
@@ -183,6 +185,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
         workers=plan.workers if plan and m.running else [],  # a stopped model holds no worker
         restarts=m.restarts,
         stalls=m.stalls,
+        pressure_evictions=m.pressure_evictions,
         last_error=m.last_error,
         uptime=time.monotonic() - m.ready_since if ready and m.ready_since else None,
         in_flight=m.in_flight,
