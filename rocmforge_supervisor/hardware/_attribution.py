@@ -25,7 +25,6 @@ what is left (used minus ours) as others'.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,7 +171,7 @@ def _fdinfo_vram(proc: Path, bdf: str) -> int:
     total = 0
     for fd in listdir(proc / "fd"):
         try:
-            if not os.readlink(proc / "fd" / fd).startswith("/dev/dri/"):
+            if not str((proc / "fd" / fd).readlink()).startswith("/dev/dri/"):
                 continue
             client = parse_fdinfo(read_text(proc / "fdinfo" / fd))
         except OSError:  # the fd closed meanwhile, or another user's process

@@ -119,7 +119,9 @@ class PressureWatch:
                 out.append(eviction)
         return out
 
-    def _one(self, s: DeviceSample, candidates: Sequence[Candidate], taken: set[str], now: float) -> Eviction | None:
+    def _one(
+        self, s: DeviceSample, candidates: Sequence[Candidate], taken: set[str], now: float
+    ) -> Eviction | None:
         state = self._devices.get(s.key)
         if state is None:
             state = self._devices[s.key] = _DeviceState(baseline=s.others)

@@ -36,8 +36,11 @@ __all__ = ["PressureMonitor"]
 
 log = logging.getLogger("rocmforge.supervisor")
 
-#: After one of our models leaves a device, the counters lag for a while: not judged meanwhile.
-_SETTLE_SECONDS = 5.0
+
+def settle_seconds(interval: float) -> float:
+    """After one of ours leaves a device (and after an eviction), the driver takes a moment to
+    hand the memory back: the device is not judged meanwhile. Two polls, at least 1 s."""
+    return max(1.0, 2 * interval)
 
 
 class PressureMonitor:
@@ -45,7 +48,7 @@ class PressureMonitor:
 
     def __init__(self, supervisor: Supervisor) -> None:
         self._sup = supervisor
-        self.watch = PressureWatch(cooldown=_SETTLE_SECONDS)
+        self.watch = PressureWatch(cooldown=settle_seconds(supervisor.policy.pressure_interval))
         self._placed: set[tuple[str, str]] = set()  # (model, device) at the last poll
         self._moved_at: dict[str, float] = {}  # device → when one of ours last left it
 
@@ -86,9 +89,11 @@ class PressureMonitor:
             )
         )
         now = time.monotonic()
+        self.watch.cooldown = settle_seconds(sup.policy.pressure_interval)
         self._note_moves(held, now)
-        samples = [await self._sample(d, models, held, ours.get(d.key, {}), pids, now) for d in devices]
-        candidates = [_candidate(m, held[m.name], now) for m in models]
+        on = _attributed(models, held, ours)
+        samples = [await self._sample(d, models, on, set(pids), now) for d in devices]
+        candidates = [_candidate(m, on[m.name], now) for m in models]
         evictions = self.watch.observe(samples, candidates)
         for ev in evictions:
             await self._evict(ev)
@@ -104,24 +109,20 @@ class PressureMonitor:
         self,
         dev: Device,
         models: list[ManagedModel],
-        held: dict[str, dict[str, int]],
-        attributed: dict[int, ProcessMemory],
-        pids: dict[int, ManagedModel],
+        on: dict[str, dict[str, int]],
+        pids: set[int],
         now: float,
     ) -> DeviceSample:
-        on_it = [m for m in models if held[m.name].get(dev.key, 0) > 0]
-        ours = 0
-        for m in on_it:
-            pid = _pid(m)
-            seen = attributed.get(pid) if pid is not None else None
-            ours += seen.bytes if seen is not None else held[m.name][dev.key]
+        on_it = [m for m in models if on[m.name].get(dev.key, 0) > 0]
+        ours = sum(on[m.name][dev.key] for m in on_it)
+        moved_at = self._moved_at.get(dev.key)
         settling = any(m.state != ModelState.READY for m in on_it) or (
-            now - self._moved_at.get(dev.key, -_SETTLE_SECONDS) < _SETTLE_SECONDS
+            moved_at is not None and now - moved_at < self.watch.cooldown
         )
         reserve = self._sup.policy.reserve_for(dev.vram_total_bytes)
         top = None
         if reserve and dev.vram_free_bytes < reserve and not settling:
-            top = await self._top_other(dev, set(pids))
+            top = await self._top_other(dev, pids)
         return DeviceSample(dev.key, dev.vram_total_bytes, dev.vram_used_bytes, ours, reserve, settling, top)
 
     async def _top_other(self, dev: Device, ours: set[int]) -> tuple[int, str | None, int] | None:
@@ -174,6 +175,22 @@ class PressureMonitor:
                 )
                 await m.unload("pressure")
         sup._record_children()
+
+
+def _attributed(
+    models: list[ManagedModel], held: dict[str, dict[str, int]], seen: dict[str, dict[int, ProcessMemory]]
+) -> dict[str, dict[str, int]]:
+    """Per model and device: what attribution saw its child hold there, else what placement
+    counted for it (a source that does not see the child: NVIDIA without NVML, say)."""
+    out: dict[str, dict[str, int]] = {}
+    for m in models:
+        pid = _pid(m)
+        row = {}
+        for key, planned in held[m.name].items():
+            found = seen.get(key, {}).get(pid) if pid is not None else None
+            row[key] = found.bytes if found is not None else planned
+        out[m.name] = row
+    return out
 
 
 def _pid(m: ManagedModel) -> int | None:

@@ -26,7 +26,9 @@ class Clock:
         return self.now
 
 
-def sample(others: int, ours: int = 10 * GIB, *, settling: bool = False, reserve: int = RESERVE) -> DeviceSample:
+def sample(
+    others: int, ours: int = 10 * GIB, *, settling: bool = False, reserve: int = RESERVE
+) -> DeviceSample:
     return DeviceSample("amd:0", TOTAL, others + ours, ours, reserve, settling, (4242, "game", others))
 
 
@@ -151,7 +153,13 @@ def test_off_when_the_reserve_is_zero() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "on_24_gib"),
-    [("5%", int(TOTAL * 0.05)), (0.1, int(TOTAL * 0.1)), ("2GiB", 2 * GIB), ("512MiB", 512 * 1024**2), (0, 0)],
+    [
+        ("5%", int(TOTAL * 0.05)),
+        (0.1, int(TOTAL * 0.1)),
+        ("2GiB", 2 * GIB),
+        ("512MiB", 512 * 1024**2),
+        (0, 0),
+    ],
 )
 def test_reserve_spellings(raw: object, on_24_gib: int) -> None:
     assert reserve_bytes(parse_reserve(raw), TOTAL) == on_24_gib
