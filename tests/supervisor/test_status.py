@@ -82,6 +82,8 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "devices": [],
         "workers": [],
         "restarts": 0,
+        "stalls": 0,
+        "pressure_evictions": 0,
         "last_error": None,
         "uptime": None,
         "in_flight": 0,
