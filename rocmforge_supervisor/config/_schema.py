@@ -193,6 +193,9 @@ class ModelConfig(_Section):
     """This model's ``supervisor.stall_timeout`` (seconds busy without progress; 0: off)."""
     pinned: bool = False
     """Never evicted to yield memory to other programs (``supervisor.vram_reserve``)."""
+    sleep_idle: int | None = Field(default=None, ge=1)
+    """Idle seconds after which the child frees its model, context and projector but keeps running
+    (llama-server's ``--sleep-idle-seconds``); the next request reloads them. None: never."""
     embeddings: bool = False
     """Serve ``/v1/embeddings``: starts llama-server with ``--embeddings`` and, unless ``args``
     choose one, ``--pooling mean`` (OpenAI-shaped embeddings need a pooled vector)."""

@@ -31,6 +31,7 @@ class EventKind(StrEnum):
     TTL = "ttl"  # idle for its ttl: unloaded
     EVICT = "evict"  # unloaded to make room for another model
     PRESSURE = "pressure"  # unloaded to yield device memory to another program (vram_reserve)
+    SLEEP = "sleep"  # its child freed (sleeping: true) or reloaded (false) the model (sleep_idle)
     READY = "ready"  # the supervisor is up, preloads done (model "*")
     CONFIG = "config"  # a reload was applied (model "*")
     LOG = "log"  # one line of a child's log (the log bus only)

@@ -107,6 +107,8 @@ class ModelStatus:
     restarts: int = 0
     stalls: int = 0
     pressure_evictions: int = 0
+    sleeping: bool = False
+    """The child freed its model after ``sleep_idle`` idle seconds; the next request reloads it."""
     last_error: str | None = None
     uptime: float | None = None
     in_flight: int = 0
@@ -139,6 +141,7 @@ class ModelStatus:
             "restarts": self.restarts,
             "stalls": self.stalls,
             "pressure_evictions": self.pressure_evictions,
+            "sleeping": self.sleeping,
             "last_error": self.last_error,
             "uptime": self.uptime,
             "in_flight": self.in_flight,
@@ -186,6 +189,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
         restarts=m.restarts,
         stalls=m.stalls,
         pressure_evictions=m.pressure_evictions,
+        sleeping=m.sleeping and alive,
         last_error=m.last_error,
         uptime=time.monotonic() - m.ready_since if ready and m.ready_since else None,
         in_flight=m.in_flight,

@@ -84,6 +84,7 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "restarts": 0,
         "stalls": 0,
         "pressure_evictions": 0,
+        "sleeping": False,
         "last_error": None,
         "uptime": None,
         "in_flight": 0,

@@ -21,6 +21,8 @@ function describe(ev) {
       return ["hang", `${d.failures} failed health checks`];
     case "stall":
       return ["stalled", `no progress for ${d.seconds} s with ${d.in_flight} request(s): restarting`];
+    case "sleep":
+      return [d.sleeping ? "sleeping" : "awake", d.sleeping ? "idle: the child freed its model (sleep_idle)" : "model reloaded"];
     case "pressure":
       return ["yielded", d.message || `memory on ${d.device}`];
     case "config":

@@ -77,7 +77,7 @@ class ModelRow {
     this.status = s;
     const busy = this.pending !== undefined;
     this.body.dataset.state = s.state;
-    setText(this.badge, s.state);
+    setText(this.badge, s.sleeping ? `${s.state} · sleeping` : s.state); // sleep_idle: the child freed its model
     this.badge.className = `badge state-${s.state}`;
     setText(this.pathEl, s.path ? s.path.split("/").pop() : "");
     this.pathEl.title = s.path || "";
