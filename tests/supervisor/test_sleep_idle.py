@@ -36,7 +36,9 @@ async def _request(sup: Supervisor, path: str, body: dict[str, object]) -> httpx
             return await c.post(path, json=body)
 
 
-async def test_sleeping_shows_in_the_status_and_a_request_wakes_it(make_config: MakeConfig, fake_bin: Path) -> None:
+async def test_sleeping_shows_in_the_status_and_a_request_wakes_it(
+    make_config: MakeConfig, fake_bin: Path
+) -> None:
     cfg = make_config({"m": {"sleep_idle": 1, "preload": True}})
     async with running(cfg, fake_bin) as sup, sup.events.subscribe() as events:
         m = sup.get("m")
