@@ -110,6 +110,12 @@ class PressureWatch:
     def observe(self, samples: Sequence[DeviceSample], candidates: Sequence[Candidate]) -> list[Eviction]:
         """One poll: the evictions to carry out now (usually none)."""
         now = self.clock()
+        # A device none of ours is on any more forgets its baseline: when one is placed there again,
+        # others' level at that time is the new normal (what grew while we were away is not ours to
+        # yield).
+        watched = {s.key for s in samples}
+        for key in [k for k in self._devices if k not in watched]:
+            del self._devices[key]
         out: list[Eviction] = []
         taken: set[str] = set()
         for s in samples:
@@ -123,11 +129,12 @@ class PressureWatch:
         self, s: DeviceSample, candidates: Sequence[Candidate], taken: set[str], now: float
     ) -> Eviction | None:
         state = self._devices.get(s.key)
-        if state is None:
-            state = self._devices[s.key] = _DeviceState(baseline=s.others)
-        if s.reserve <= 0 or s.settling:
-            state.strikes = 0
+        if s.reserve <= 0 or s.settling:  # our own change in flight: the counters lag, not judged
+            if state is not None:
+                state.strikes = 0
             return None
+        if state is None:  # first look: others' level now is the baseline
+            state = self._devices[s.key] = _DeviceState(baseline=s.others)
         if s.free >= s.reserve:  # the reserve holds: others' level now is the new normal
             state.baseline, state.strikes = s.others, 0
             return None

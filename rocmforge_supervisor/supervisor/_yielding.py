@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from .._units import format_bytes
 from ..hardware import Device, ProcessMemory, process_memory
 from ._events import EventKind
 from ._managed import ManagedModel
@@ -147,14 +148,8 @@ class PressureMonitor:
         sup = self._sup
         pid, name, size = ev.other or (None, None, None)
         who = f"{name or 'a process'} (pid {pid})" if pid is not None else "other programs"
-        log.warning(
-            "%s: %s took memory; %d bytes free, reserve %d: unloading %s",
-            ev.device,
-            who,
-            ev.free,
-            ev.reserve,
-            ", ".join(ev.models),
-        )
+        why = f"{format_bytes(ev.free)} free, below the reserve of {format_bytes(ev.reserve)}"
+        log.warning("%s: %s took memory (%s): unloading %s", ev.device, who, why, ", ".join(ev.models))
         async with sup._placement_lock:
             for victim in ev.models:
                 m = sup.models.get(victim)
@@ -171,7 +166,7 @@ class PressureMonitor:
                     pid=pid,
                     process=name,
                     process_bytes=size,
-                    message=f"unloaded to yield memory on {ev.device} to {who}",
+                    message=f"unloaded to yield memory on {ev.device} to {who}: {why}",
                 )
                 await m.unload("pressure")
         sup._record_children()

@@ -145,6 +145,17 @@ def test_cooldown_then_more_when_the_reserve_still_does_not_hold() -> None:
     assert ev.models == ("a",)
 
 
+def test_a_device_left_and_placed_again_takes_a_new_baseline() -> None:
+    """Others grew while none of ours was on the device: not ours to yield, when we come back."""
+    clock = Clock()
+    watch = PressureWatch(polls=2, cooldown=10, clock=clock)
+    watch.observe([sample(4 * GIB)], models())
+    assert watch.observe([], []) == []  # nothing of ours there for a while
+    assert watch.observe([sample(4 * GIB, settling=True)], models()) == []  # loading: not judged
+    for _ in range(5):  # placed again next to a program that grew meanwhile: 1 GiB free
+        assert watch.observe([sample(13 * GIB)], models()) == []
+
+
 def test_off_when_the_reserve_is_zero() -> None:
     watch = PressureWatch(polls=1, cooldown=0, clock=Clock())
     watch.observe([sample(0, reserve=0)], models())
