@@ -70,9 +70,9 @@ class PressureMonitor:
         """One look; the evictions it carried out."""
         sup = self._sup
         models = [m for m in sup.models.values() if m.running and m.as_loaded() is not None]
-        if not models:
-            self._placed = set()
-            return []
+        if not models:  # nothing to yield: no reads, and every device forgets its baseline
+            self._note_moves({}, time.monotonic())
+            return self.watch.observe([], [])
         inventory = await sup._refresh_inventory()
         held = {m.name: dict(loaded.bytes_by_device) for m in models if (loaded := m.as_loaded())}
         keys = {k for b in held.values() for k, v in b.items() if v > 0}
