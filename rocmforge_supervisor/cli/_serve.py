@@ -218,7 +218,7 @@ def _ps_cells(r: dict[str, Any]) -> list[str]:
     up = r.get("uptime")
     return [
         str(r["name"]),
-        str(r["state"]),
+        str(r["state"]) + (" (sleeping)" if r.get("sleeping") else ""),
         str(r.get("pid") or "-"),
         _devices(r),
         str(r.get("port") or "-"),

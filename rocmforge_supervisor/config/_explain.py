@@ -32,6 +32,7 @@ _CUSTOM_KINDS = frozenset(
         "worker_address",
         "rpc_owned",
         "duplicate_worker",
+        "vram_reserve",
     }
 )
 #: Errors raised by a section's model validator, and the key they are about.

@@ -28,7 +28,7 @@ from .._argv import is_owned_flag
 from ._explain import custom, translate
 from ._names import is_loopback
 from ._settings import ForgeSettings
-from ._values import GpuChoice, GpuLayers, parse_gpu, parse_gpu_layers
+from ._values import GpuChoice, GpuLayers, Reserve, parse_gpu, parse_gpu_layers, parse_reserve, reserve_bytes
 
 __all__ = ["ForgeConfig", "ModelConfig", "ServerConfig", "SupervisorConfig", "WorkerConfig", "known_keys"]
 
@@ -50,8 +50,16 @@ def _gpu(value: Any) -> Any:
         raise custom("gpu", str(exc)) from None
 
 
+def _reserve(value: Any) -> Any:
+    try:
+        return parse_reserve(value)
+    except ValueError as exc:
+        raise custom("vram_reserve", str(exc)) from None
+
+
 GpuLayersField = Annotated[GpuLayers, BeforeValidator(_gpu_layers)]
 GpuChoiceField = Annotated[GpuChoice, BeforeValidator(_gpu)]
+ReserveField = Annotated[Reserve, BeforeValidator(_reserve)]
 
 
 def _empty_is_none(value: Any) -> Any:
@@ -135,6 +143,16 @@ class SupervisorConfig(_Section):
     load_deadline_per_gib: float = Field(default=20.0, ge=0)
     stop_timeout: float = Field(default=10.0, gt=0)
     drain_timeout: float = Field(default=30.0, ge=0)
+    vram_reserve: ReserveField = 0.05
+    """Memory to keep free for other programs on each device a model runs on: a fraction (``"5%"``,
+    ``0.05``) or bytes (``"2GiB"``). When others' use grows until less is free, idle models there
+    are evicted (best score first; never busy or ``pinned`` ones) until it holds again. 0: off."""
+    pressure_interval: float = Field(default=2.0, ge=0)
+    """Seconds between looks at device memory for ``vram_reserve`` (0: off)."""
+
+    def reserve_for(self, total_bytes: int) -> int:
+        """``vram_reserve`` in bytes on a device of ``total_bytes``."""
+        return reserve_bytes(self.vram_reserve, total_bytes)
 
     def load_deadline(self, size_bytes: int) -> float:
         """The whole load's deadline: base + per GiB of model file (LocalAI: 5 min + 20 s/GiB), so
@@ -154,7 +172,9 @@ class SupervisorConfig(_Section):
 
 #: ModelConfig fields that do not change the running child: a reload that only touches these
 #: keeps the child (see :meth:`ForgeConfig.model_fingerprint`).
-_NOT_IN_FINGERPRINT = frozenset({"ttl", "max_concurrency", "queue", "preload", "load_wait", "max_tokens"})
+_NOT_IN_FINGERPRINT = frozenset(
+    {"ttl", "max_concurrency", "queue", "preload", "load_wait", "max_tokens", "pinned"}
+)
 
 
 class ModelConfig(_Section):
@@ -179,6 +199,11 @@ class ModelConfig(_Section):
     """This model's ``server.load_wait`` (seconds a request waits for its load)."""
     stall_timeout: float | None = Field(default=None, ge=0)
     """This model's ``supervisor.stall_timeout`` (seconds busy without progress; 0: off)."""
+    pinned: bool = False
+    """Never evicted to yield memory to other programs (``supervisor.vram_reserve``)."""
+    sleep_idle: int | None = Field(default=None, ge=1)
+    """Idle seconds after which the child frees its model, context and projector but keeps running
+    (llama-server's ``--sleep-idle-seconds``); the next request reloads them. None: never."""
     embeddings: bool = False
     """Serve ``/v1/embeddings``: starts llama-server with ``--embeddings`` and, unless ``args``
     choose one, ``--pooling mean`` (OpenAI-shaped embeddings need a pooled vector)."""

@@ -14,9 +14,12 @@ from typing import Literal
 __all__ = [
     "GpuChoice",
     "GpuLayers",
+    "Reserve",
     "gpu_layers_for_placement",
     "parse_gpu",
     "parse_gpu_layers",
+    "parse_reserve",
+    "reserve_bytes",
 ]
 
 #: ``"auto"``, ``"cpu"``, one GPU (an ordinal ``1`` or a device key ``"amd:1"``) or a list of them.
@@ -84,3 +87,47 @@ def parse_gpu_layers(value: object) -> GpuLayers:
 def gpu_layers_for_placement(value: GpuLayers) -> int | None:
     """The placer's spelling: None = all layers where they fit (``auto``/``all``/unset)."""
     return value if isinstance(value, int) else None
+
+
+#: ``[supervisor] vram_reserve``: a fraction of each device (``0.05``, ``"5%"``) or bytes
+#: (``2147483648``, ``"2GiB"``, ``"512MiB"``); 0 turns yielding off.
+Reserve = float | int
+
+_RESERVE_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+RESERVE_HELP = 'a fraction of each device ("5%", 0.05), bytes ("2GiB", "512MiB", 2147483648), or 0 (off)'
+
+
+def parse_reserve(value: object) -> Reserve:
+    """A fraction in [0, 1) stays a float; a byte count becomes an int. ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not {RESERVE_HELP}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{value!r} is negative; use {RESERVE_HELP}")
+        return value
+    if isinstance(value, float):
+        if not 0 <= value < 1:
+            raise ValueError(f"{value!r} is not a fraction below 1; use {RESERVE_HELP}")
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        if text.endswith("%"):
+            try:
+                pct = float(text[:-1])
+            except ValueError:
+                pct = -1.0
+            if not 0 <= pct < 100:
+                raise ValueError(f"{value!r} is not a percentage below 100%; use {RESERVE_HELP}")
+            return pct / 100
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", text)
+        if m and m.group(2) in _RESERVE_UNITS:
+            number = float(m.group(1))
+            if m.group(2) == "" and "." in m.group(1):
+                return parse_reserve(number)
+            return int(number * _RESERVE_UNITS[m.group(2)])
+    raise ValueError(f"{value!r} is not {RESERVE_HELP}")
+
+
+def reserve_bytes(reserve: Reserve, total: int) -> int:
+    """The reserve on a device of ``total`` bytes."""
+    return int(total * reserve) if isinstance(reserve, float) else int(reserve)

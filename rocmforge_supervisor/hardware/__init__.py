@@ -1,6 +1,7 @@
 """Hardware discovery: /dev/kfd, AMD GPUs (KFD/DRM sysfs, amdsmi), NVIDIA (NVML), the CPU; device masks;
 the devices of llama.cpp RPC workers."""
 
+from ._attribution import ProcessMemory, parse_fdinfo, process_memory
 from ._cpu import cpu_flags, cpu_model_name
 from ._detect import detect, refresh_usage
 from ._gfx import gfx_target_name, parse_gfx_override
@@ -17,6 +18,7 @@ __all__ = [
     "KfdStatus",
     "ListedDevice",
     "ProbeStatus",
+    "ProcessMemory",
     "Vendor",
     "WorkerDevice",
     "WorkerReport",
@@ -29,7 +31,9 @@ __all__ = [
     "gfx_target_name",
     "inventory_json",
     "parse_device_list",
+    "parse_fdinfo",
     "parse_gfx_override",
     "parse_worker_address",
+    "process_memory",
     "refresh_usage",
 ]

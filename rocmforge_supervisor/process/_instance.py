@@ -245,6 +245,18 @@ class LlamaServer:
         except httpx.HTTPError:
             return None
 
+    async def props(self, timeout: float = 2.0) -> dict[str, object] | None:
+        """The parsed ``/props`` answer (``is_sleeping`` among others; it does not wake a sleeping
+        server), None when it did not answer in time or answered something else."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            async with httpx.AsyncClient(timeout=timeout, trust_env=False, verify=False) as c:
+                r = await c.get(f"{self.base_url}/props", headers=headers)
+                answer = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return answer if isinstance(answer, dict) else None
+
     async def slots(self, timeout: float = 2.0) -> object | None:
         """The parsed ``/slots`` answer (each slot's progress counters), None when it did not
         answer in time or answered something else: what the progress watchdog reads."""

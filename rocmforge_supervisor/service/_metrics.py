@@ -45,6 +45,11 @@ class _SupervisorCollector(Collector):
         stalls = GaugeMetricFamily(
             "forge_model_stalls", "children killed busy without progress (stall_timeout)", labels=["model"]
         )
+        pressure = GaugeMetricFamily(
+            "forge_model_pressure_evictions",
+            "unloads to yield device memory to other programs (vram_reserve)",
+            labels=["model"],
+        )
         in_flight = GaugeMetricFamily("forge_model_in_flight", "requests at the child", labels=["model"])
         waiting = GaugeMetricFamily("forge_model_waiting", "requests in the model's queue", labels=["model"])
         for r in rows:
@@ -52,9 +57,10 @@ class _SupervisorCollector(Collector):
                 state.add_metric([r["name"], s], 1.0 if r["state"] == s else 0.0)
             restarts.add_metric([r["name"]], float(r["restarts"]))
             stalls.add_metric([r["name"]], float(r.get("stalls", 0)))
+            pressure.add_metric([r["name"]], float(r.get("pressure_evictions", 0)))
             in_flight.add_metric([r["name"]], float(r["in_flight"]))
             waiting.add_metric([r["name"]], float(r["waiting"]))
-        yield from (state, restarts, stalls, in_flight, waiting)
+        yield from (state, restarts, stalls, pressure, in_flight, waiting)
         yield from self._memory(rows)
         yield from pool_families(self.pool)
         yield from self._children()

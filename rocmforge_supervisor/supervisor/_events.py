@@ -30,6 +30,8 @@ class EventKind(StrEnum):
     STALL = "stall"  # its child was busy without progress for stall_timeout and is killed
     TTL = "ttl"  # idle for its ttl: unloaded
     EVICT = "evict"  # unloaded to make room for another model
+    PRESSURE = "pressure"  # unloaded to yield device memory to another program (vram_reserve)
+    SLEEP = "sleep"  # its child freed (sleeping: true) or reloaded (false) the model (sleep_idle)
     READY = "ready"  # the supervisor is up, preloads done (model "*")
     CONFIG = "config"  # a reload was applied (model "*")
     LOG = "log"  # one line of a child's log (the log bus only)

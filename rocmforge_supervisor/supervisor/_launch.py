@@ -69,6 +69,8 @@ class ModelSpec:
     args: tuple[str, ...] = ()
     embeddings: bool = False
     workers: WorkerMode = "never"
+    sleep_idle: int | None = None
+    """``--sleep-idle-seconds``: the child frees the model after this many idle seconds."""
 
     @classmethod
     def from_config(cls, mc: ModelConfig, *, workers_configured: bool = False) -> ModelSpec:
@@ -81,6 +83,7 @@ class ModelSpec:
             gpu=mc.gpu,
             args=tuple(mc.args),
             embeddings=mc.embeddings,
+            sleep_idle=mc.sleep_idle,
         )
 
 
@@ -200,6 +203,8 @@ def build_plan(
     # The binary's own needs on this CPU (its self-test's workaround: --no-repack on an AMX CPU at
     # the pinned llama.cpp) come before the user's args, so a user's --repack still wins.
     extra += binary_args
+    if spec.sleep_idle:
+        extra += ["--sleep-idle-seconds", str(spec.sleep_idle)]
     extra += spec.args
     if remote:
         extra += ["--rpc", ",".join(remote)]

@@ -79,6 +79,8 @@ class ManagedModel:
         self.state_since = time.time()
         self.restarts = 0
         self.stalls = 0  # children killed by the progress watchdog
+        self.pressure_evictions = 0  # unloads to yield memory to other programs (vram_reserve)
+        self.sleeping = False  # the child freed its model after sleep_idle idle seconds (/props)
         self._kill_reason: str | None = None  # why we killed the child, for its crash record
         self.last_error: str | None = None
         #: Why the child last ended before the one that runs now (kept after a recovery).
@@ -269,6 +271,8 @@ class ManagedModel:
                 tg.start_soon(self._watch_health, server)
                 tg.start_soon(self._watch_progress, server)
                 tg.start_soon(self._watch_ttl)
+                if self.config.sleep_idle:
+                    tg.start_soon(self._watch_sleep, server)
                 await server.exited.wait()
                 tg.cancel_scope.cancel()
         except BaseException as exc:
@@ -446,6 +450,20 @@ class ManagedModel:
                 log.warning("model %s: %s", self.name, self._kill_reason, extra={"model": self.name})
                 server.kill(self._kill_reason)
                 return
+
+    async def _watch_sleep(self, server: LlamaServer) -> None:
+        """Whether the child sleeps (``sleep_idle``): ``/props``' ``is_sleeping``, which does not
+        wake it, read every second; a change is an event, and the status says it."""
+        try:
+            while True:
+                props = await server.props(timeout=2.0)
+                sleeping = bool(props.get("is_sleeping")) if props is not None else self.sleeping
+                if sleeping != self.sleeping:
+                    self.sleeping = sleeping
+                    self._events.publish(self.name, EventKind.SLEEP, sleeping=sleeping)
+                await anyio.sleep(1.0)
+        finally:
+            self.sleeping = False  # a new child starts awake
 
     async def _watch_ttl(self) -> None:
         while True:

@@ -106,6 +106,9 @@ class ModelStatus:
     devices: list[str] = field(default_factory=list)
     restarts: int = 0
     stalls: int = 0
+    pressure_evictions: int = 0
+    sleeping: bool = False
+    """The child freed its model after ``sleep_idle`` idle seconds; the next request reloads it."""
     last_error: str | None = None
     """Why the model is failed or restarting now; None once it is ready again."""
     last_crash: str | None = None
@@ -140,6 +143,8 @@ class ModelStatus:
             "workers": [w.to_json() for w in self.workers],
             "restarts": self.restarts,
             "stalls": self.stalls,
+            "pressure_evictions": self.pressure_evictions,
+            "sleeping": self.sleeping,
             "last_error": self.last_error,
             "last_crash": self.last_crash,
             "uptime": self.uptime,
@@ -190,6 +195,8 @@ def model_status(m: ManagedModel) -> ModelStatus:
         workers=plan.workers if plan and m.running else [],  # a stopped model holds no worker
         restarts=m.restarts,
         stalls=m.stalls,
+        pressure_evictions=m.pressure_evictions,
+        sleeping=m.sleeping and alive,
         last_error=m.last_error,
         last_crash=m.last_crash,
         uptime=time.monotonic() - m.ready_since if ready and m.ready_since else None,

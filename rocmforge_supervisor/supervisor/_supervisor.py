@@ -34,6 +34,7 @@ from ._loading import wait_ready_within
 from ._managed import ManagedModel
 from ._placement import PlacementDecision
 from ._status import ModelState, ModelStatus
+from ._yielding import PressureMonitor
 
 __all__ = ["ReloadSummary", "Supervisor"]
 
@@ -73,6 +74,8 @@ class Supervisor:
         self.state_dir: Path = config.state_dir
         self.log_dir: Path = config.log_dir
         self.ledger = ChildLedger(self.state_dir)
+        #: Yields device memory to other programs ([supervisor] vram_reserve, pressure_interval).
+        self.pressure = PressureMonitor(self)
         for name, mc in config.models.items():
             self.models[name] = self._new_model(name, mc, config)
 
@@ -102,6 +105,7 @@ class Supervisor:
                 preload = [m for m in self.models.values() if m.config.preload]
                 for m in preload:
                     m.start_in(tg)
+                tg.start_soon(self.pressure.run, name="memory pressure")
                 task_status.started(self)
                 for m in preload:
                     await m.settled()

@@ -83,6 +83,8 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "workers": [],
         "restarts": 0,
         "stalls": 0,
+        "pressure_evictions": 0,
+        "sleeping": False,
         "last_error": None,
         "last_crash": None,
         "uptime": None,

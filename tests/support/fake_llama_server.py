@@ -20,6 +20,9 @@ supervisor can behave differently):
 ``--fake-die-on-request SIG``  die of SIG on the first completion request (the AMX crash at the
                            pinned llama.cpp: a fault in the first matrix multiply of a token)
 
+``--sleep-idle-seconds N`` (llama-server's own flag) makes ``/props`` say ``"is_sleeping": true``
+after N seconds without a completion request, as the real one does once it freed the model.
+
 The same two request faults through the environment, for callers that build the argv themselves
 (the build self-test): ``FAKE_LLAMA_DIE_ON_REQUEST=SIG``, and ``FAKE_LLAMA_WORKS_WITH=FLAG`` for
 "no fault when FLAG is on the command line" (``--no-repack``, the AMX workaround).
@@ -119,6 +122,8 @@ def main() -> None:
     load_s = float(opts.get("--fake-load-seconds", "0"))
     token_delay = float(opts.get("--fake-token-delay", "0"))
     chunks = int(opts.get("--fake-chunks", "3"))
+    sleep_idle = float(opts.get("--sleep-idle-seconds", "-1"))
+    last_task = [time.monotonic()]
     ready = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
@@ -143,6 +148,9 @@ def main() -> None:
                     self._send(503, {"error": {"code": 503, "message": "Loading model"}})
             elif self.path == "/metrics":
                 self._send(200, {})
+            elif self.path == "/props":
+                asleep = 0 < sleep_idle <= time.monotonic() - last_task[0]
+                self._send(200, {"build_info": "fake", "is_sleeping": asleep})
             else:
                 self._send(404, {"error": {"code": 404, "message": "File Not Found"}})
 
@@ -157,6 +165,7 @@ def main() -> None:
                 return
             if die_on_request:
                 _die(die_on_request)
+            last_task[0] = time.monotonic()  # a task wakes a sleeping server (and restarts the idle clock)
             print(
                 "slot print_timing: id  0 | task 0 | prompt eval time =       1.00 ms /     2 tokens",
                 file=sys.stderr,

@@ -19,6 +19,12 @@ function describe(ev) {
       return ["ttl", `idle ${Math.round(d.idle_seconds)} s: unloading`];
     case "hang":
       return ["hang", `${d.failures} failed health checks`];
+    case "stall":
+      return ["stalled", `no progress for ${d.seconds} s with ${d.in_flight} request(s): restarting`];
+    case "sleep":
+      return [d.sleeping ? "sleeping" : "awake", d.sleeping ? "idle: the child freed its model (sleep_idle)" : "model reloaded"];
+    case "pressure":
+      return ["yielded", d.message || `memory on ${d.device}`];
     case "config":
       return ["config", Object.entries(d.changes || {}).filter(([, v]) => v.length).map(([k, v]) => `${k}: ${v.join(", ")}`).join("; ")];
     case "ready":

@@ -77,7 +77,7 @@ class ModelRow {
     this.status = s;
     const busy = this.pending !== undefined;
     this.body.dataset.state = s.state;
-    setText(this.badge, s.state);
+    setText(this.badge, s.sleeping ? `${s.state} · sleeping` : s.state); // sleep_idle: the child freed its model
     this.badge.className = `badge state-${s.state}`;
     setText(this.pathEl, s.path ? s.path.split("/").pop() : "");
     this.pathEl.title = s.path || "";
@@ -87,8 +87,11 @@ class ModelRow {
     this.mem.replaceChildren(...(running ? memoryItems(s) : [h("li", { text: "–" })]));
     setText(this.pid, s.pid ? `${s.pid} · ${s.port}` : "–");
     setText(this.uptime, duration(s.uptime));
-    setText(this.restarts, String(s.restarts));
-    this.restarts.className = s.restarts > 0 ? "warn" : "";
+    // Restarts, then the watchdog's stalls and the unloads that yielded memory to other programs.
+    const notes = [s.stalls ? `${s.stalls} stalled` : "", s.pressure_evictions ? `${s.pressure_evictions} yielded` : ""];
+    setText(this.restarts, [String(s.restarts), ...notes.filter(Boolean)].join(" · "));
+    this.restarts.title = "restarts · children killed stalled (stall_timeout) · unloads for other programs (vram_reserve)";
+    this.restarts.className = s.restarts > 0 || s.stalls > 0 ? "warn" : "";
     const limit = s.max_concurrency ? `/${s.max_concurrency}` : "";
     setText(this.requests, `${s.in_flight}${limit} running\n${s.waiting} queued`);
     const rate = tps?.tokens_per_second;
