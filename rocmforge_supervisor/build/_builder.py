@@ -51,7 +51,7 @@ from ._plan import (
     isa_flags,
     make_plan,
 )
-from ._selftest import run_selftest
+from ._selftest import cpu_variant, run_selftest
 from ._source import SourceTree, resolve_source
 
 __all__ = ["BuildResult", "ProgressFn", "build_llama_server", "detected_gpu_targets"]
@@ -299,7 +299,12 @@ def _install(
             "cpu_isa": [] if plan.portable else list(isa_flags(flags)),
             "dispatch": {
                 "variants": [n for n in libraries if n.startswith("libggml-cpu-")],
-                "chosen": list(selftest.passing.backends_loaded) if selftest and selftest.passing else [],
+                # The variant the dispatch chose on this CPU (from the features its system_info
+                # printed: the module load itself is not logged at the child's verbosity).
+                "chosen": cpu_variant(selftest.passing.cpu_features)
+                if selftest and selftest.passing
+                else None,
+                "features": list(selftest.passing.cpu_features) if selftest and selftest.passing else [],
             }
             if plan.portable
             else None,

@@ -51,6 +51,54 @@ WORKAROUNDS: tuple[tuple[str, ...], ...] = (("--no-repack",),)
 _CPU_FAULTS = frozenset({-signal.SIGILL, -signal.SIGSEGV, -signal.SIGBUS, -signal.SIGFPE})
 _BUFFER_RE = re.compile(r"\b(\S+) model buffer size\s*=")
 _LOADED_RE = re.compile(r"loaded (\S+) backend from (\S+)")
+#: ``system_info: … | CPU : SSE3 = 1 | AVX = 1 | … |``: the instruction sets of the CPU backend that
+#: runs (in a portable build, the variant the dispatch chose; its module load is not logged).
+_SYSTEM_INFO_RE = re.compile(r"system_info: .*?\| CPU : (.*)$")
+
+#: llama.cpp's x86 CPU variants at the pin (ggml/src/CMakeLists.txt, ggml_add_cpu_backend_variant),
+#: by the features ``system_info`` prints (SSE4.2 is not printed; every variant past x64 has it).
+CPU_VARIANTS: dict[str, frozenset[str]] = {
+    "x64": frozenset(),
+    "sandybridge": frozenset({"AVX"}),
+    "ivybridge": frozenset({"AVX", "F16C"}),
+    "piledriver": frozenset({"AVX", "F16C", "FMA"}),
+    "haswell": frozenset({"AVX", "F16C", "FMA", "AVX2", "BMI2"}),
+    "skylakex": frozenset({"AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512"}),
+    "cannonlake": frozenset({"AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VBMI"}),
+    "cascadelake": frozenset({"AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VNNI"}),
+    "icelake": frozenset({"AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VBMI", "AVX512_VNNI"}),
+    "cooperlake": frozenset({"AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VNNI", "AVX512_BF16"}),
+    "zen4": frozenset(
+        {"AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16"}
+    ),
+    "alderlake": frozenset({"AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX_VNNI"}),
+    "sapphirerapids": frozenset(
+        {
+            "AVX",
+            "F16C",
+            "FMA",
+            "AVX2",
+            "BMI2",
+            "AVX512",
+            "AVX512_VBMI",
+            "AVX512_VNNI",
+            "AVX512_BF16",
+            "AMX_INT8",
+        }
+    ),
+}
+
+
+def cpu_variant(features: Sequence[str]) -> str | None:
+    """The portable build's variant that the features ``system_info`` printed belong to: the one
+    with the most of them (None when nothing was printed)."""
+    if not features:
+        return None
+    have = set(features)
+    fitting = [(len(need), name) for name, need in CPU_VARIANTS.items() if need <= have]
+    return max(fitting)[1] if fitting else None
+
+
 _BIND_RE = re.compile(r"couldn't bind|Address already in use", re.IGNORECASE)
 _PROMPT = "hello world"
 _N_PREDICT = 8
@@ -68,6 +116,7 @@ class Attempt:
     log_tail: tuple[str, ...] = ()
     buffers: tuple[str, ...] = ()  # the model buffer types the child used: CPU_REPACK, AMX, CUDA0…
     backends_loaded: tuple[str, ...] = ()  # a portable build's modules: libggml-cpu-haswell.so…
+    cpu_features: tuple[str, ...] = ()  # what the running CPU backend was built with (system_info)
 
 
 @dataclass(frozen=True)
@@ -91,6 +140,8 @@ class SelfTest:
         out = asdict(self)
         out["buffers"] = list(self.passing.buffers) if self.passing else []
         out["backends_loaded"] = list(self.passing.backends_loaded) if self.passing else []
+        out["cpu_features"] = list(self.passing.cpu_features) if self.passing else []
+        out["cpu_variant"] = cpu_variant(self.passing.cpu_features) if self.passing else None
         return out
 
     @classmethod
@@ -134,6 +185,7 @@ def _attempt_from_json(a: object) -> Attempt:
         log_tail=_strs(a.get("log_tail", [])),
         buffers=_strs(a.get("buffers", [])),
         backends_loaded=_strs(a.get("backends_loaded", [])),
+        cpu_features=_strs(a.get("cpu_features", [])),
     )
 
 
@@ -194,6 +246,7 @@ class _Lines:
         self.tail: collections.deque[str] = collections.deque(maxlen=25)
         self.buffers: list[str] = []
         self.loaded: list[str] = []
+        self.features: list[str] = []
         self.bind_failed = False
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self._thread.start()
@@ -206,6 +259,9 @@ class _Lines:
                 self.buffers.append(m[1])
             if m := _LOADED_RE.search(line):
                 self.loaded.append(Path(m[2]).name)
+            if (m := _SYSTEM_INFO_RE.search(line)) and not self.features:
+                pairs = (p.split("=") for p in m[1].split("|") if "=" in p)
+                self.features = [k.strip() for k, v in pairs if v.strip() == "1"]
             if _BIND_RE.search(line):
                 self.bind_failed = True
 
@@ -350,6 +406,7 @@ def _attempt_result(
         log_tail=tuple(list(lines.tail)[-12:]),
         buffers=tuple(lines.buffers),
         backends_loaded=tuple(lines.loaded),
+        cpu_features=tuple(lines.features),
     )
 
 

@@ -68,6 +68,7 @@ def test_the_real_build_serves_its_first_tokens(llama_server_bin: Path, tmp_path
     assert result.ok, result.detail
     passing = result.passing
     assert passing is not None and passing.buffers, "the child's model buffer lines were read"
+    assert passing.cpu_features, "the CPU backend's features (system_info) were read"
     assert result.cpu == isa_fingerprint(cpu_flags())
     if not AMX:  # nothing changes where nothing crashes: children keep the default (repacked) path
         assert result.child_args == ()
@@ -185,11 +186,11 @@ def test_a_build_that_fails_its_selftest_is_not_installed(tmp_path: Path) -> Non
 
 def test_a_portable_build_records_its_dispatch(tmp_path: Path) -> None:
     variants = ("libggml-cpu-haswell.so", "libggml-cpu-sapphirerapids.so", "libggml-cpu-x64.so")
-    chosen_dir = tmp_path / "cache" / "builds"
     fake = _fake(
         tmp_path,
-        FAKE_LLAMA_LOG=f"load_backend: loaded CPU backend from {chosen_dir}/x/bin/libggml-cpu-haswell.so"
-        "|load_tensors:   CPU_REPACK model buffer size =     1.00 MiB",
+        FAKE_LLAMA_LOG="common_param: system_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : SSE3 = 1 "
+        "| SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 0 | OPENMP = 1 | REPACK = 1 |"
+        "\\nload_tensors:   CPU_REPACK model buffer size =     1.00 MiB",
     )
     work = _work_dir(tmp_path, fake, (*variants, "libggml-base.so", "libllama.so"))
     settings = ForgeSettings(cache_dir=tmp_path / "cache")
@@ -211,7 +212,9 @@ def test_a_portable_build_records_its_dispatch(tmp_path: Path) -> None:
     info = _builder._install(work, final, settings.builds_dir, plan, _tree(tmp_path), key, settings)
     meta = json.loads((final / "build-info.json").read_text())
     assert meta["portable"] is True and meta["cpu"] == "portable"
-    assert meta["dispatch"] == {"variants": list(variants), "chosen": ["libggml-cpu-haswell.so"]}
+    assert meta["dispatch"]["variants"] == list(variants)
+    assert meta["dispatch"]["chosen"] == "haswell"  # AVX2, FMA, F16C, BMI2 and no AVX-512
+    assert "AVX2" in meta["dispatch"]["features"] and "AVX512" not in meta["dispatch"]["features"]
     assert meta["selftest"]["buffers"] == ["CPU_REPACK"]
     assert {p.name for p in (final / "bin").iterdir()} >= {*variants, "libllama.so", "llama-server"}
     assert info.selftest is not None and info.selftest.ok

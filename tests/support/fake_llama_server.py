@@ -26,7 +26,7 @@ after N seconds without a completion request, as the real one does once it freed
 The same two request faults through the environment, for callers that build the argv themselves
 (the build self-test): ``FAKE_LLAMA_DIE_ON_REQUEST=SIG``, and ``FAKE_LLAMA_WORKS_WITH=FLAG`` for
 "no fault when FLAG is on the command line" (``--no-repack``, the AMX workaround).
-``FAKE_LLAMA_LOG`` holds extra lines (``|``-separated) printed at start: the buffer and
+``FAKE_LLAMA_LOG`` holds extra lines (separated by a literal ``\\n``) printed at start: the buffer and
 backend-module lines a real build prints, for what the self-test records.
 
 ``/completion`` (llama-server's own route) answers ``{"content", "tokens_predicted"}``; each finished
@@ -99,7 +99,7 @@ def main() -> None:
         return
     opts = _args(sys.argv[1:])
     print(f"fake llama-server: model {opts.get('--model')}", file=sys.stderr, flush=True)
-    for line in filter(None, os.environ.get("FAKE_LLAMA_LOG", "").split("|")):
+    for line in filter(None, os.environ.get("FAKE_LLAMA_LOG", "").split("\\n")):
         print(line, file=sys.stderr, flush=True)
     if "--fake-die" in opts:
         _die(opts["--fake-die"])
