@@ -147,13 +147,21 @@ class _Forwarder:
     """One forwarded request: open the upstream, relay it, count it."""
 
     def __init__(
-        self, st: GatewayState, route: ForwardRoute, name: str, rid: str | None, received: float
+        self,
+        st: GatewayState,
+        route: ForwardRoute,
+        name: str,
+        rid: str | None,
+        received: float,
+        *,
+        retry: bool = False,
     ) -> None:
         self.st = st
         self.route = route
         self.name = name
         self.rid = rid
         self.received = received
+        self.retry = retry
 
     def _retry_or_fail(self, exc: ServerUnavailable, retry: bool) -> Opened | None:
         if retry:
@@ -179,11 +187,12 @@ class _Forwarder:
         return Opened(resp.status_code, headers, _once(bytes(resp.body)), _nothing, stream=False)
 
     async def open(self, path: str, body: bytes, content_type: str) -> Opened:
-        """The upstream's answer, ready to relay. A child that dies before anything reached the
-        client (killed by the progress watchdog, crashed, OOM-killed) costs the request one retry
-        on its replacement (waiting for the restart within ``load_wait``); a second death is a 503
-        with Retry-After. A stream that breaks after its first byte ends with an error event."""
-        opened = await self._open(path, body, content_type, retry=True)
+        """The upstream's answer, ready to relay. A non-streamed request whose child dies before it
+        answered (killed by the progress watchdog, crashed, OOM-killed: nothing reached the client)
+        is retried once on the replacement (waiting for the restart within ``load_wait``); a second
+        death is a 503 with Retry-After. A stream is not replayed: it ends with an error event in
+        its dialect (its client may already hold keep-alive comments or tokens)."""
+        opened = await self._open(path, body, content_type, retry=self.retry)
         if opened is None:
             with contextlib.suppress(ForgeError):  # a model removed meanwhile: the retry says so
                 await self.st.supervisor.get(self.name).child_gone(timeout=5.0)
@@ -321,7 +330,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         except ForgeError as exc:
             st.metrics.errors.labels("-", type(exc).__name__).inc()
             return error_response(exc, rid, dialect)
-        fwd = _Forwarder(st, route, name, rid, received)
+        fwd = _Forwarder(st, route, name, rid, received, retry=not stream)
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         if stream and st.sse_keepalive > 0:
             extra = {"X-Request-ID": rid} if rid else {}
