@@ -87,6 +87,11 @@ class ServerConfig(_Section):
     """Seconds between ``: keep-alive`` comments while a stream waits for its first token; 0: off."""
     ollama_port: int | None = Field(default=None, ge=0, le=65535)
     """A second listener for Ollama clients, which look on 11434 (same routes, same auth)."""
+    context_dir: Path | None = None
+    """Where ``keep_context`` models' saved KV-cache slots go. Default: ``<state_dir>/contexts``;
+    see :attr:`ForgeConfig.context_dir`. The files hold users' prompts: forge keeps it 0700."""
+    context_max_bytes: int = Field(default=16 * 2**30, ge=0)
+    """Disk budget of all saved contexts together; past it the least recently used go first."""
 
     @property
     def is_loopback(self) -> bool:
@@ -179,6 +184,10 @@ class ModelConfig(_Section):
     the slot's context)."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
+    keep_context: bool = False
+    """Save the child's KV-cache slots when forge stops it on purpose (ttl, unload, eviction, a
+    restarting reload, shutdown) and restore them into its next child before the first request:
+    a resumed conversation skips its prefill. Off by default: the files are big and hold prompts."""
     workers: Literal["auto", "never", "only", "all"] = "auto"
     """RPC workers (``[[workers]]``): ``auto`` uses the fewest that hold it when the model does not
     fit on this machine; ``only``: always on the fewest workers, never here; ``all``: a share on every
@@ -305,6 +314,11 @@ class ForgeConfig(BaseSettings):
         """``server.model_dirs`` and ``FORGE_MODEL_DIRS`` together (both are "may load from")."""
         dirs = [*self.server.model_dirs, *self.settings.model_dirs]
         return list(dict.fromkeys(dirs))
+
+    @property
+    def context_dir(self) -> Path:
+        """``server.context_dir``, else ``<state_dir>/contexts``."""
+        return self.server.context_dir or self.state_dir / "contexts"
 
     @property
     def log_dir(self) -> Path:
