@@ -37,12 +37,27 @@ _MANIFEST_VERSION = 1
 _DATA, _MANIFEST = ".slot", ".json"
 _TMP_PREFIX = "tmp-"
 
-#: llama-server flags that change the layout of a slot's state file (how the KV is stored).
-_LAYOUT_FLAGS = frozenset(
-    {"-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "-fa", "--flash-attn",
-     "--swa-full", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"}
-)  # fmt: skip
-_VALUED = frozenset({"-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "-fa", "--flash-attn"})
+#: llama-server flags that change the layout of a slot's state file (how the KV is stored), each
+#: spelling → its long form.
+_LAYOUT_FLAGS = {
+    "-ctk": "--cache-type-k",
+    "-ctv": "--cache-type-v",
+    "-fa": "--flash-attn",
+    "-kvu": "--kv-unified",
+    "-no-kvu": "--no-kv-unified",
+    **{
+        f: f
+        for f in (
+            "--cache-type-k",
+            "--cache-type-v",
+            "--flash-attn",
+            "--swa-full",
+            "--kv-unified",
+            "--no-kv-unified",
+        )
+    },
+}
+_VALUED = frozenset({"--cache-type-k", "--cache-type-v", "--flash-attn"})
 
 
 def _file_identity(path: Path) -> dict[str, Any]:
@@ -63,6 +78,7 @@ def _layout_args(args: Sequence[str]) -> list[str]:
             flag = flag.replace("_", "-")  # llama.cpp's own --foo_bar → --foo-bar
         if flag not in _LAYOUT_FLAGS:
             continue
+        flag = _LAYOUT_FLAGS[flag]
         if flag in _VALUED and not eq:
             value = next(it, "")
         out.append(f"{flag}={value}" if flag in _VALUED else flag)

@@ -295,3 +295,22 @@ def test_the_budget_removes_the_least_recently_used(
         assert ("kept", "replaced by a newer save") in deleted
         rows = svc.models()
         assert rows["kept"]["contexts"]["count"] == 1 and rows["other"]["contexts"]["count"] == 0
+
+
+def test_an_unusable_context_dir_is_a_warning_and_a_normal_load(
+    tmp_path: Path, smollm2_path: Path, llama_server_bin: Path
+) -> None:
+    """``context_dir`` is a file: the model loads and answers without keeping context, and says so."""
+    (tmp_path / "not-a-dir").write_text("")
+    cfg = _config(
+        tmp_path,
+        model_section("kept", smollm2_path, ctx_size=2048, keep_context=True),
+        server=f'context_dir = "{tmp_path / "not-a-dir" / "contexts"}"',
+    )
+    with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
+        _chat(svc, "kept", _conversation("apple", SHORT_WORDS))
+        assert "--slot-save-path" not in psutil.Process(svc.model("kept")["pid"]).cmdline()
+        assert _unload(svc, "kept").status_code == 200
+        events = _events(svc, lambda ev: _kinds(ev, "context_warning"))
+        assert "context is not kept" in _kinds(events, "context_warning")[0]["data"]["message"]
+        assert svc.model("kept")["state"] == "stopped" and not _kinds(events, "context_saved")
