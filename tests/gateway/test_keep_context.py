@@ -314,3 +314,28 @@ def test_an_unusable_context_dir_is_a_warning_and_a_normal_load(
         events = _events(svc, lambda ev: _kinds(ev, "context_warning"))
         assert "context is not kept" in _kinds(events, "context_warning")[0]["data"]["message"]
         assert svc.model("kept")["state"] == "stopped" and not _kinds(events, "context_saved")
+
+
+def test_a_restarting_reload_and_the_ttl_keep_the_context(
+    tmp_path: Path, smollm2_path: Path, llama_server_bin: Path
+) -> None:
+    """A reload that restarts the child (new args) stops the old one first, which saves; the new
+    one restores before its first request. Then the ttl's unload saves too."""
+    convo = _conversation("apple", SHORT_WORDS * 3)
+    section = model_section("kept", smollm2_path, ctx_size=2048, parallel=1, keep_context=True)
+    cfg = _config(tmp_path, section)
+    with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
+        cold = _chat(svc, "kept", convo)
+        assert _computed(cold) > 60, cold
+        old_pid = svc.model("kept")["pid"]
+        _config(tmp_path, section + 'args = ["--temp", "0.5"]\nttl = 2\n')
+        with svc.client() as c:
+            summary = c.post("/api/reload", timeout=120).json()
+        assert summary["changed"] == ["kept"], summary
+        warm = _chat(svc, "kept", convo)
+        assert svc.model("kept")["pid"] != old_pid
+        assert _computed(warm) <= 4 and _cached(warm) >= int(cold["usage"]["prompt_tokens"]) - 4, warm
+        # Idle for its ttl: unloaded, and saved on the way.
+        events = _events(svc, lambda ev: _kinds(ev, "ttl") and len(_kinds(ev, "context_saved")) >= 2)
+        order = [e["kind"] for e in events if e["kind"] in ("ttl", "context_saved", "context_restored")]
+        assert order == ["context_saved", "context_restored", "ttl", "context_saved"], order
