@@ -201,6 +201,12 @@ class ModelConfig(_Section):
     @classmethod
     def _no_owned_flags(cls, args: list[str]) -> list[str]:
         for arg in args:
+            if arg.partition("=")[0].replace("_", "-") == "--slot-save-path":
+                raise custom(
+                    "owned_flag",
+                    f"{arg!r} is set by forge itself and cannot be passed in args "
+                    "(use keep_context = true, and [server] context_dir for where)",
+                )
             if is_owned_flag(arg):
                 raise custom(
                     "owned_flag",

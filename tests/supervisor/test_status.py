@@ -82,6 +82,7 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "devices": [],
         "workers": [],
         "restarts": 0,
+        "stalls": 0,
         "last_error": None,
         "uptime": None,
         "in_flight": 0,
@@ -98,6 +99,8 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "max_concurrency": 0,
         "queue_limit": 0,
         "requests_total": 0,
+        "keep_context": False,
+        "contexts": {},
     }
 
 
