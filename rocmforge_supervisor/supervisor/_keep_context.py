@@ -123,7 +123,10 @@ class ContextKeeper:
             self.store.discard(self.name, temp)
             return None
         try:
-            entry = self.store.commit(self.name, temp, slot=slot, tokens=tokens, key=key)
+            # Renames and an fsync'd manifest: off the event loop (a busy disk can take a while).
+            entry = await anyio.to_thread.run_sync(
+                lambda: self.store.commit(self.name, temp, slot=slot, tokens=tokens, key=key)
+            )
         except OSError as exc:  # a full disk, a removed directory
             self.store.discard(self.name, temp)
             self._warn(f"could not keep the save of slot {slot}: {exc.strerror or exc}")
@@ -184,7 +187,7 @@ class ContextKeeper:
             self._deleted(entry, "restore failed")
             return False
         seconds = time.monotonic() - started
-        self.store.touch(entry)
+        await anyio.to_thread.run_sync(self.store.touch, entry)
         tokens = int(answer.get("n_restored") or 0)
         self.counters.restores += 1
         self.counters.restored_bytes += entry.bytes

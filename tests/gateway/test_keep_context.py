@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.service import Service, model_section, running_service, write_config
+from tests.support.service import FORGE, Service, model_section, running_service, write_config
 
 #: ~700 prompt tokens for the prefill measurements; short prompts where only a save is needed.
 LONG_WORDS = 300
@@ -62,6 +63,12 @@ def _cached(answer: dict[str, Any]) -> int:
 def _unload(svc: Service, model: str, query: str = "") -> httpx.Response:
     with svc.client() as c:
         return c.post(f"/api/models/{model}/unload{query}", timeout=120)
+
+
+def _forge(svc: Service, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI against this service (found through its state dir), on a wide terminal."""
+    env = dict(os.environ, FORGE_STATE_DIR=str(svc.state_dir), COLUMNS="250", NO_COLOR="1")
+    return subprocess.run([*FORGE, *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 def _events(svc: Service, until: Any, timeout: float = 30.0) -> list[dict[str, Any]]:
@@ -107,8 +114,8 @@ def test_unload_saves_and_the_next_load_restores(
     tmp_path: Path, smollm2_path: Path, llama_server_bin: Path
 ) -> None:
     """The same long request after `unload` computes a few tokens instead of the whole prompt; the
-    files are 0700/0600 with a manifest; `--forget` deletes them; a model without keep_context
-    writes nothing and its child has no --slot-save-path."""
+    files are 0700/0600 with a manifest; `forge ps` and /metrics show them; `forge unload --forget`
+    deletes them; a model without keep_context writes nothing and its child has no --slot-save-path."""
     models = model_section("kept", smollm2_path, ctx_size=4096, parallel=1, keep_context=True)
     models += model_section("plain", smollm2_path, ctx_size=1024, parallel=1)
     cfg = _config(tmp_path, models)
@@ -170,7 +177,12 @@ def test_unload_saves_and_the_next_load_restores(
         r = _unload(svc, "kept", "?forget=maybe")
         assert r.status_code == 400 and "forget" in r.json()["error"]["message"], r.text
         assert svc.model("kept")["state"] == "ready"
-        assert _unload(svc, "kept", "?forget=true").status_code == 200
+        ps = _forge(svc, "ps")
+        assert ps.returncode == 0 and "contexts" in ps.stdout, ps
+        (row_line,) = [line for line in ps.stdout.splitlines() if "kept" in line]
+        assert " 1 (" in row_line and " tok, " in row_line, ps.stdout
+        r = _forge(svc, "unload", "kept", "--forget")
+        assert r.returncode == 0 and r.stderr.strip() == "kept: stopped", r
         assert _files(ctx_dir) == [] and svc.model("kept")["contexts"]["count"] == 0
         assert len(_kinds(_events(svc, lambda ev: _kinds(ev, "context_deleted")), "context_saved")) == 1
 
