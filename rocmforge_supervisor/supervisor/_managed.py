@@ -307,6 +307,13 @@ class ManagedModel:
         await self.contexts.save(server, plan, timeout=budget)
         return max(1.0, budget - (time.monotonic() - started))
 
+    async def snapshot_context(self) -> None:
+        """Save the slots of the running child without stopping it (bounded by ``stop_timeout``):
+        a reload's replacement restores them while this child still serves (start-new-first)."""
+        server = self.server
+        if self.state == ModelState.READY and server is not None:
+            await self._save_context(server, "reload")
+
     def _on_ready(self, server: LlamaServer) -> None:
         self.load_seconds = server.load_seconds
         self.ready_since = self.last_used = time.monotonic()

@@ -286,19 +286,19 @@ class Supervisor:
             if new.config.preload:
                 self._start(new)
             return True
-        if (old.plan is not None and old.plan.workers) or (
-            old.config.keep_context and new.config.keep_context
-        ):
+        if old.plan is not None and old.plan.workers:
             # Its RPC workers serve one client at a time: a replacement started first would wait
-            # for them forever (and the reload with it). And a kept context must be saved by the
-            # old child before the new one restores it. Stop it, then start the new config.
-            log.info("model %s: stopping it before its replacement starts", new.name)
+            # for them forever (and the reload with it). Stop it, then start the new config.
+            log.info("model %s: on RPC workers; stopping it before its replacement starts", new.name)
             old.retired = True
             await old.unload("replaced")
             self.models[new.name] = new
             self._start(new)
             return True
-        # Start the replacement first; the old one serves until the new one is ready.
+        # Start the replacement first; the old one serves until the new one is ready. A kept
+        # context is saved first (the old child keeps running) so that the new one restores it.
+        if old.config.keep_context and new.config.keep_context:
+            await old.snapshot_context()
         self._start(new)
         if await new.settled() == ModelState.READY:
             self.models[new.name] = new

@@ -66,3 +66,24 @@ async def test_a_save_slower_than_stop_timeout_is_dropped_and_the_stop_stays_bou
         # Nothing half-written is left to be restored: the temporary file is gone too.
         d = sup.context_store.directory("a", create=False)
         assert list(d.iterdir()) == []
+
+
+async def test_a_reload_snapshots_the_context_and_a_broken_new_config_keeps_the_old_child(
+    make_config: MakeConfig, fake_bin: Path
+) -> None:
+    """Start-new-first stays with keep_context: the old child saves (and keeps serving) before the
+    new one starts; when the new config fails, the old child is still the one serving."""
+    kept = {"keep_context": True, "parallel": 1, "preload": True}
+    async with running(make_config({"a": kept}), fake_bin) as sup:
+        pid = sup.get("a").status().pid
+        summary = await sup.reload(make_config({"a": {**kept, "args": ["--fake-refuse"]}}))
+        assert summary["failed"] == ["a"]
+        assert sup.get("a").state == ModelState.READY and sup.get("a").status().pid == pid
+        kinds = [e.kind for e in sup.events.history() if e.model == "a"]
+        assert EventKind.CONTEXT_SAVED in kinds and EventKind.CONTEXT_RESTORED not in kinds
+        assert sup.get("a").status().contexts["count"] == 1
+        # A good new config (args that leave the KV layout alone) restores the snapshot.
+        await sup.reload(make_config({"a": {**kept, "args": ["--fake-chunks", "4"]}}))
+        assert sup.get("a").status().pid != pid and sup.get("a").state == ModelState.READY
+        restored = [e for e in sup.events.history() if e.kind == EventKind.CONTEXT_RESTORED]
+        assert [e.model for e in restored] == ["a"]
