@@ -63,7 +63,7 @@ async def test_a_save_slower_than_stop_timeout_is_dropped_and_the_stop_stays_bou
         warnings = [e.data["message"] for e in sup.events.history() if e.kind == EventKind.CONTEXT_WARNING]
         assert any("longer than 1 s" in w for w in warnings), warnings
         assert sup.get("a").status().contexts["count"] == 0
-        # Nothing half-written is left to be restored: the temporary file is gone too.
+        # The file the child was still writing when the save was dropped is gone too.
         d = sup.context_store.directory("a", create=False)
         assert list(d.iterdir()) == []
 

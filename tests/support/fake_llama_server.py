@@ -28,7 +28,7 @@ backend-module lines a real build prints, for what the self-test records.
 
 ``POST /slots/N?action=save|restore`` with ``--slot-save-path DIR`` (``keep_context``) writes and
 reads a small file there, answering ``n_saved``/``n_restored`` as llama-server does;
-``--fake-save-seconds S`` makes each save take S seconds (a slow disk).
+``--fake-save-seconds S`` makes each save take S seconds after its file appears (a slow disk).
 
 ``/completion`` (llama-server's own route) answers ``{"content", "tokens_predicted"}``; each finished
 request prints llama-server's ``print_timing`` line.
@@ -205,9 +205,9 @@ def main() -> None:
             slot, _, query = self.path[len("/slots/") :].partition("?action=")
             path = Path(save_dir) / str(body.get("filename"))
             if query == "save":
-                time.sleep(float(opts.get("--fake-save-seconds", "0")))
                 n = int(os.environ.get("FAKE_SLOT_TOKENS", "7"))
                 path.write_bytes(b"fake-state" * 100 * max(n, 1))
+                time.sleep(float(opts.get("--fake-save-seconds", "0")))  # still "writing" it
                 self._send(
                     200,
                     {
