@@ -40,6 +40,7 @@ OWNED_FLAGS = frozenset(
         "--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload",
         "--ssl-key-file", "--ssl-cert-file",
         "-lv", "--verbosity",
+        "--slot-save-path",
     }
 )  # fmt: skip
 OWNED_PREFIXES = ("--log-",)

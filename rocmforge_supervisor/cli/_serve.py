@@ -204,6 +204,7 @@ _PS_COLUMNS = (
     "restarts",
     "memory est/actual",
     "uptime",
+    "contexts",
     "last error",
 )
 
@@ -225,8 +226,17 @@ def _ps_cells(r: dict[str, Any]) -> list[str]:
         str(r.get("restarts", 0)),
         f"{_fmt_bytes(est)} / {_fmt_bytes(act)}",
         f"{up:.0f} s" if up else "-",
+        _contexts(r),
         str(r.get("last_error") or "")[:60],
     ]
+
+
+def _contexts(r: dict[str, Any]) -> str:
+    """Saved contexts (keep_context): how many, their tokens and bytes; "-" when none."""
+    c = r.get("contexts") or {}
+    if not c.get("count"):
+        return "-" if not r.get("keep_context") else "0"
+    return f"{c['count']} ({c.get('tokens', 0)} tok, {_fmt_bytes(int(c.get('bytes', 0)))})"
 
 
 def _fit_columns(rows: list[list[str]], width: int) -> int:
@@ -273,10 +283,16 @@ def ps(
         )
 
 
-def unload(name: str = typer.Argument(...), config: Path | None = _CONFIG_OPT) -> None:
-    """Drain and stop a model in the running service."""
+def unload(
+    name: str = typer.Argument(...),
+    config: Path | None = _CONFIG_OPT,
+    forget: bool = typer.Option(
+        False, "--forget", help="Do not save its context (keep_context), and delete what was saved."
+    ),
+) -> None:
+    """Drain and stop a model in the running service (keep_context: its slots are saved first)."""
     client = connect_service(config, required=True)
-    status = client.unload(name)
+    status = client.unload(name, forget=forget)
     err_console.print(f"{name}: {status['state']}", markup=False)
 
 

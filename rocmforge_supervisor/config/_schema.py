@@ -103,6 +103,11 @@ class ServerConfig(_Section):
     metrics_public: bool = False
     """``/metrics`` on the main port without the key too (the Gateway API Inference Extension's
     endpoint picker scrapes the pool's target port and cannot send a key)."""
+    context_dir: Path | None = None
+    """Where ``keep_context`` models' saved KV-cache slots go. Default: ``<state_dir>/contexts``;
+    see :attr:`ForgeConfig.context_dir`. The files hold users' prompts: forge keeps it 0700."""
+    context_max_bytes: int = Field(default=16 * 2**30, ge=0)
+    """Disk budget of all saved contexts together; past it the least recently used go first."""
 
     @property
     def is_loopback(self) -> bool:
@@ -212,6 +217,10 @@ class ModelConfig(_Section):
     the slot's context)."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
+    keep_context: bool = False
+    """Save the child's KV-cache slots when forge stops it on purpose (ttl, unload, eviction, a
+    restarting reload, shutdown) and restore them into its next child before the first request:
+    a resumed conversation skips its prefill. Off by default: the files are big and hold prompts."""
     workers: Literal["auto", "never", "only", "all"] = "auto"
     """RPC workers (``[[workers]]``): ``auto`` uses the fewest that hold it when the model does not
     fit on this machine; ``only``: always on the fewest workers, never here; ``all``: a share on every
@@ -225,6 +234,12 @@ class ModelConfig(_Section):
     @classmethod
     def _no_owned_flags(cls, args: list[str]) -> list[str]:
         for arg in args:
+            if arg.partition("=")[0].replace("_", "-") == "--slot-save-path":
+                raise custom(
+                    "owned_flag",
+                    f"{arg!r} is set by forge itself and cannot be passed in args "
+                    "(use keep_context = true, and [server] context_dir for where)",
+                )
             if is_owned_flag(arg):
                 raise custom(
                     "owned_flag",
@@ -338,6 +353,11 @@ class ForgeConfig(BaseSettings):
         """``server.model_dirs`` and ``FORGE_MODEL_DIRS`` together (both are "may load from")."""
         dirs = [*self.server.model_dirs, *self.settings.model_dirs]
         return list(dict.fromkeys(dirs))
+
+    @property
+    def context_dir(self) -> Path:
+        """``server.context_dir``, else ``<state_dir>/contexts``."""
+        return self.server.context_dir or self.state_dir / "contexts"
 
     @property
     def log_dir(self) -> Path:

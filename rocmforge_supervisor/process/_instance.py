@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -37,7 +38,7 @@ import httpx
 import psutil
 
 from .._argv import redact
-from .._errors import StartFailed, UsageError
+from .._errors import InstanceError, StartFailed, UsageError
 from ..client._transport import socket_gone_as_httpx_error
 from ._env import clean_child_env
 from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure, lines_of
@@ -270,6 +271,30 @@ class LlamaServer:
                 return answer
         except (httpx.HTTPError, ValueError):
             return None
+
+    async def slot_action(
+        self, slot: int, action: str, filename: str | None = None, *, timeout: float = 60.0
+    ) -> dict[str, Any]:
+        """``POST /slots/{slot}?action=save|restore|erase`` (the child needs ``--slot-save-path``;
+        ``filename`` is a bare name inside it). Returns the child's answer (``n_saved``/``n_written``,
+        ``n_restored``/``n_read``, ``timings``); raises :class:`InstanceError` with its message when
+        it refused, failed, or did not answer within ``timeout``."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        body = {"filename": filename} if filename is not None else {}
+        what = f"slot {slot} {action}" + (f" ({filename})" if filename else "")
+        try:
+            async with httpx.AsyncClient(timeout=timeout, trust_env=False, verify=False) as c:
+                r = await c.post(
+                    f"{self.base_url}/slots/{slot}", params={"action": action}, json=body, headers=headers
+                )
+                answer = r.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise InstanceError(f"{what} failed: {type(exc).__name__}: {exc}", reason="slots") from exc
+        if r.status_code != 200 or not isinstance(answer, dict):
+            error = answer.get("error") if isinstance(answer, dict) else None
+            message = error.get("message") if isinstance(error, dict) else None
+            raise InstanceError(f"{what} failed: {message or f'HTTP {r.status_code}'}", reason="slots")
+        return answer
 
     def status(self) -> dict[str, object]:
         return {

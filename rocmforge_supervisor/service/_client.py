@@ -53,8 +53,9 @@ class ServiceClient:
         status: dict[str, Any] = self._call("POST", f"/api/models/{_seg(name)}/load", model=name)
         return status
 
-    def unload(self, name: str) -> dict[str, Any]:
-        status: dict[str, Any] = self._call("POST", f"/api/models/{_seg(name)}/unload", model=name)
+    def unload(self, name: str, *, forget: bool = False) -> dict[str, Any]:
+        path = f"/api/models/{_seg(name)}/unload" + ("?forget=true" if forget else "")
+        status: dict[str, Any] = self._call("POST", path, model=name)
         return status
 
     def has_chat_template(self, name: str) -> bool:

@@ -86,12 +86,29 @@ async def api_load(request: Request) -> Response:
 
 async def api_unload(request: Request) -> Response:
     """
-    summary: Drain a model's in-flight requests, then stop its llama-server.
+    summary: Drain a model's in-flight requests, then stop its llama-server (keep_context saves its
+      slots first). ?forget=true stops it without saving and deletes its saved contexts.
     responses:
       200: {description: the model's status}
+      400: {description: forget is not true or false}
     """
     name = request.path_params["name"]
-    return await _control(request, lambda st: st.supervisor.unload(name))
+    try:
+        forget = _flag(request.query_params.get("forget"))
+    except InvalidRequest as exc:
+        return error_response(exc, request_id(request))
+    return await _control(request, lambda st: st.supervisor.unload(name, forget=forget))
+
+
+def _flag(value: str | None) -> bool:
+    """A boolean query parameter (``forget``): absent is false."""
+    if value is None or value.lower() in ("0", "false", "no", ""):
+        return False
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    raise InvalidRequest(
+        f"forget={value!r} is not a boolean", param="forget", hint="send forget=true or forget=false"
+    )
 
 
 async def api_add(request: Request) -> Response:

@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
@@ -61,6 +61,7 @@ class _SupervisorCollector(Collector):
             in_flight.add_metric([r["name"]], float(r["in_flight"]))
             waiting.add_metric([r["name"]], float(r["waiting"]))
         yield from (state, restarts, stalls, pressure, in_flight, waiting)
+        yield from _contexts(rows)
         yield from self._memory(rows)
         yield from pool_families(self.pool)
         yield from self._children()
@@ -111,6 +112,37 @@ class _SupervisorCollector(Collector):
                 for sample in fam.samples:
                     out.add_sample(sample.name, {**sample.labels, "model": model}, sample.value)
         yield from merged.values()
+
+
+#: keep_context: (metric, help, key in the status row's ``contexts``). Totals since the service
+#: started are counters; what is on disk now is a gauge.
+_CONTEXT_COUNTERS = (
+    ("forge_context_saves", "KV-cache slots saved at planned stops", "saves"),
+    ("forge_context_restores", "saved KV-cache slots restored into a new child", "restores"),
+    ("forge_context_saved_bytes", "bytes of KV-cache slots saved", "saved_bytes"),
+    ("forge_context_restored_bytes", "bytes of KV-cache slots restored", "restored_bytes"),
+    ("forge_context_restore_seconds", "seconds spent restoring KV-cache slots", "restore_seconds"),
+    ("forge_context_deleted", "saved slots deleted (mismatch, budget, forget, unusable)", "deleted"),
+    ("forge_context_warnings", "saves or restores that failed or were dropped", "warnings"),
+)
+_CONTEXT_GAUGES = (
+    ("forge_context_stored", "saved KV-cache slots on disk", "count"),
+    ("forge_context_stored_tokens", "tokens in the saved KV-cache slots on disk", "tokens"),
+    ("forge_context_stored_bytes", "bytes of the saved KV-cache slots on disk", "bytes"),
+)
+
+
+def _contexts(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+    for name, help_, key in _CONTEXT_COUNTERS:
+        counter = CounterMetricFamily(name, help_, labels=["model"])
+        for r in rows:
+            counter.add_metric([r["name"]], float((r.get("contexts") or {}).get(key, 0)))
+        yield counter
+    for name, help_, key in _CONTEXT_GAUGES:
+        gauge = GaugeMetricFamily(name, help_, labels=["model"])
+        for r in rows:
+            gauge.add_metric([r["name"]], float((r.get("contexts") or {}).get(key, 0)))
+        yield gauge
 
 
 class Metrics:

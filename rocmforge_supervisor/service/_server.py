@@ -306,8 +306,9 @@ async def _until_stop(
 async def _drain(
     signals: AsyncIterator[int], uv: _Uvicorn, supervisor: Supervisor, gateway_done: anyio.Event
 ) -> int | None:
-    """Stop accepting; let in-flight responses finish (bounded by uvicorn's grace), then the caller
-    cancels the rest: Supervisor.run's shielded cleanup drains and stops every child.
+    """Stop accepting; let in-flight responses finish (bounded by uvicorn's grace); stop every child
+    on purpose (:meth:`Supervisor.stop_all`: drain, save kept contexts, stop); then the caller
+    cancels the rest (Supervisor.run's shielded cleanup stops whatever is left).
 
     A second SIGTERM/SIGINT meanwhile forces the exit, as uvicorn's does: responses in flight are
     cut off, children are stopped without a drain. Returns that signal's number, if one came.
@@ -331,6 +332,9 @@ async def _drain(
         with anyio.move_on_after(supervisor.policy.drain_timeout + 5):
             await _close_connections_when_drained(uv, gateway_done)
             await gateway_done.wait()
+        # A planned stop of every child while they still run (cancelling the supervisor would stop
+        # them at once): keep_context models save their slots first. A second signal cuts it short.
+        await supervisor.stop_all()
         tg.cancel_scope.cancel()
     return forced
 

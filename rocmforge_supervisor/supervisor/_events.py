@@ -36,6 +36,10 @@ class EventKind(StrEnum):
     CONFIG = "config"  # a reload was applied (model "*")
     LOG = "log"  # one line of a child's log (the log bus only)
     WAITING = "waiting"  # its RPC workers are down or busy: the start waits (backoff) and re-plans
+    CONTEXT_SAVED = "context_saved"  # keep_context: a slot was saved at a planned stop
+    CONTEXT_RESTORED = "context_restored"  # keep_context: a saved slot was restored at a start
+    CONTEXT_DELETED = "context_deleted"  # a saved slot was deleted (mismatch, budget, forget, unusable)
+    CONTEXT_WARNING = "context_warning"  # a save or restore failed or was dropped: a cold start follows
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,8 @@ class LaunchPlan:
     info: GGUFInfo
     actual: AllocationLedger
     """What the child really allocated, per device, fed by its log lines."""
+    slot_save_dir: Path | None = None
+    """``keep_context``: the child's ``--slot-save-path`` (its saved slots); None: not kept."""
 
     @property
     def devices(self) -> list[str]:
@@ -192,6 +194,7 @@ def build_plan(
     stop_timeout: float = 10.0,
     verbosity: int | None = None,
     line_listeners: Sequence[Callable[[str], object]] = (),
+    slot_save_dir: Path | None = None,
 ) -> LaunchPlan:
     """Step 3: the child's mask, flags and ledger, from a decision already carried out."""
     remote = decision.rpc_servers
@@ -206,6 +209,8 @@ def build_plan(
     if spec.sleep_idle:
         extra += ["--sleep-idle-seconds", str(spec.sleep_idle)]
     extra += spec.args
+    if slot_save_dir is not None:  # keep_context: the /slots save and restore actions, in this dir
+        extra += ["--slot-save-path", str(slot_save_dir)]
     if remote:
         extra += ["--rpc", ",".join(remote)]
     if decision.tensor_split and (remote or len(decision.devices) > 1):
@@ -238,4 +243,11 @@ def build_plan(
         verbosity=REQUIRED_VERBOSITY if verbosity is None else verbosity,
         line_listeners=[ledger.feed, *line_listeners],
     )
-    return LaunchPlan(spec=instance, decision=decision, model_path=model.path, info=info, actual=ledger)
+    return LaunchPlan(
+        spec=instance,
+        decision=decision,
+        model_path=model.path,
+        info=info,
+        actual=ledger,
+        slot_save_dir=slot_save_dir,
+    )

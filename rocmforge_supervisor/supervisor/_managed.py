@@ -33,6 +33,7 @@ from ..config import ModelConfig, SupervisorConfig
 from ..hardware import cpu_flags
 from ..process import LlamaServer, crash_advice, crash_cause, describe_returncode, unwrap_group
 from ._events import EventBus, EventKind
+from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan
 from ._loading import wait_ready_within
 from ._placement import LoadedModel
@@ -45,6 +46,9 @@ __all__ = ["ManagedModel", "PlanFn"]
 log = logging.getLogger("rocmforge.supervisor")
 
 PlanFn = Callable[["ManagedModel"], Awaitable[LaunchPlan]]
+
+#: Planned stops whose slots are not worth saving (the model is gone from the config).
+_NO_SAVE = frozenset({"removed", "failed replacement"})
 
 #: Start failures that a restart cannot fix: the model fails at once, with the reason.
 _FATAL_START = frozenset(
@@ -72,8 +76,11 @@ class ManagedModel:
         events: EventBus,
         plan: PlanFn,
         fingerprint: str = "",
+        contexts: ContextKeeper | None = None,
     ) -> None:
         self.name, self.config, self.policy, self.fingerprint = name, config, policy, fingerprint
+        #: Its saved KV-cache slots (``keep_context``); None in tests that build a bare model.
+        self.contexts = contexts
         self._events, self._plan = events, plan
         self.state = ModelState.UNLOADED
         self.state_since = time.time()
@@ -267,6 +274,7 @@ class ManagedModel:
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(server.run)
+                await self._restore_context(server, plan)
                 self._on_ready(server)
                 tg.start_soon(self._watch_health, server)
                 tg.start_soon(self._watch_progress, server)
@@ -307,6 +315,35 @@ class ManagedModel:
         if self.ready_since and time.monotonic() - self.ready_since > self.policy.restart_backoff_max:
             self._backoff = self.policy.restart_backoff_initial  # it had been stable: start over
         return _Exit.CRASHED
+
+    def _keeps_context(self, plan: LaunchPlan | None) -> bool:
+        """The child was started to keep its context (``--slot-save-path`` in its flags)."""
+        return self.contexts is not None and plan is not None and plan.slot_save_dir is not None
+
+    async def _restore_context(self, server: LlamaServer, plan: LaunchPlan) -> None:
+        """Saved slots back into the new child before ``ready`` lets the first request through."""
+        if self._keeps_context(plan) and self.contexts is not None and not self._stop_requested:
+            await self.contexts.restore(server, plan)
+
+    async def _save_context(self, server: LlamaServer, reason: str) -> float:
+        """At a planned stop: save the slots within ``stop_timeout``. Returns the seconds left of
+        it for the stop itself (at least 1 s of grace: the save never takes the child's SIGTERM
+        grace away entirely)."""
+        budget = self.policy.stop_timeout
+        plan = self.plan
+        if reason in _NO_SAVE or not self._keeps_context(plan) or not server.alive:
+            return budget
+        assert self.contexts is not None and plan is not None
+        started = time.monotonic()
+        await self.contexts.save(server, plan, timeout=budget)
+        return max(1.0, budget - (time.monotonic() - started))
+
+    async def snapshot_context(self) -> None:
+        """Save the slots of the running child without stopping it (bounded by ``stop_timeout``):
+        a reload's replacement restores them while this child still serves (start-new-first)."""
+        server = self.server
+        if self.state == ModelState.READY and server is not None:
+            await self._save_context(server, "reload")
 
     def _on_ready(self, server: LlamaServer) -> None:
         # Recovered: the last crash is history (``last_crash``, the events, ``restarts``), not
@@ -477,14 +514,16 @@ class ManagedModel:
                 return
             await anyio.sleep(max(0.05, self.ttl - idle_for if self.in_flight == 0 else self.ttl))
 
-    async def unload(self, reason: str = "unload") -> None:
-        """Drain in-flight requests (bounded), then stop the child. Idempotent."""
+    async def unload(self, reason: str = "unload", *, save: bool = True) -> None:
+        """Drain in-flight requests (bounded), save the slots (``keep_context``; not with
+        ``save=False``: ``--forget``), then stop the child. Idempotent."""
         if not self._running:
             if self.state == ModelState.FAILED and reason == "unload":
                 self.reset()
             return
         self._stop_requested = True
         self._stop_event.set()
+        save = save and self.state == ModelState.READY  # a child still loading has nothing to keep
         if self.state == ModelState.READY:
             self._set_state(ModelState.DRAINING, reason=reason)
             with anyio.move_on_after(self.policy.drain_timeout) as self._drain_scope:
@@ -492,8 +531,11 @@ class ManagedModel:
             self._drain_scope = None
         server = self.server
         if server is not None:
-            await server.stop(timeout=self.policy.stop_timeout)
+            grace = await self._save_context(server, reason) if save else self.policy.stop_timeout
+            await server.stop(timeout=grace)
         await self._done.wait()
+        if self.contexts is not None and self._keeps_context(self.plan):
+            self.contexts.after_stop()
 
     def cut_drain(self) -> None:
         """End a drain in progress now (a forced exit): requests still in flight are cut off."""

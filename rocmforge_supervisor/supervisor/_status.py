@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -131,6 +131,9 @@ class ModelStatus:
     requests_total: int = 0
     workers: list[WorkerShare] = field(default_factory=list)
     """The RPC workers holding its layers (``[[workers]]``), with their shares; else empty."""
+    keep_context: bool = False
+    contexts: dict[str, Any] = field(default_factory=dict)
+    """Its saved KV-cache slots (count, tokens, bytes, newest) and this run's save/restore totals."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -165,6 +168,8 @@ class ModelStatus:
             "max_concurrency": self.max_concurrency,
             "queue_limit": self.queue_limit,
             "requests_total": self.requests_total,
+            "keep_context": self.keep_context,
+            "contexts": dict(self.contexts),
         }
 
 
@@ -177,6 +182,8 @@ def model_status(m: ManagedModel) -> ModelStatus:
     # last plan said (as placement counts it: ``held_by_models``).
     holds = plan is not None and m.running
     return ModelStatus(
+        keep_context=m.config.keep_context,
+        contexts=_contexts(m),
         failure_kind=m.failure_kind,
         last_stderr=m.last_stderr[-15:],
         log_last=server.log.tail(1)[-1:] if server else [],
@@ -224,3 +231,10 @@ def _ttl_left(m: ManagedModel) -> float | None:
     if m.in_flight or m.waiting:
         return m.ttl
     return max(0.0, m.ttl - (time.monotonic() - m.last_used))
+
+
+def _contexts(m: ManagedModel) -> dict[str, Any]:
+    """Saved contexts on disk, and what this run saved and restored (``/metrics`` reads these)."""
+    if m.contexts is None:
+        return {}
+    return {**m.contexts.summary().to_json(), **asdict(m.contexts.counters)}

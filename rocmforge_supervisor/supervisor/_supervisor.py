@@ -28,7 +28,9 @@ from ..client._transport import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig
 from ..hardware import Inventory, detect, discover_workers, refresh_usage
 from ..process import ChildLedger
+from ._context_store import ContextStore
 from ._events import EventBus, EventKind
+from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan, ModelSpec, ResolvedModel, build_plan, decide, decide_on_workers, resolve
 from ._loading import wait_ready_within
 from ._managed import ManagedModel
@@ -76,12 +78,23 @@ class Supervisor:
         self.ledger = ChildLedger(self.state_dir)
         #: Yields device memory to other programs ([supervisor] vram_reserve, pressure_interval).
         self.pressure = PressureMonitor(self)
+        #: ``keep_context``: every model's saved KV-cache slots, one disk budget.
+        self.context_store = ContextStore(config.context_dir, config.server.context_max_bytes)
+        self._keepers: dict[str, ContextKeeper] = {}
         for name, mc in config.models.items():
             self.models[name] = self._new_model(name, mc, config)
 
     def _new_model(self, name: str, mc: ModelConfig, config: ForgeConfig) -> ManagedModel:
         fp = config.model_fingerprint(name) if name in config.models else ""
-        m = ManagedModel(name, mc, policy=self.policy, events=self.events, plan=self._plan, fingerprint=fp)
+        m = ManagedModel(
+            name,
+            mc,
+            policy=self.policy,
+            events=self.events,
+            plan=self._plan,
+            fingerprint=fp,
+            contexts=self.keeper(name),
+        )
         m.on_ready.append(lambda _m: self._record_children())
         return m
 
@@ -195,9 +208,19 @@ class Supervisor:
         await m.wait_ready(self._start)
         return m.status()
 
-    async def unload(self, name: str) -> ModelStatus:
+    def keeper(self, name: str) -> ContextKeeper:
+        """Model ``name``'s saved contexts (one keeper per name: it outlives a reload's replacement)."""
+        keeper = self._keepers.get(name)
+        if keeper is None:
+            keeper = self._keepers[name] = ContextKeeper(name, self.context_store, self.events)
+        return keeper
+
+    async def unload(self, name: str, *, forget: bool = False) -> ModelStatus:
+        """Drain and stop; ``forget``: without saving, and the saved contexts are deleted."""
         m = self.get(name)
-        await m.unload()
+        await m.unload(save=not forget)
+        if forget:
+            await anyio.to_thread.run_sync(self.keeper(name).forget)
         self._record_children()
         return m.status()
 
@@ -276,7 +299,10 @@ class Supervisor:
             self.models[new.name] = new
             self._start(new)
             return True
-        # Start the replacement first; the old one serves until the new one is ready.
+        # Start the replacement first; the old one serves until the new one is ready. A kept
+        # context is saved first (the old child keeps running) so that the new one restores it.
+        if old.config.keep_context and new.config.keep_context:
+            await old.snapshot_context()
         self._start(new)
         if await new.settled() == ModelState.READY:
             self.models[new.name] = new
@@ -302,6 +328,7 @@ class Supervisor:
 
     async def _plan(self, m: ManagedModel) -> LaunchPlan:
         spec = ModelSpec.from_config(m.config, workers_configured=bool(self.config.workers))
+        slot_dir = self.keeper(m.name).slot_dir() if m.config.keep_context else None
         # Resolving may download (hf:), inspecting reads the GGUF: not on the event loop.
         model = await anyio.to_thread.run_sync(resolve, spec, self.settings)
         async with self._placement_lock:
@@ -321,6 +348,7 @@ class Supervisor:
             ready_timeout=self.policy.load_deadline(model.info.file_size_bytes),
             stop_timeout=self.policy.stop_timeout,
             line_listeners=[self._log_forwarder(m.name)],
+            slot_save_dir=slot_dir,
         )
 
     async def _decide(

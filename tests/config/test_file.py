@@ -337,6 +337,32 @@ def test_args_refuse_flags_forge_owns(tmp_path: Path, settings: ForgeSettings, e
     assert repr(flag) in str(e.value) and "set by forge itself" in str(e.value)
 
 
+def test_keep_context_keys_and_their_defaults(tmp_path: Path, settings: ForgeSettings, etc: Path) -> None:
+    f = write(
+        tmp_path / "forge.toml", '[models.a]\npath = "g"\nkeep_context = true\n[models.b]\npath = "g"\n'
+    )
+    cfg = load(f, settings, etc)
+    assert cfg.models["a"].keep_context and not cfg.models["b"].keep_context
+    assert cfg.context_dir == cfg.state_dir / "contexts" and cfg.server.context_max_bytes == 16 * 2**30
+    f = write(tmp_path / "forge.toml", f'[server]\ncontext_dir = "{tmp_path}/c"\ncontext_max_bytes = 1000\n')
+    cfg = load(f, settings, etc)
+    assert cfg.context_dir == tmp_path / "c" and cfg.server.context_max_bytes == 1000
+    f = write(tmp_path / "forge.toml", "[server]\ncontext_max_bytes = -1\n")
+    with pytest.raises(ConfigError) as e:
+        load(f, settings, etc)
+    assert e.value.key == "server.context_max_bytes"
+
+
+@pytest.mark.parametrize("flag", ["--slot-save-path", "--slot_save_path=/tmp"])
+def test_slot_save_path_points_to_keep_context(
+    tmp_path: Path, settings: ForgeSettings, etc: Path, flag: str
+) -> None:
+    f = write(tmp_path / "forge.toml", f'[models.gemma]\npath = "g"\nargs = ["{flag}", "/tmp"]\n')
+    with pytest.raises(ConfigError) as e:
+        load(f, settings, etc)
+    assert e.value.key == "models.gemma.args" and "keep_context = true" in str(e.value)
+
+
 def test_args_accept_ordinary_flags_and_values(tmp_path: Path, settings: ForgeSettings, etc: Path) -> None:
     args = [
         "--flash-attn",

@@ -102,6 +102,8 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "max_concurrency": 0,
         "queue_limit": 0,
         "requests_total": 0,
+        "keep_context": False,
+        "contexts": {},
     }
 
 

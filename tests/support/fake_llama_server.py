@@ -29,6 +29,10 @@ The same two request faults through the environment, for callers that build the 
 ``FAKE_LLAMA_LOG`` holds extra lines (separated by a literal ``\\n``) printed at start: the buffer and
 backend-module lines a real build prints, for what the self-test records.
 
+``POST /slots/N?action=save|restore`` with ``--slot-save-path DIR`` (``keep_context``) writes and
+reads a small file there, answering ``n_saved``/``n_restored`` as llama-server does;
+``--fake-save-seconds S`` makes each save take S seconds after its file appears (a slow disk).
+
 ``/completion`` (llama-server's own route) answers ``{"content", "tokens_predicted"}``; each finished
 request prints llama-server's ``print_timing`` line.
 
@@ -48,6 +52,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 def _args(argv: list[str]) -> dict[str, str]:
@@ -160,6 +165,9 @@ def main() -> None:
             if key and self.headers.get("Authorization") != f"Bearer {key}":
                 self._send(401, {"error": {"code": 401, "message": "Invalid API Key"}})
                 return
+            if self.path.startswith("/slots/"):
+                self._slots(body)
+                return
             if self.path not in ("/v1/chat/completions", "/v1/completions", "/completion"):
                 self._send(404, {"error": {"code": 404, "message": "File Not Found"}})
                 return
@@ -193,6 +201,44 @@ def main() -> None:
                 time.sleep(token_delay)
             self._chunk("data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
+
+        def _slots(self, body: dict[str, object]) -> None:
+            """``POST /slots/N?action=save|restore`` as llama-server answers it: a small file of
+            "state" in the ``--slot-save-path`` dir (``FAKE_SLOT_TOKENS`` tokens; 0: an empty slot)."""
+            save_dir = opts.get("--slot-save-path")
+            if not save_dir:
+                self._send(
+                    501, {"error": {"code": 501, "message": "This server does not support slots action."}}
+                )
+                return
+            slot, _, query = self.path[len("/slots/") :].partition("?action=")
+            path = Path(save_dir) / str(body.get("filename"))
+            if query == "save":
+                n = int(os.environ.get("FAKE_SLOT_TOKENS", "7"))
+                path.write_bytes(b"fake-state" * 100 * max(n, 1))
+                time.sleep(float(opts.get("--fake-save-seconds", "0")))  # still "writing" it
+                self._send(
+                    200,
+                    {
+                        "id_slot": int(slot),
+                        "n_saved": n,
+                        "n_written": path.stat().st_size,
+                        "timings": {"save_ms": 0.1},
+                    },
+                )
+            elif query == "restore" and path.exists():
+                size = path.stat().st_size
+                self._send(
+                    200,
+                    {
+                        "id_slot": int(slot),
+                        "n_restored": size // 1000,
+                        "n_read": size,
+                        "timings": {"restore_ms": 0.1},
+                    },
+                )
+            else:
+                self._send(400, {"error": {"code": 400, "message": "Unable to restore slot: no such file"}})
 
         def _chunk(self, text: str) -> None:
             data = text.encode()

@@ -27,6 +27,14 @@ function describe(ev) {
       return ["yielded", d.message || `memory on ${d.device}`];
     case "config":
       return ["config", Object.entries(d.changes || {}).filter(([, v]) => v.length).map(([k, v]) => `${k}: ${v.join(", ")}`).join("; ")];
+    case "context_saved":
+      return ["context saved", `slot ${d.slot}: ${d.tokens} tokens in ${d.save_ms} ms`];
+    case "context_restored":
+      return ["context restored", `slot ${d.slot}: ${d.tokens} tokens in ${d.restore_ms} ms`];
+    case "context_deleted":
+      return ["context deleted", d.reason || ""];
+    case "context_warning":
+      return ["context warning", d.message || ""];
     case "ready":
       return ["ready", d.preloaded?.length ? `preloaded ${d.preloaded.join(", ")}` : "service ready"];
     default:

@@ -19,6 +19,11 @@ function memoryItems(status) {
   });
 }
 
+// keep_context: the saved KV-cache slots a resumed conversation will find (count, tokens, bytes).
+function savedContexts(c) {
+  return c.count ? `context kept: ${c.count} · ${c.tokens} tok · ${bytes(c.bytes)}` : "context kept: none yet";
+}
+
 class ModelRow {
   constructor(name, table, onError) {
     this.name = name;
@@ -96,7 +101,8 @@ class ModelRow {
     setText(this.requests, `${s.in_flight}${limit} running\n${s.waiting} queued`);
     const rate = tps?.tokens_per_second;
     setText(this.tps, rate === null || rate === undefined ? "–" : rate.toFixed(1));
-    setText(this.ttl, s.ttl ? (s.ttl_left === null ? `off (${duration(s.ttl)})` : duration(s.ttl_left)) : "no TTL");
+    const ttl = s.ttl ? (s.ttl_left === null ? `off (${duration(s.ttl)})` : duration(s.ttl_left)) : "no TTL";
+    setText(this.ttl, s.keep_context ? `${ttl}\n${savedContexts(s.contexts || {})}` : ttl);
     this.updateFailure(s);
     const st = s.state;
     this.buttons.load.disabled = busy || !["unloaded", "stopped", "failed"].includes(st);

@@ -1,0 +1,230 @@
+"""``keep_context``: a model's KV-cache slots saved at a planned stop, restored at its next start.
+
+:class:`ContextKeeper` is the part of a child's planned stop and start that talks to the child's
+``/slots`` actions; the files are :class:`~._context_store.ContextStore`'s. Every failure here (a
+full disk, a corrupt file, a child that refuses) is a ``context_warning`` event and a normal cold
+start: keeping context is an optimisation, never a reason for a load or an unload to fail.
+
+A crash cannot save (the child is gone): the last planned stop's files are what comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from .._errors import InstanceError
+from ..process import LlamaServer
+from ._context_store import ContextKey, ContextStore, ContextSummary, SavedContext, context_key
+from ._events import EventBus, EventKind
+from ._launch import LaunchPlan
+
+__all__ = ["ContextCounters", "ContextKeeper", "child_key"]
+
+log = logging.getLogger("rocmforge.supervisor")
+
+#: Bound of a whole restore (llama-server reads a 158 MB slot in ~15 ms; a slow disk and a few GB
+#: of slots still fit). Past it the model starts with what was restored so far.
+RESTORE_TIMEOUT = 60.0
+
+
+def child_key(plan: LaunchPlan) -> ContextKey:
+    """What the slots of the child ``plan`` starts will be valid for."""
+    spec = plan.spec
+    return context_key(
+        model_path=plan.model_path,
+        binary=spec.binary,
+        ctx_size=spec.ctx_size,
+        parallel=spec.parallel,
+        args=spec.extra_args,
+    )
+
+
+@dataclass
+class ContextCounters:
+    """Totals since this ``forge serve`` started (``/metrics``)."""
+
+    saves: int = 0
+    restores: int = 0
+    saved_bytes: int = 0
+    restored_bytes: int = 0
+    restore_seconds: float = 0.0
+    deleted: int = 0
+    warnings: int = 0
+
+
+class ContextKeeper:
+    """One model's saved contexts: save at a planned stop, restore at a start, forget on request."""
+
+    def __init__(self, name: str, store: ContextStore, events: EventBus) -> None:
+        self.name, self.store, self._events = name, store, events
+        self.counters = ContextCounters()
+
+    def slot_dir(self) -> Path | None:
+        """The directory for the child's ``--slot-save-path``; None (with a warning) when it cannot
+        be made: the model then starts without keeping context."""
+        try:
+            return self.store.directory(self.name)
+        except OSError as exc:
+            self._warn(f"cannot create {self.store.root}: {exc.strerror or exc}; context is not kept")
+            return None
+
+    def summary(self) -> ContextSummary:
+        return self.store.summary(self.name)
+
+    def forget(self) -> int:
+        n = self.store.forget(self.name)
+        if n:
+            self.counters.deleted += n
+            self._events.publish(self.name, EventKind.CONTEXT_DELETED, reason="forget", count=n)
+        return n
+
+    # -- the stop ------------------------------------------------------------------------------
+
+    async def save(self, server: LlamaServer, plan: LaunchPlan, *, timeout: float) -> list[SavedContext]:
+        """Save every slot that holds tokens, within ``timeout`` (what is not done by then is
+        dropped). The model's earlier saves are replaced by these; then the budget is applied."""
+        key = child_key(plan)
+        saved: list[SavedContext] = []
+        temp: str | None = None
+        with anyio.move_on_after(timeout) as scope:
+            for slot in range(plan.spec.parallel or 1):
+                temp = self.store.temp_name()
+                entry = await self._save_one(server, slot, temp, key)
+                temp = None
+                if entry is not None:
+                    saved.append(entry)
+        if scope.cancelled_caught:
+            # llama-server may still be writing it; the sweep after the stop removes what it leaves.
+            if temp is not None:
+                self.store.discard(self.name, temp)
+            self._warn(f"saving the slots took longer than {timeout:g} s: the rest was dropped")
+        if saved:
+            for old in self.store.replace_older(self.name, saved):
+                self._deleted(old, "replaced by a newer save")
+            self._apply_budget()
+        return saved
+
+    async def _save_one(
+        self, server: LlamaServer, slot: int, temp: str, key: ContextKey
+    ) -> SavedContext | None:
+        try:
+            answer = await server.slot_action(slot, "save", temp)
+        except InstanceError as exc:
+            self.store.discard(self.name, temp)
+            self._warn(exc.message)
+            return None
+        tokens = int(answer.get("n_saved") or 0)
+        if tokens <= 0:  # an empty slot: nothing to keep
+            self.store.discard(self.name, temp)
+            return None
+        try:
+            # Renames and an fsync'd manifest: off the event loop (a busy disk can take a while).
+            entry = await anyio.to_thread.run_sync(
+                lambda: self.store.commit(self.name, temp, slot=slot, tokens=tokens, key=key)
+            )
+        except OSError as exc:  # a full disk, a removed directory
+            self.store.discard(self.name, temp)
+            self._warn(f"could not keep the save of slot {slot}: {exc.strerror or exc}")
+            return None
+        ms = (answer.get("timings") or {}).get("save_ms")
+        self.counters.saves += 1
+        self.counters.saved_bytes += entry.bytes
+        self._events.publish(
+            self.name,
+            EventKind.CONTEXT_SAVED,
+            slot=slot,
+            tokens=tokens,
+            bytes=entry.bytes,
+            save_ms=ms,
+            file=entry.filename,
+        )
+        log.info("model %s: saved slot %d (%d tokens, %d bytes)", self.name, slot, tokens, entry.bytes)
+        return entry
+
+    def after_stop(self) -> None:
+        """The child is gone: what a dropped save left behind goes."""
+        self.store.sweep(self.name)
+
+    # -- the start -----------------------------------------------------------------------------
+
+    async def restore(self, server: LlamaServer, plan: LaunchPlan) -> int:
+        """Before the first request is let through: the most recent saves that fit this child, one
+        per slot. Saves for another model file, KV layout or build are deleted, never loaded; an
+        unusable one is a warning and is deleted. Returns the number restored."""
+        self.store.sweep(self.name)
+        key = child_key(plan)
+        slots = plan.spec.parallel or 1
+        restored = 0
+        with anyio.move_on_after(RESTORE_TIMEOUT) as scope:
+            for entry in self.store.entries(self.name):
+                if entry.problem is not None:
+                    self._warn(f"saved context {entry.stem} is unusable ({entry.problem}): deleted")
+                    self._deleted(entry, "unusable")
+                    continue
+                why = entry.key.mismatch(key) if entry.key else "no key"
+                if why is not None:
+                    self._deleted(entry, f"does not match the new child: {why}")
+                    continue
+                if restored >= slots:
+                    continue  # kept until the next save replaces it (or the budget removes it)
+                if await self._restore_one(server, restored, entry):
+                    restored += 1
+        if scope.cancelled_caught:
+            self._warn(f"restoring took longer than {RESTORE_TIMEOUT:g} s: the rest starts cold")
+        return restored
+
+    async def _restore_one(self, server: LlamaServer, slot: int, entry: SavedContext) -> bool:
+        started = time.monotonic()
+        try:
+            answer = await server.slot_action(slot, "restore", entry.filename)
+        except InstanceError as exc:
+            self._warn(f"{exc.message}; deleted, slot {slot} starts cold")
+            self._deleted(entry, "restore failed")
+            return False
+        seconds = time.monotonic() - started
+        await anyio.to_thread.run_sync(self.store.touch, entry)
+        tokens = int(answer.get("n_restored") or 0)
+        self.counters.restores += 1
+        self.counters.restored_bytes += entry.bytes
+        self.counters.restore_seconds += seconds
+        ms = (answer.get("timings") or {}).get("restore_ms")
+        self._events.publish(
+            self.name,
+            EventKind.CONTEXT_RESTORED,
+            slot=slot,
+            tokens=tokens,
+            bytes=entry.bytes,
+            restore_ms=ms,
+            file=entry.filename,
+        )
+        log.info("model %s: restored slot %d (%d tokens) in %.3f s", self.name, slot, tokens, seconds)
+        return True
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _apply_budget(self) -> None:
+        for e in self.store.enforce_budget():
+            self._deleted(
+                e, f"over context_max_bytes ({self.store.max_bytes} bytes)", model=e.model or self.name
+            )
+
+    def _deleted(self, entry: SavedContext, reason: str, *, model: str | None = None) -> None:
+        self.store.delete(entry)
+        self.counters.deleted += 1
+        self._events.publish(
+            model or self.name,
+            EventKind.CONTEXT_DELETED,
+            reason=reason,
+            file=entry.filename,
+            tokens=entry.tokens,
+        )
+
+    def _warn(self, message: str) -> None:
+        self.counters.warnings += 1
+        self._events.publish(self.name, EventKind.CONTEXT_WARNING, message=message)
+        log.warning("model %s: %s", self.name, message, extra={"model": self.name})
