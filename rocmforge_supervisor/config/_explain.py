@@ -20,7 +20,7 @@ __all__ = ["CONFIG_NAME", "custom", "fix_hint", "translate", "where"]
 
 CONFIG_NAME = "forge.toml"
 
-_SECRET_KEYS = frozenset({"api_key"})
+_SECRET_KEYS = frozenset({"api_key", "key"})
 #: Our own error kinds: their messages already quote the value.
 _CUSTOM_KINDS = frozenset(
     {
@@ -32,6 +32,7 @@ _CUSTOM_KINDS = frozenset(
         "worker_address",
         "rpc_owned",
         "duplicate_worker",
+        "key_entry",
     }
 )
 #: Errors raised by a section's model validator, and the key they are about.

@@ -36,6 +36,7 @@ from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstre
 from ._keepalive import KeepAliveStream, Opened
 from ._middleware import read_body
 from ._ollama import model_list
+from ._recording import admit_model, note_finish, note_status, note_timing, note_usage
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, request_id, state_of
 from ._validate import check_fields, parse_object
@@ -210,6 +211,7 @@ class _Forwarder:
         acquired = time.perf_counter()  # the child answered: a slot was ours
         m = self.st.metrics
         m.queue_wait.labels(self.name).observe(acquired - self.received)
+        note_timing(queue_wait=acquired - self.received)
         stack.callback(lambda: m.generation.labels(self.name).observe(time.perf_counter() - acquired))
         headers = {k: v for k, v in upstream.headers.items() if k.lower() in _PASS_HEADERS}
         if self.rid:
@@ -249,6 +251,7 @@ class _Forwarder:
             async for chunk in upstream.aiter_raw():
                 if first:
                     self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
+                    note_timing(first_byte=True, chunk=chunk)
                     first = False
                 tail = (tail + chunk)[-4096:]
                 yield chunk
@@ -256,6 +259,7 @@ class _Forwarder:
                 raise StreamError(f"the stream ended without {marker.decode()}")
         except (StreamError, httpx.HTTPError) as exc:
             status = "502"
+            note_status(502, "stream_broken")
             self.st.metrics.errors.labels(self.name, "stream_broken").inc()
             broken = StreamError(
                 f"model {self.name!r} stopped mid-stream ({exc.__cause__ or exc})",
@@ -274,6 +278,7 @@ class _Forwarder:
         m.requests.labels(self.name, self.route.path, status).inc()
         if status == "200":
             _count_usage(self.st, self.name, tail)
+            note_finish(tail=tail)
 
 
 def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
@@ -291,6 +296,9 @@ def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
         completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
         st.metrics.tokens_in.labels(name).inc(float(prompt or 0))
         st.metrics.tokens_out.labels(name).inc(float(completion or 0))
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        note_usage(prompt, completion, cached if cached is not None else usage.get("cache_read_input_tokens"))
 
 
 def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
@@ -309,6 +317,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
                 asked, stream = await model_from_request(route, request, body)
                 name = resolve_name(asked, st.supervisor.models)
                 st.supervisor.get(name)  # 404 before queueing
+            admit_model(request.scope, name, stream=stream)  # the key's models: 403 before queueing
             if stream and st.sse_keepalive > 0:
                 # The load wait ends in a real 503 (Retry-After, progress), so it comes first;
                 # only then may the response be committed to 200 and kept alive.
