@@ -33,10 +33,11 @@ _CUSTOM_KINDS = frozenset(
         "rpc_owned",
         "duplicate_worker",
         "key_entry",
+        "duplicate_key",
     }
 )
 #: Errors raised by a section's model validator, and the key they are about.
-_VALIDATOR_FIELD = {"insecure_bind": "host", "backoff_order": "restart_backoff_max"}
+_VALIDATOR_FIELD = {"insecure_bind": "host", "backoff_order": "restart_backoff_max", "duplicate_key": "keys"}
 
 
 def custom(kind: str, message: str, **ctx: Any) -> PydanticCustomError:

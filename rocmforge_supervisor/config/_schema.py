@@ -186,15 +186,15 @@ class ServerConfig(_Section):
             entry = f"[[server.keys]] entry {k.name!r}"
             if k.name in names:
                 raise custom(
-                    "key_entry", f"{entry}: the name {k.name!r} is used twice: give each key its own name"
+                    "duplicate_key", f"{entry}: the name {k.name!r} is used twice: give each key its own name"
                 )
             if k.secret in secrets:
                 raise custom(
-                    "key_entry",
+                    "duplicate_key",
                     f"{entry}: its key is the same as {secrets[k.secret]!r}'s: give each client its own key",
                 )
             names.add(k.name)
-            secrets[k.secret] = repr(k.name)
+            secrets[k.secret] = k.name
         return self
 
     @model_validator(mode="after")

@@ -36,7 +36,7 @@ from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstre
 from ._keepalive import KeepAliveStream, Opened
 from ._middleware import read_body
 from ._ollama import model_list
-from ._recording import admit_model, note_finish, note_status, note_timing, note_usage
+from ._recording import admit_model, note_finish, note_model, note_status, note_timing, note_usage
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, request_id, state_of
 from ._validate import check_fields, parse_object
@@ -86,6 +86,7 @@ def _checked_json(st: GatewayState, route: ForwardRoute, body: bytes) -> tuple[s
         raise InvalidRequest(
             'the request has no "model" field', param="model", hint="name one of GET /v1/models"
         )
+    note_model(asked)  # a request refused for a field still names its model in the activity log
     kind = _KINDS.get(route.path, "")
     check_fields(payload, kind)
     name = resolve_name(asked, st.supervisor.models)
