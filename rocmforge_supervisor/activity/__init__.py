@@ -9,6 +9,6 @@ never waits for the disk), keeps it by age and count, and answers the queries of
 
 from ._assemble import assembled_text
 from ._record import Record
-from ._store import USAGE_GROUPS, ActivityStore
+from ._store import USAGE_GROUPS, ActivityStore, database_problem
 
-__all__ = ["USAGE_GROUPS", "ActivityStore", "Record", "assembled_text"]
+__all__ = ["USAGE_GROUPS", "ActivityStore", "Record", "assembled_text", "database_problem"]

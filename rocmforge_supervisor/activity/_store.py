@@ -26,7 +26,7 @@ from typing import Any
 from ._assemble import assembled_text
 from ._record import Record
 
-__all__ = ["USAGE_GROUPS", "ActivityStore"]
+__all__ = ["USAGE_GROUPS", "ActivityStore", "database_problem"]
 
 log = logging.getLogger("rocmforge.activity")
 
@@ -310,6 +310,34 @@ class ActivityStore:
                 if tokens:
                     out.setdefault(key, []).append((started, tokens))
         return out
+
+
+def database_problem(path: Path) -> tuple[str, str] | None:
+    """(what is wrong, the fix) with the activity log at ``path``, or None when it is fine or
+    not there yet: what ``forge doctor`` says, and what a service that logs nothing was told."""
+    if not path.exists():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc):
+            return (
+                f"the activity log {path} is locked by another process",
+                "stop the other process that holds it (another forge serve on the same state dir?)",
+            )
+        verdict = str(exc)
+    except sqlite3.DatabaseError as exc:
+        verdict = str(exc)
+    if verdict == "ok":
+        return None
+    return (
+        f"the activity log {path} is damaged ({verdict}): forge serves but logs no requests",
+        f"move it aside (mv {path} {path}.broken; forge starts a new one), or try `sqlite3 {path} .recover`",
+    )
 
 
 def _plain(row: sqlite3.Row) -> dict[str, Any]:

@@ -94,3 +94,18 @@ def test_a_file_that_is_not_a_database_is_reported_and_nothing_raises(tmp_path: 
     assert store.flush()
     store.close()
     assert db.read_bytes().startswith(b"this is not a database")  # left for the user to look at
+
+
+def test_doctor_names_the_fix_for_a_damaged_log(tmp_path: Path) -> None:
+    from rocmforge_supervisor.activity import database_problem
+
+    db = tmp_path / "activity.db"
+    assert database_problem(db) is None  # not there yet
+    store = _store(db)
+    store.close()
+    assert database_problem(db) is None
+    db.write_bytes(b"garbage" * 1000)
+    problem = database_problem(db)
+    assert problem is not None
+    what, fix = problem
+    assert str(db) in what and "damaged" in what and f"mv {db} {db}.broken" in fix
