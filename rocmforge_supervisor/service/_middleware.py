@@ -44,7 +44,7 @@ class RequestContext:
     def __init__(self, app: ASGIApp, state: GatewayState) -> None:
         self.app = app
         self.state = state
-        self._keys = state.recorder.keys
+        self._follows = state.follows_config
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -62,6 +62,8 @@ class RequestContext:
             await send(message)
 
         recorder = self.state.recorder
+        if self._follows:
+            recorder.follow(self.state.supervisor.config)
         if scope["path"] not in MODEL_PATHS or recorder.store is None:
             try:
                 self._check(scope, headers, None)
@@ -117,10 +119,11 @@ class RequestContext:
     def _check(self, scope: Scope, headers: dict[bytes, bytes], draft: _recording.Draft | None) -> None:
         method = scope["method"]
         path = scope["path"]
-        if self._keys and path not in _PUBLIC_PATHS and method != "OPTIONS":
+        keys = self.state.recorder.keys
+        if keys and path not in _PUBLIC_PATHS and method != "OPTIONS":
             auth = headers.get(b"authorization", b"")
             token = auth[7:] if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
-            key = self._keys.identify(token)
+            key = keys.identify(token)
             if key is None:
                 raise Unauthorized("missing or invalid API key", hint="send Authorization: Bearer KEY")
             scope.setdefault("state", {})["key"] = key
@@ -144,7 +147,9 @@ class RequestContext:
         text = origin.decode("latin-1")
         if text in self.state.cors_origins or is_loopback(urlsplit(text).hostname or ""):
             return True
-        return same_origin(scope, text, keyed=bool(self._keys))  # the status page at a LAN address
+        return same_origin(
+            scope, text, keyed=bool(self.state.recorder.keys)
+        )  # the status page at a LAN address
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

@@ -163,6 +163,23 @@ class Recorder:
         self.capture_max_bytes = capture_max_bytes
         #: Whether any request may be captured: only then do the middleware's wrappers copy bytes.
         self.may_capture = capture or any(capture_models.values())
+        self._config: ForgeConfig | None = None
+
+    def follow(self, config: ForgeConfig) -> None:
+        """Keys and capture as ``config`` says, when it is not the one they came from (a reload
+        replaced it): a key added, removed or re-scoped counts from the next request on."""
+        if config is self._config:
+            return
+        from ..access import KeyRing
+
+        first = self._config is None
+        self._config = config
+        if first:  # the one the state was built from
+            return
+        self.keys = KeyRing.from_config(config.server)
+        self.capture = config.server.capture
+        self.capture_models = {n: m.capture for n, m in config.models.items() if m.capture is not None}
+        self.may_capture = self.capture or any(self.capture_models.values())
 
     def begin(self, scope: Any, rid: str | None) -> Draft:
         client = scope.get("client")

@@ -51,6 +51,8 @@ class GatewayState:
         self.model_dirs = [p.resolve() for p in model_dirs]
         self.reload = reload
         self.metrics = Metrics(lambda: [s.to_json() for s in supervisor.status()])
+        #: Keys built from the supervisor's config follow it across reloads (``Recorder.follow``).
+        self.follows_config = keys is not None
         if keys is None:  # server.api_key alone: one admin key
             keys = KeyRing([Key(ADMIN_KEY_NAME, api_key.encode(), admin=True)] if api_key else [])
         #: Keys, limits and the activity log: what the middleware checks and records.
@@ -63,6 +65,8 @@ class GatewayState:
             capture_models=dict(capture_models or {}),
             capture_max_bytes=capture_max_bytes,
         )
+        if self.follows_config:
+            self.recorder.follow(supervisor.config)
         #: Set when the service starts stopping: endless responses (events, log follow) end then.
         self.closing = anyio.Event()
         self.upstream: httpx.AsyncClient = async_pool(httpx.Timeout(None, connect=5.0), max_keepalive=512)

@@ -355,6 +355,22 @@ def test_capture_keeps_prompt_and_reply_never_a_key_and_rows_survive_a_restart(
     with running_service(config, state, llama_server_bin, api_key=admin) as svc:
         ids = {r["id"] for r in _rows(svc)}
         assert {plain_id, stream_id} <= ids
+        # A reload applies the keys from the next request on: one re-scoped, one added.
+        config.write_text(
+            config.read_text().replace(
+                f'key = "{reader}"',
+                f'key = "{reader}"\nmodels = ["plain"]\n[[server.keys]]\nname = "late"\nkey = "sk-late"',
+            )
+        )
+        with _http(svc, admin) as c:
+            assert c.post("/api/reload").status_code == 200
+        body = {"model": "chat", "messages": HELLO, "max_tokens": 1}
+        with _http(svc, reader) as c:
+            rescoped = c.post("/v1/chat/completions", json=body)
+        with _http(svc, "sk-late") as c:
+            late = c.post("/v1/chat/completions", json=body)
+    assert rescoped.status_code == 403 and rescoped.json()["error"]["code"] == "model_not_allowed"
+    assert late.status_code == 200
 
     for p in state.glob("activity.db*"):
         p.unlink()
