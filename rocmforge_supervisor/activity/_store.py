@@ -166,12 +166,16 @@ class ActivityStore:
                     batch.append(self._queue.get_nowait())
             records = [r for r in batch if isinstance(r, Record)]
             stop = any(r is _STOP for r in batch)
-            if records:
-                if conn is None:
-                    conn = self._connect()
-                if conn is not None and not self._insert(conn, records):
-                    conn.close()
-                    conn = None
+            try:
+                if records:
+                    if conn is None:
+                        conn = self._connect()
+                    if conn is not None and not self._insert(conn, records):
+                        conn.close()
+                        conn = None
+            except Exception as exc:  # a bug here must not stop the writer (the queue would grow)
+                log.exception("activity log: %d records lost", len(records))
+                self._fail(exc)
             for r in batch:
                 if isinstance(r, _Flush):
                     r.done.set()

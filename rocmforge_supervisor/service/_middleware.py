@@ -64,7 +64,7 @@ class RequestContext:
         recorder = self.state.recorder
         if self._follows:
             recorder.follow(self.state.supervisor.config)
-        if scope["path"] not in MODEL_PATHS or recorder.store is None:
+        if scope["path"] not in MODEL_PATHS:
             try:
                 self._check(scope, headers, None)
             except ForgeError as exc:

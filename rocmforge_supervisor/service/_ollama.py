@@ -179,6 +179,7 @@ async def api_show(request: Request) -> Response:
     b = _backend(request)
     try:
         name = _model(b, await _body(request))
+        admit_model(request.scope, name)  # a key's models only
         card = await _card(b, name)
         if card is None:
             raise ModelNotFound(

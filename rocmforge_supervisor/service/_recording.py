@@ -190,7 +190,7 @@ class Recorder:
             request_id=rid,
             client=client[0] if client else None,
         )
-        draft = Draft(record, time.perf_counter(), capture=self.may_capture)
+        draft = Draft(record, time.perf_counter(), capture=self.may_capture and self.store is not None)
         current.set(draft)
         return draft
 

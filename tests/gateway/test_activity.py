@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import sqlite3
 import subprocess
 from collections.abc import Iterator
@@ -285,6 +286,31 @@ def test_with_capture_off_the_database_holds_no_prompt_text(svc: Service, closin
         assert c.get(f"/api/activity/{row['id']}").json()["request_body"] is None
 
 
+def test_forge_activity_follow_prints_each_new_request(svc: Service) -> None:
+    with _http(svc) as c:
+        c.post("/tokenize", json={"model": "chat", "content": "a"}, headers={"X-Request-ID": "follow-1"})
+    _row_of(svc, "follow-1")
+    env = dict(os.environ, FORGE_STATE_DIR=str(svc.state_dir), NO_COLOR="1")
+    argv = [*FORGE, "activity", "--follow", "--json", "--limit", "1", "--config", str(svc.config)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert json.loads(_line(proc))["request_id"] == "follow-1"
+        with _http(svc) as c:
+            c.post("/tokenize", json={"model": "chat", "content": "b"}, headers={"X-Request-ID": "follow-2"})
+        assert json.loads(_line(proc))["request_id"] == "follow-2"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def _line(proc: subprocess.Popen[str], timeout: float = 30) -> str:
+    """The next stdout line of ``proc``, waited for at most ``timeout`` seconds."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"no line from forge activity --follow within {timeout} s"
+    return proc.stdout.readline()
+
+
 def _database_text(db: Path) -> str:
     """Every value of every row, read with sqlite3, and the raw bytes of the file and its WAL."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -309,11 +335,14 @@ def test_capture_keeps_prompt_and_reply_never_a_key_and_rows_survive_a_restart(
 ) -> None:
     admin, reader = "sk-admin-capture", "sk-reader-capture"
     marker = "quokka-tangerine-capture-on"
+    models = chat_and_plain_models(tmp_path).replace("[models.plain]\n", "[models.plain]\ncapture = false\n")
     config = write_config(
         tmp_path / "forge.toml",
         f'[server]\napi_key = "{admin}"\ncapture = true\n'
-        f'[[server.keys]]\nname = "reader"\nkey = "{reader}"\n' + chat_and_plain_models(tmp_path),
+        f'[[server.keys]]\nname = "reader"\nkey = "{reader}"\n'
+        '[[server.keys]]\nname = "daily"\nkey = "sk-daily"\ntokens_per_day = 1\n' + models,
     )
+    daily = {"model": "chat", "messages": HELLO, "max_tokens": 1}
     state = tmp_path / "state"
     db = state / "activity.db"
     with running_service(config, state, llama_server_bin, api_key=admin) as svc:
@@ -336,7 +365,18 @@ def test_capture_keeps_prompt_and_reply_never_a_key_and_rows_survive_a_restart(
             )
             if c.choices
         ]
+        with _http(svc, admin) as c:  # a model whose own capture = false wins over [server]'s
+            r = c.post(
+                "/tokenize", json={"model": "plain", "content": marker}, headers={"X-Request-ID": "cap-off"}
+            )
+            assert r.status_code == 200
+        with _http(svc, "sk-daily") as c:  # the first request of the day fits, the next is over it
+            assert c.post("/v1/chat/completions", json=daily).status_code == 200
+            wait_for(
+                lambda: c.post("/v1/chat/completions", json=daily).status_code == 429, what="the day's limit"
+            )
         plain_id = _row_of(svc, "cap-plain")["id"]
+        assert not _row_of(svc, "cap-off")["captured"]
         stream_id = _row_of(svc, "cap-stream")["id"]
         with _http(svc, admin) as c:
             plain_row = c.get(f"/api/activity/{plain_id}").json()
@@ -355,6 +395,10 @@ def test_capture_keeps_prompt_and_reply_never_a_key_and_rows_survive_a_restart(
     with running_service(config, state, llama_server_bin, api_key=admin) as svc:
         ids = {r["id"] for r in _rows(svc)}
         assert {plain_id, stream_id} <= ids
+        with _http(svc, "sk-daily") as c:  # the day's tokens came back from the log
+            again = c.post("/v1/chat/completions", json=daily)
+        assert again.status_code == 429 and int(again.headers["retry-after"]) > 3600
+        assert "'daily'" in again.json()["error"]["message"]
         # A reload applies the keys from the next request on: one re-scoped, one added.
         config.write_text(
             config.read_text().replace(
