@@ -121,6 +121,7 @@ async def open_upstream(
     """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
     streaming response to one request; both released on exit. Also the Ollama API's way in."""
     async with st.supervisor.acquire(name, load_wait=st.supervisor.load_wait(name)) as upstream:
+        note_timing(slot=True)  # the activity record's queue wait, for every dialect
         headers = {"Content-Type": content_type}
         if rid:
             headers["X-Request-ID"] = rid
@@ -174,6 +175,7 @@ class _Forwarder:
         self.st.metrics.errors.labels(self.name, type(exc).__name__).inc()
         self.st.metrics.requests.labels(self.name, self.route.path, "error").inc()
         resp = error_response(exc, self.rid, self.route.dialect)
+        note_status(resp.status_code)  # also when a kept-alive stream can only say it in an event
         headers = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-length",)}
         return Opened(resp.status_code, headers, _once(bytes(resp.body)), _nothing, stream=False)
 
@@ -212,7 +214,6 @@ class _Forwarder:
         acquired = time.perf_counter()  # the child answered: a slot was ours
         m = self.st.metrics
         m.queue_wait.labels(self.name).observe(acquired - self.received)
-        note_timing(queue_wait=acquired - self.received)
         stack.callback(lambda: m.generation.labels(self.name).observe(time.perf_counter() - acquired))
         headers = {k: v for k, v in upstream.headers.items() if k.lower() in _PASS_HEADERS}
         if self.rid:

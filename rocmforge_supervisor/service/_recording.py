@@ -81,14 +81,15 @@ def note_model(name: str, *, stream: bool | None = None) -> None:
             d.record.stream = stream
 
 
-def note_timing(*, queue_wait: float | None = None, first_byte: bool = False, chunk: bytes = b"") -> None:
-    """The wait for a slot (seconds), or the first byte of the answer (now, and the first
-    ``chunk``: an Anthropic stream says its prompt's tokens there, in ``message_start``, only)."""
+def note_timing(*, slot: bool = False, first_byte: bool = False, chunk: bytes = b"") -> None:
+    """A slot at the model's child is the request's now (the queue wait ends), or the first byte
+    of the answer came (and the first ``chunk``: an Anthropic stream says its prompt's tokens
+    there, in ``message_start``, only)."""
     d = _draft()
     if d is None:
         return
-    if queue_wait is not None:
-        d.record.queue_wait = queue_wait
+    if slot:
+        d.record.queue_wait = time.perf_counter() - d.t0
     if first_byte and d.record.ttft is None:
         d.record.ttft = time.perf_counter() - d.t0
         found = _INPUT_TOKENS.search(chunk) if b'"input_tokens"' in chunk else None

@@ -177,6 +177,9 @@ def test_usage_sums_equal_the_responses_usage(svc: Service, closing: ExitStack) 
     row = wait_for(meter, timeout=30, what="meter's 4 requests in /api/usage")
     assert (row["prompt_tokens"], row["completion_tokens"]) == (prompt, completion)
     assert row["total_tokens"] == prompt + completion and row["errors"] == 0
+    rows = _rows(svc, key="meter")  # every dialect's row has its queue wait and its finish reason
+    assert {r["route"] for r in rows} == {"/v1/chat/completions", "/v1/messages", "/api/chat"}
+    assert all(r["queue_wait"] is not None and r["finish_reason"] for r in rows), rows
 
     with _http(svc, METER) as c:  # a key that is not an admin sees its own usage only
         own = c.get("/api/usage").json()["usage"]
