@@ -109,3 +109,22 @@ def test_doctor_names_the_fix_for_a_damaged_log(tmp_path: Path) -> None:
     assert problem is not None
     what, fix = problem
     assert str(db) in what and "damaged" in what and f"mv {db} {db}.broken" in fix
+
+
+def test_a_locked_database_is_reported_and_recovers_when_released(tmp_path: Path) -> None:
+    db = tmp_path / "activity.db"
+    store = _store(db)
+    holder = sqlite3.connect(db, isolation_level=None, timeout=0)
+    holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+    try:
+        store.submit(_record(model="while-locked"))
+        assert store.flush(timeout=30)
+        assert store.problem is not None and "locked" in store.problem
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    store.submit(_record(model="after"))
+    assert store.flush(timeout=30)
+    assert store.problem is None
+    assert [r["model"] for r in store.rows()] == ["after"]  # what came while locked is dropped
+    store.close()
