@@ -90,12 +90,11 @@ class RequestContext:
             nonlocal status, completed
             if message["type"] == "http.response.start":
                 status = message["status"]
-            elif message["type"] == "http.response.body":
-                if draft.capture:
-                    recorder.keep_response(draft, message.get("body", b""))
-                if not message.get("more_body", False):
-                    completed = True
+            elif message["type"] == "http.response.body" and draft.capture:
+                recorder.keep_response(draft, message.get("body", b""))
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True  # the last byte went out
 
         async def receive_recorded() -> Message:
             message = await receive()
