@@ -15,6 +15,8 @@ error (the input was wrong), 1 for a runtime failure (the input was fine, the wo
     │   ├── ModelNotFound          no such file / short name / hub reference
     │   ├── Unauthorized           the HTTP edge: no or a wrong API key (401)
     │   ├── Forbidden              the HTTP edge: a cross-origin write from a web page (403)
+    │   │   └── KeyForbidden       an API key used beyond its scope: a model, an admin route (403)
+    │   ├── RateLimited            an API key over its requests_per_minute or tokens_per_day (429)
     │   ├── InvalidRequest         the HTTP edge: a request body field is wrong (400, names it)
     │   ├── PayloadTooLarge        the HTTP edge: a request body over the limit (413)
     │   └── UnsupportedMediaType   the HTTP edge: a JSON route sent a body that is not JSON (415)
@@ -58,6 +60,7 @@ __all__ = [
     "InstanceError",
     "InvalidModelFile",
     "InvalidRequest",
+    "KeyForbidden",
     "ModelCrashed",
     "ModelFailed",
     "ModelLoading",
@@ -66,6 +69,7 @@ __all__ = [
     "PayloadTooLarge",
     "PlacementError",
     "QueueFull",
+    "RateLimited",
     "RequestError",
     "RequestRejected",
     "SelfTestFailed",
@@ -126,6 +130,23 @@ class Unauthorized(UsageError):
 
 class Forbidden(UsageError):
     """The HTTP edge: a web page (another Origin) tried to drive the local service."""
+
+
+class KeyForbidden(Forbidden):
+    """The HTTP edge: a valid API key used beyond its scope. ``code`` says which scope
+    (``model_not_allowed``, ``admin_required``); the message names the key's *name*, never the key."""
+
+    def __init__(self, message: str, *, code: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.code = code
+
+
+class RateLimited(UsageError):
+    """The HTTP edge: an API key over one of its limits; it may retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, *, retry_after: float, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.retry_after = retry_after
 
 
 class InvalidRequest(UsageError):

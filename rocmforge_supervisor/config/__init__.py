@@ -28,7 +28,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._file import CONFIG_NAME, SYSTEM_CONFIG_DIR, config_search_path, load_config
     from ._names import MODEL_NAME, is_loopback
-    from ._schema import ForgeConfig, ModelConfig, ServerConfig, SupervisorConfig, WorkerConfig
+    from ._schema import ForgeConfig, KeyConfig, ModelConfig, ServerConfig, SupervisorConfig, WorkerConfig
     from ._settings import ForgeSettings, get_settings
     from ._values import GpuChoice, GpuLayers, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
 else:  # mypy sees the imports above (and flags a name that is not there)
@@ -37,7 +37,14 @@ else:  # mypy sees the imports above (and flags a name that is not there)
         {
             "._file": ("CONFIG_NAME", "SYSTEM_CONFIG_DIR", "config_search_path", "load_config"),
             "._names": ("MODEL_NAME", "is_loopback"),
-            "._schema": ("ForgeConfig", "ModelConfig", "ServerConfig", "SupervisorConfig", "WorkerConfig"),
+            "._schema": (
+                "ForgeConfig",
+                "KeyConfig",
+                "ModelConfig",
+                "ServerConfig",
+                "SupervisorConfig",
+                "WorkerConfig",
+            ),
             "._settings": ("ForgeSettings", "get_settings"),
             "._values": (
                 "GpuChoice",
@@ -57,6 +64,7 @@ __all__ = [
     "ForgeSettings",
     "GpuChoice",
     "GpuLayers",
+    "KeyConfig",
     "ModelConfig",
     "ServerConfig",
     "SupervisorConfig",

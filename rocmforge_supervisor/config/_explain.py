@@ -20,7 +20,7 @@ __all__ = ["CONFIG_NAME", "custom", "fix_hint", "translate", "where"]
 
 CONFIG_NAME = "forge.toml"
 
-_SECRET_KEYS = frozenset({"api_key"})
+_SECRET_KEYS = frozenset({"api_key", "key"})
 #: Our own error kinds: their messages already quote the value.
 _CUSTOM_KINDS = frozenset(
     {
@@ -33,10 +33,12 @@ _CUSTOM_KINDS = frozenset(
         "rpc_owned",
         "duplicate_worker",
         "vram_reserve",
+        "key_entry",
+        "duplicate_key",
     }
 )
 #: Errors raised by a section's model validator, and the key they are about.
-_VALIDATOR_FIELD = {"insecure_bind": "host", "backoff_order": "restart_backoff_max"}
+_VALIDATOR_FIELD = {"insecure_bind": "host", "backoff_order": "restart_backoff_max", "duplicate_key": "keys"}
 
 
 def custom(kind: str, message: str, **ctx: Any) -> PydanticCustomError:

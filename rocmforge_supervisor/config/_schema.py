@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,7 +31,15 @@ from ._names import is_loopback
 from ._settings import ForgeSettings
 from ._values import GpuChoice, GpuLayers, Reserve, parse_gpu, parse_gpu_layers, parse_reserve, reserve_bytes
 
-__all__ = ["ForgeConfig", "ModelConfig", "ServerConfig", "SupervisorConfig", "WorkerConfig", "known_keys"]
+__all__ = [
+    "ForgeConfig",
+    "KeyConfig",
+    "ModelConfig",
+    "ServerConfig",
+    "SupervisorConfig",
+    "WorkerConfig",
+    "known_keys",
+]
 
 # -- field shapes ----------------------------------------------------------------------------------
 
@@ -68,6 +77,74 @@ def _empty_is_none(value: Any) -> Any:
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KeyConfig(_Section):
+    """``[[server.keys]]``: one client's API key, the models it may use, and its limits.
+
+    The key itself comes from exactly one of ``key``, ``key_file`` (its first line) or ``env``
+    (an environment variable's name), so that it can stay out of the file; it is read here, once
+    per load or reload, and only :attr:`secret` gives it out. Logs and errors name ``name``.
+    """
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
+    key: Annotated[SecretStr | None, BeforeValidator(_empty_is_none)] = None
+    key_file: Path | None = None
+    env: str | None = None
+    models: list[str] = Field(default_factory=lambda: ["*"])
+    """Model names or globs (``qwen*``) this key may use; default all."""
+    admin: bool = False
+    """Control routes (load, unload, add, reload, pull), the page's controls and captured bodies."""
+    requests_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    """Prompt + completion tokens in the last 24 hours."""
+
+    _secret: str = PrivateAttr(default="")
+
+    @property
+    def secret(self) -> str:
+        return self._secret
+
+    @model_validator(mode="after")
+    def _resolve(self) -> KeyConfig:
+        entry = f"[[server.keys]] entry {self.name!r}"
+        sources = [s for s in ("key", "key_file", "env") if getattr(self, s) is not None]
+        if len(sources) != 1:
+            raise custom(
+                "key_entry",
+                f"{entry} needs exactly one of key, key_file or env"
+                + (f" (it has {', '.join(sources)})" if sources else ""),
+            )
+        if not self.models:
+            raise custom(
+                "key_entry",
+                f'{entry}: models is empty (leave it out for all models, or list names or globs like "qwen*")',
+            )
+        for limit in ("requests_per_minute", "tokens_per_day"):
+            value = getattr(self, limit)
+            if value is not None and value <= 0:
+                raise custom(
+                    "key_entry", f"{entry}: {limit} must be above 0 (got {value}; leave it out for no limit)"
+                )
+        if self.key is not None:
+            secret = self.key.get_secret_value()
+        elif self.key_file is not None:
+            try:
+                lines = self.key_file.expanduser().read_text().splitlines()
+            except OSError as exc:
+                raise custom(
+                    "key_entry",
+                    f"{entry}: key_file {str(self.key_file)!r} cannot be read: {exc.strerror or exc}",
+                ) from None
+            secret = lines[0].strip() if lines else ""
+            if not secret:
+                raise custom("key_entry", f"{entry}: key_file {str(self.key_file)!r} is empty")
+        else:
+            secret = os.environ.get(str(self.env), "").strip()
+            if not secret:
+                raise custom("key_entry", f"{entry}: the environment variable {self.env} is not set or empty")
+        self._secret = secret
+        return self
 
 
 class ServerConfig(_Section):
@@ -108,16 +185,44 @@ class ServerConfig(_Section):
     see :attr:`ForgeConfig.context_dir`. The files hold users' prompts: forge keeps it 0700."""
     context_max_bytes: int = Field(default=16 * 2**30, ge=0)
     """Disk budget of all saved contexts together; past it the least recently used go first."""
+    keys: list[KeyConfig] = Field(default_factory=list)
+    """Client keys with their models and limits (``api_key``, when set, is one more admin key)."""
+    activity: bool = True
+    """Keep one record per request in ``<state_dir>/activity.db`` (``/api/activity``, ``/api/usage``)."""
+    activity_keep_days: float = Field(default=30.0, gt=0)
+    activity_max_rows: int = Field(default=100_000, gt=0)
+    capture: bool = False
+    """Keep each request's body and its response in the activity log (a model's ``capture`` wins)."""
+    capture_max_bytes: int = Field(default=64 * 1024, gt=0)
 
     @property
     def is_loopback(self) -> bool:
         return is_loopback(self.host)
 
     @model_validator(mode="after")
+    def _one_entry_per_key(self) -> ServerConfig:
+        names: set[str] = set()
+        secrets = {self.api_key.get_secret_value(): "api_key"} if self.api_key is not None else {}
+        for k in self.keys:
+            entry = f"[[server.keys]] entry {k.name!r}"
+            if k.name in names:
+                raise custom(
+                    "duplicate_key", f"{entry}: the name {k.name!r} is used twice: give each key its own name"
+                )
+            if k.secret in secrets:
+                raise custom(
+                    "duplicate_key",
+                    f"{entry}: its key is the same as {secrets[k.secret]!r}'s: give each client its own key",
+                )
+            names.add(k.name)
+            secrets[k.secret] = k.name
+        return self
+
+    @model_validator(mode="after")
     def _refuse_open_bind(self) -> ServerConfig:
         # Checked here, not in the gateway, so that no path (file, env, a CLI override through
         # ForgeConfig.with_server) can start an open, unauthenticated server by accident.
-        if not self.is_loopback and self.api_key is None and not self.allow_unauthenticated:
+        if not self.is_loopback and self.api_key is None and not self.keys and not self.allow_unauthenticated:
             raise custom(
                 "insecure_bind",
                 f"host {self.host!r} is reachable from the network, and there is no api_key",
@@ -178,7 +283,7 @@ class SupervisorConfig(_Section):
 #: ModelConfig fields that do not change the running child: a reload that only touches these
 #: keeps the child (see :meth:`ForgeConfig.model_fingerprint`).
 _NOT_IN_FINGERPRINT = frozenset(
-    {"ttl", "max_concurrency", "queue", "preload", "load_wait", "max_tokens", "pinned"}
+    {"ttl", "max_concurrency", "queue", "preload", "load_wait", "max_tokens", "pinned", "capture"}
 )
 
 
@@ -215,6 +320,8 @@ class ModelConfig(_Section):
     max_tokens: int | None = Field(default=None, ge=1)
     """Default ``max_tokens`` for chat/completions requests that send none (None: to the end of
     the slot's context)."""
+    capture: bool | None = None
+    """This model's ``server.capture`` (keep request and response bodies in the activity log)."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
     keep_context: bool = False
@@ -400,6 +507,8 @@ def known_keys(parent: tuple[str, ...]) -> list[str]:
         section = ForgeConfig
     elif parent == ("server",):
         section = ServerConfig
+    elif len(parent) == 3 and parent[:2] == ("server", "keys"):
+        section = KeyConfig
     elif parent == ("supervisor",):
         section = SupervisorConfig
     elif len(parent) == 2 and parent[0] == "models":

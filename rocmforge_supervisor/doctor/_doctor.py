@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 
 from .._errors import ForgeError
 from .._units import format_bytes
+from ..activity import database_problem
 from ..build import locate_llama_server, probe_binary
 from ..config import ForgeSettings
 from ..hardware import Device, Inventory, child_env, detect, device_json, gfx_target_name, parse_gfx_override
@@ -123,8 +124,17 @@ def run_doctor(
         checks.append(Check("load target", "pass", f"a load would go to {where} ({target.name}, {free})"))
     else:
         checks.append(Check("load target", "fail", "a load would fail: there is no llama-server", BUILD_HINT))
+    checks.append(_activity_check(settings.state_dir / "activity.db"))
     binary_json = info.to_json() if info is not None and hasattr(info, "to_json") else None
     return DoctorReport(tuple(checks), info is not None, inv, target, binary_json)
+
+
+def _activity_check(path: Path) -> Check:
+    """The request log: a damaged or locked file does not stop serving, but nothing is logged."""
+    problem = database_problem(path)
+    if problem is None:
+        return Check("activity log", "pass", f"{path}" + ("" if path.exists() else " (not created yet)"))
+    return Check("activity log", "warn", problem[0], problem[1])
 
 
 def _cpu_check(inv: Inventory) -> Check:

@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from .._errors import RequestRejected, ServerError
-from . import _control, _observe, _ollama, _openapi, _page, _proxy, _status_api
+from . import _activity_api, _control, _observe, _ollama, _openapi, _page, _proxy, _status_api
 from ._errors_http import error_response
 from ._middleware import RequestContext
 from ._ollama_meta import local_model_path
@@ -47,7 +47,11 @@ def create_app(
         *_openapi.routes(),
         *extra_routes,
     ]
-    routes += [*_status_api.routes(), *_page.routes()]  # the status page at / and its data
+    routes += [
+        *_status_api.routes(),
+        *_activity_api.routes(),
+        *_page.routes(),
+    ]  # the status page at / and its data
     middleware = [Middleware(RequestContext, state=state)]
     origins = cors_origins if cors_origins is not None else state.cors_origins
     if origins:

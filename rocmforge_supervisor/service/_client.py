@@ -1,4 +1,4 @@
-"""Talking to a running ``forge serve`` from the CLI (ps, load, unload, logs)."""
+"""Talking to a running ``forge serve`` from the CLI (ps, load, unload, logs, activity, usage)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,16 @@ class ServiceClient:
     def reload(self) -> dict[str, Any]:
         summary: dict[str, Any] = self._call("POST", "/api/reload")
         return summary
+
+    def activity(self, **filters: Any) -> list[dict[str, Any]]:
+        """Rows of the activity log, newest first (filters: model, key, status, limit, after)."""
+        params = {k: str(v) for k, v in filters.items() if v is not None}
+        rows: list[dict[str, Any]] = self._call("GET", "/api/activity", params=params)["activity"]
+        return rows
+
+    def usage(self, by: str, since: str) -> dict[str, Any]:
+        out: dict[str, Any] = self._call("GET", "/api/usage", params={"by": by, "since": since})
+        return out
 
     def events(self) -> Iterator[dict[str, Any]]:
         """The service's state events (``/api/events``), as they come; ends when closed."""

@@ -27,12 +27,14 @@ from .._errors import (
     Forbidden,
     ForgeError,
     InstanceError,
+    KeyForbidden,
     ModelFailed,
     ModelLoading,
     ModelNotFound,
     PayloadTooLarge,
     PlacementError,
     QueueFull,
+    RateLimited,
     RequestRejected,
     ServerError,
     ServerUnavailable,
@@ -42,6 +44,7 @@ from .._errors import (
     UnsupportedMediaType,
     UsageError,
 )
+from . import _recording
 from ._routes import Dialect
 
 __all__ = [
@@ -72,8 +75,12 @@ def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
     """(HTTP status, OpenAI error type, OpenAI error code) for a typed error."""
     if isinstance(exc, Unauthorized):
         return 401, "authentication_error", "invalid_api_key"
+    if isinstance(exc, KeyForbidden):
+        return 403, "permission_error", exc.code
     if isinstance(exc, Forbidden):
         return 403, "permission_error", "forbidden_origin"
+    if isinstance(exc, RateLimited):
+        return 429, "rate_limit_error", "rate_limited"
     if isinstance(exc, PayloadTooLarge):
         return 413, "invalid_request_error", "request_too_large"
     if isinstance(exc, UnsupportedMediaType):
@@ -143,9 +150,10 @@ def error_response(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     status, err_type, code = status_for(exc)
+    _recording.note_error(type(exc).__name__)
     headers = dict(headers or {})
     body = shape_error(dialect, status, str(exc), err_type, code, getattr(exc, "param", None))
-    if isinstance(exc, QueueFull):
+    if isinstance(exc, QueueFull | RateLimited):
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))
     if isinstance(exc, ModelLoading):
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))

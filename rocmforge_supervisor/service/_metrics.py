@@ -163,6 +163,18 @@ class Metrics:
         self.tokens_out = Counter(
             "forge_completion_tokens", "completion tokens", labels, registry=self.registry
         )
+        self.key_requests = Counter(
+            "forge_key_requests",
+            "requests by API key name, model and status",
+            ["key", "model", "status"],
+            registry=self.registry,
+        )
+        self.key_tokens = Counter(
+            "forge_key_tokens",
+            "tokens by API key name, model and kind (prompt, completion)",
+            ["key", "model", "kind"],
+            registry=self.registry,
+        )
         self.ttft = Histogram(
             "forge_time_to_first_token_seconds",
             "request received → first byte of the answer",

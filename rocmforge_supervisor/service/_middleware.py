@@ -1,10 +1,12 @@
 """The gateway's edge checks, as one plain ASGI middleware (no per-request task or body copy).
 
-Request id (``X-Request-ID``, made up when absent), bearer auth, the CSRF Origin check, the
-declared body size and the body's media type. Each check *raises* a typed error
-(``Unauthorized``, ``Forbidden``, ``PayloadTooLarge``, ``UnsupportedMediaType``); ``_errors_http``
-alone turns it into a response. A body without a ``Content-Length`` (chunked) is counted by
-:func:`read_body` and gets the same 413.
+Request id (``X-Request-ID``, made up when absent), bearer auth (which key, admin for the control
+routes, the key's per-minute and per-day limits), the CSRF Origin check, the declared body size
+and the body's media type; and the activity record of every model request, written here once when
+its response ends (``_recording``). Each check *raises* a typed error (``Unauthorized``,
+``Forbidden``, ``PayloadTooLarge``, ``UnsupportedMediaType``); ``_errors_http`` alone turns it
+into a response. A body without a ``Content-Length`` (chunked) is counted by :func:`read_body`
+and gets the same 413.
 
 **Media type (415).** The JSON routes parse the body whatever its ``Content-Type`` says, so
 without this check an HTML form on any web site could post JSON to them: a ``text/plain`` form
@@ -21,7 +23,6 @@ body's first non-blank byte opens a JSON object or array. Everything else (``tex
 
 from __future__ import annotations
 
-import hmac
 import re
 import secrets
 from urllib.parse import urlsplit
@@ -31,10 +32,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._errors import Forbidden, ForgeError, PayloadTooLarge, Unauthorized, UnsupportedMediaType
 from ..config import is_loopback
+from . import _recording
 from ._errors_http import error_response
 from ._logging import request_id_var
 from ._page import PAGE_PATHS, same_origin
-from ._routes import dialect_for_path, takes_json
+from ._routes import MODEL_PATHS, OLLAMA_MODEL_USE, dialect_for_path, takes_json
 from ._state import GatewayState
 
 __all__ = ["RequestContext", "read_body"]
@@ -46,13 +48,19 @@ _JSON_MEDIA = re.compile(r"application/(?:[\w.-]+\+)?json")
 _CURL_DEFAULT = "application/x-www-form-urlencoded"
 
 
+def _needs_admin(method: str, path: str) -> bool:
+    """The control routes (add, load, unload, reload, pull, …) and so the page's controls: every
+    write under /api/ except the Ollama routes that use a model."""
+    return method not in _SAFE_METHODS and path.startswith("/api/") and path not in OLLAMA_MODEL_USE
+
+
 class RequestContext:
     """Request id on every response; auth, Origin and size checked before any route runs."""
 
     def __init__(self, app: ASGIApp, state: GatewayState) -> None:
         self.app = app
         self.state = state
-        self._key = state.api_key.encode() if state.api_key else None
+        self._follows = state.follows_config
         self._public = _PUBLIC_PATHS | ({"/metrics"} if state.metrics_public else set())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -70,21 +78,78 @@ class RequestContext:
                 message["headers"] = [*message.get("headers", []), rid_header]
             await send(message)
 
-        try:
-            self._check(scope, headers)
-            receive = await _check_media_type(scope, headers, receive)
-        except ForgeError as exc:
-            await error_response(exc, dialect=dialect_for_path(scope["path"]))(scope, receive, send_with_id)
+        recorder = self.state.recorder
+        if self._follows:
+            recorder.follow(self.state.supervisor.config)
+        if scope["path"] not in MODEL_PATHS:
+            try:
+                self._check(scope, headers, None)
+                receive = await _check_media_type(scope, headers, receive)
+            except ForgeError as exc:
+                await error_response(exc, dialect=dialect_for_path(scope["path"]))(
+                    scope, receive, send_with_id
+                )
+                return
+            await self.app(scope, receive, send_with_id)
             return
-        await self.app(scope, receive, send_with_id)
+        await self._recorded(scope, receive, send_with_id, headers, rid)
 
-    def _check(self, scope: Scope, headers: dict[bytes, bytes]) -> None:
+    async def _recorded(
+        self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes], rid: str
+    ) -> None:
+        """A model request: the same checks, with its activity record opened here and written
+        when the response has ended (or failed, or the client left: ``completed`` says which)."""
+        recorder = self.state.recorder
+        draft = recorder.begin(scope, rid)
+        status = 0
+        completed = False
+
+        async def send_recorded(message: Message) -> None:
+            nonlocal status, completed
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body" and draft.capture:
+                recorder.keep_response(draft, message.get("body", b""))
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True  # the last byte went out
+
+        async def receive_recorded() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                recorder.keep_request(draft, message.get("body", b""))
+            return message
+
+        try:
+            try:
+                self._check(scope, headers, draft)
+                receive = await _check_media_type(scope, headers, receive)
+            except ForgeError as exc:
+                await error_response(exc, dialect=dialect_for_path(scope["path"]))(
+                    scope, receive, send_recorded
+                )
+                return
+            await self.app(scope, receive_recorded if draft.capture else receive, send_recorded)
+        finally:
+            recorder.finish(draft, status, completed=completed)
+            _recording.current.set(None)
+
+    def _check(self, scope: Scope, headers: dict[bytes, bytes], draft: _recording.Draft | None) -> None:
         method = scope["method"]
-        if self._key is not None and scope["path"] not in self._public and method != "OPTIONS":
+        path = scope["path"]
+        keys = self.state.recorder.keys
+        if keys and path not in self._public and method != "OPTIONS":
             auth = headers.get(b"authorization", b"")
             token = auth[7:] if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
-            if not hmac.compare_digest(token, self._key):
+            key = keys.identify(token)
+            if key is None:
                 raise Unauthorized("missing or invalid API key", hint="send Authorization: Bearer KEY")
+            scope.setdefault("state", {})["key"] = key
+            self.state.recorder.identified(draft, key)
+            if _needs_admin(method, path):
+                key.check_admin(f"{method} {path}")
+            if path in MODEL_PATHS:
+                self.state.recorder.limiter.admit(key)
         origin = headers.get(b"origin")
         if origin is not None and method not in _SAFE_METHODS and not self._origin_ok(origin, scope):
             # A web page must not drive the local service (CSRF): browsers send Origin on such
@@ -100,7 +165,9 @@ class RequestContext:
         text = origin.decode("latin-1")
         if text in self.state.cors_origins or is_loopback(urlsplit(text).hostname or ""):
             return True
-        return same_origin(scope, text, keyed=self._key is not None)  # the status page at a LAN address
+        return same_origin(
+            scope, text, keyed=bool(self.state.recorder.keys)
+        )  # the status page at a LAN address
 
 
 async def _check_media_type(scope: Scope, headers: dict[bytes, bytes], receive: Receive) -> Receive:

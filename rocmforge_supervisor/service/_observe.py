@@ -53,9 +53,14 @@ async def _health(request: Request) -> Response:
 
 async def _ready(request: Request) -> Response:
     st = state_of(request)
+    # The activity log is not worth an outage: a broken one is said here, and the service serves.
+    store = st.recorder.store
+    details = (
+        {"activity": "unavailable: see the service log and `forge doctor`"} if store and store.problem else {}
+    )
     if st.supervisor.ready.is_set():
-        return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "starting"}, status_code=503)
+        return JSONResponse({"status": "ready", **details})
+    return JSONResponse({"status": "starting", **details}, status_code=503)
 
 
 async def _metrics(request: Request) -> Response:

@@ -47,6 +47,7 @@ from ._ollama_convert import (
 )
 from ._ollama_meta import ModelCard, capabilities, card_for, ps_entry, show_entry, tag_entry
 from ._ollama_pull import api_pull
+from ._recording import admit_model, note_finish, note_status, note_timing, note_usage
 from ._routes import resolve_name
 from ._tools import refuse_unusable_tools
 from ._validate import parse_object
@@ -185,6 +186,7 @@ async def api_show(request: Request) -> Response:
     b = _backend(request)
     try:
         name = _model(b, await _body(request))
+        admit_model(request.scope, name)  # a key's models only
         card = await _card(b, name)
         if card is None:
             raise ModelNotFound(
@@ -243,6 +245,7 @@ async def _generation(request: Request, *, generate: bool, embed: str | None = N
     try:
         body = await _body(request)
         name = _model(b, body)
+        admit_model(request.scope, name, stream=not embed and body.get("stream") is not False)
         if embed:
             target = embed_target(body, name, legacy=embed == "embeddings")
         elif generate:
@@ -315,8 +318,10 @@ async def _send(b: OllamaBackend, name: str, target: Target, rid: str | None, *,
     async def lines() -> AsyncIterator[bytes]:
         try:
             async for obj in _translate_stream(up, name, target, started, generate):
-                yield json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+                note_timing(first_byte=True)
+                yield json.dumps(_noted(obj), separators=(",", ":")).encode() + b"\n"
         except httpx.HTTPError as exc:
+            note_status(502, "stream_broken")
             yield (
                 json.dumps(
                     {"error": f"model {name!r} stopped mid-stream: {exc}"}, separators=(",", ":")
@@ -350,6 +355,14 @@ def _upstream_error(status: int, raw: bytes, name: str) -> Response:
     return error_response(upstream_error(UpstreamModel(name), status, raw), dialect="ollama")
 
 
+def _noted(obj: dict[str, Any]) -> dict[str, Any]:
+    """An answer (or a stream's last line) with its counts, noted in the activity record."""
+    if obj.get("done") or "prompt_eval_count" in obj:
+        note_usage(obj.get("prompt_eval_count"), obj.get("eval_count"))
+        note_finish(obj.get("done_reason"))
+    return obj
+
+
 def _reply(status: int, raw: bytes, name: str, target: Target, started: float, generate: bool) -> Response:
     if status != 200:
         return _upstream_error(status, raw, name)
@@ -358,19 +371,21 @@ def _reply(status: int, raw: bytes, name: str, target: Target, started: float, g
         vectors = [d["embedding"] for d in sorted(data.get("data", []), key=lambda d: d.get("index", 0))]
         usage = data.get("usage") or {}
         return JSONResponse(
-            {
-                "model": name,
-                "embeddings": vectors,
-                "total_duration": int((time.perf_counter() - started) * 1e9),
-                "load_duration": 0,
-                "prompt_eval_count": int(usage.get("prompt_tokens", 0) or 0),
-            }
+            _noted(
+                {
+                    "model": name,
+                    "embeddings": vectors,
+                    "total_duration": int((time.perf_counter() - started) * 1e9),
+                    "load_duration": 0,
+                    "prompt_eval_count": int(usage.get("prompt_tokens", 0) or 0),
+                }
+            )
         )
     if target.kind == "embeddings":
         return JSONResponse({"embedding": data["data"][0]["embedding"]})
     if target.kind == "native":
-        return JSONResponse(generate_reply(data, name, started))
-    return JSONResponse(chat_reply(data, name, started, generate=generate))
+        return JSONResponse(_noted(generate_reply(data, name, started)))
+    return JSONResponse(_noted(chat_reply(data, name, started, generate=generate)))
 
 
 async def _translate_stream(

@@ -36,6 +36,7 @@ from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstre
 from ._keepalive import KeepAliveStream, Opened
 from ._middleware import read_body
 from ._ollama import check_tools, model_list
+from ._recording import admit_model, note_finish, note_model, note_status, note_timing, note_usage
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, request_id, state_of
 from ._tools import asks_for_tools
@@ -88,6 +89,7 @@ def _checked_json(
         raise InvalidRequest(
             'the request has no "model" field', param="model", hint="name one of GET /v1/models"
         )
+    note_model(asked)  # a request refused for a field still names its model in the activity log
     kind = _KINDS.get(route.path, "")
     check_fields(payload, kind)
     name = resolve_name(asked, st.supervisor.models)
@@ -122,6 +124,7 @@ async def open_upstream(
     """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
     streaming response to one request; both released on exit. Also the Ollama API's way in."""
     async with st.supervisor.acquire(name, load_wait=st.supervisor.load_wait(name)) as upstream:
+        note_timing(slot=True)  # the activity record's queue wait, for every dialect
         headers = {"Content-Type": content_type}
         if rid:
             headers["X-Request-ID"] = rid
@@ -183,6 +186,7 @@ class _Forwarder:
         self.st.metrics.errors.labels(self.name, type(exc).__name__).inc()
         self.st.metrics.requests.labels(self.name, self.route.path, "error").inc()
         resp = error_response(exc, self.rid, self.route.dialect)
+        note_status(resp.status_code)  # also when a kept-alive stream can only say it in an event
         headers = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-length",)}
         return Opened(resp.status_code, headers, _once(bytes(resp.body)), _nothing, stream=False)
 
@@ -261,6 +265,7 @@ class _Forwarder:
             async for chunk in upstream.aiter_raw():
                 if first:
                     self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
+                    note_timing(first_byte=True, chunk=chunk)
                     first = False
                 tail = (tail + chunk)[-4096:]
                 yield chunk
@@ -268,6 +273,7 @@ class _Forwarder:
                 raise StreamError(f"the stream ended without {marker.decode()}")
         except (StreamError, httpx.HTTPError) as exc:
             status = "502"
+            note_status(502, "stream_broken")
             self.st.metrics.errors.labels(self.name, "stream_broken").inc()
             broken = StreamError(
                 f"model {self.name!r} stopped mid-stream ({exc.__cause__ or exc})",
@@ -286,6 +292,7 @@ class _Forwarder:
         m.requests.labels(self.name, self.route.path, status).inc()
         if status == "200":
             _count_usage(self.st, self.name, tail)
+            note_finish(tail=tail)
 
 
 def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
@@ -303,6 +310,9 @@ def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
         completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
         st.metrics.tokens_in.labels(name).inc(float(prompt or 0))
         st.metrics.tokens_out.labels(name).inc(float(completion or 0))
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        note_usage(prompt, completion, cached if cached is not None else usage.get("cache_read_input_tokens"))
 
 
 def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
@@ -323,6 +333,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
                 asked, stream = await model_from_request(route, request, body)
                 name = resolve_name(asked, st.supervisor.models)
                 st.supervisor.get(name)  # 404 before queueing
+            admit_model(request.scope, name, stream=stream)  # the key's models: 403 before queueing
             if stream and st.sse_keepalive > 0:
                 # The load wait ends in a real 503 (Retry-After, progress), so it comes first;
                 # only then may the response be committed to 200 and kept alive.

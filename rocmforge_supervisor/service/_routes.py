@@ -25,6 +25,8 @@ from .._errors import UsageError
 
 __all__ = [
     "FORWARDED",
+    "MODEL_PATHS",
+    "OLLAMA_MODEL_USE",
     "OLLAMA_PATHS",
     "Dialect",
     "ForwardRoute",
@@ -84,6 +86,12 @@ OLLAMA_PATHS = frozenset(
         "/api/blobs",
     }
 )
+
+#: The Ollama routes that use a model (any key may call them; the other writes under /api/ are
+#: control routes, for admin keys).
+OLLAMA_MODEL_USE = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show"})
+#: The requests that get an activity record and count against a key's limits: every model route.
+MODEL_PATHS = frozenset(r.path for r in FORWARDED) | (OLLAMA_MODEL_USE - {"/api/show"})
 
 _ANTHROPIC_PATHS = frozenset(r.path for r in FORWARDED if r.dialect == "anthropic")
 

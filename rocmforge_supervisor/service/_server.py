@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,14 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from .._errors import ConfigError, ForcedExit, ForgeError, ServiceError
+from ..access import KeyRing
 from ..config import ForgeConfig, ForgeSettings, ServerConfig
 from ..process import StateDirLock, unwrap_group
 from ..supervisor import ModelState, Supervisor
 from ._app import GatewayState, create_app
 from ._info import ServiceInfo, read_service_info, service_info_path
 from ._observe import MetricsPort
+from ._recording import open_store
 
 __all__ = ["ServiceInfo", "loop_options", "read_service_info", "run_service", "service_info_path"]
 
@@ -193,6 +196,8 @@ async def _run_locked(
             s.close()
         with anyio.CancelScope(shield=True):
             await state.upstream.aclose()
+            if state.recorder.store is not None:  # what is queued is committed
+                await anyio.to_thread.run_sync(state.recorder.store.close)
         info = read_service_info(supervisor.state_dir)
         if info is not None and info.get("pid") == os.getpid():
             info_path.unlink(missing_ok=True)
@@ -231,6 +236,7 @@ def _gateway(
     config: ForgeConfig, supervisor: Supervisor, reload: Callable[[], Any] | None, metrics_port: int | None
 ) -> tuple[GatewayState, _Uvicorn]:
     server_cfg = config.server
+    store = open_store(config)
     state = GatewayState(
         supervisor,
         api_key=server_cfg.api_key.get_secret_value() if server_cfg.api_key is not None else None,
@@ -241,7 +247,15 @@ def _gateway(
         sse_keepalive=server_cfg.sse_keepalive,
         settings=config.settings,
         metrics_public=server_cfg.metrics_public,
+        keys=KeyRing.from_config(server_cfg),
+        activity=store,
+        capture=server_cfg.capture,
+        capture_models={n: m.capture for n, m in config.models.items() if m.capture is not None},
+        capture_max_bytes=server_cfg.capture_max_bytes,
     )
+    if store is not None and store.problem is None:  # a restart does not hand a key a fresh day
+        with contextlib.suppress(Exception):
+            state.recorder.limiter.seed(store.tokens_since(time.time() - 86400))
     app: ASGIApp = create_app(state, cors_origins=list(server_cfg.cors_origins))
     if metrics_port is not None:  # that listener: /metrics alone, no key
         app = MetricsPort(app, state, metrics_port)

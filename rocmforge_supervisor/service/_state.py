@@ -10,10 +10,13 @@ import anyio
 import httpx
 from starlette.requests import Request
 
+from ..access import ADMIN_KEY_NAME, Key, KeyRing, Limiter
+from ..activity import ActivityStore
 from ..client._transport import async_pool
 from ..config import ForgeSettings
 from ..supervisor import Supervisor
 from ._metrics import Metrics
+from ._recording import Recorder
 
 __all__ = ["GatewayState", "request_id", "state_of"]
 
@@ -33,6 +36,11 @@ class GatewayState:
         sse_keepalive: float = 5.0,
         settings: ForgeSettings | None = None,
         metrics_public: bool = False,
+        keys: KeyRing | None = None,
+        activity: ActivityStore | None = None,
+        capture: bool = False,
+        capture_models: dict[str, bool] | None = None,
+        capture_max_bytes: int = 64 * 1024,
     ) -> None:
         #: ``/metrics`` answers without the API key (server.metrics_public).
         self.metrics_public = metrics_public
@@ -46,6 +54,22 @@ class GatewayState:
         self.model_dirs = [p.resolve() for p in model_dirs]
         self.reload = reload
         self.metrics = Metrics(lambda: [s.to_json() for s in supervisor.status()])
+        #: Keys built from the supervisor's config follow it across reloads (``Recorder.follow``).
+        self.follows_config = keys is not None
+        if keys is None:  # server.api_key alone: one admin key
+            keys = KeyRing([Key(ADMIN_KEY_NAME, api_key.encode(), admin=True)] if api_key else [])
+        #: Keys, limits and the activity log: what the middleware checks and records.
+        self.recorder = Recorder(
+            activity,
+            keys,
+            Limiter(),
+            self.metrics,
+            capture=capture,
+            capture_models=dict(capture_models or {}),
+            capture_max_bytes=capture_max_bytes,
+        )
+        if self.follows_config:
+            self.recorder.follow(supervisor.config)
         #: Set when the service starts stopping: endless responses (events, log follow) end then.
         self.closing = anyio.Event()
         self.upstream: httpx.AsyncClient = async_pool(httpx.Timeout(None, connect=5.0), max_keepalive=512)

@@ -212,3 +212,11 @@ def test_load_target_prefers_most_free_gpu_with_a_backend() -> None:
     inv = detect(machine_settings(FIXTURES / "mi300x_8"))
     assert load_target(inv, ("cpu",)).vendor == "cpu"
     assert load_target(inv, ("cpu", "hip")).key == "amd:0"  # the least used of equals
+
+
+def test_doctor_names_the_fix_for_a_damaged_activity_log(forge: typer.Typer, tmp_path: Path) -> None:
+    (tmp_path / "activity.db").write_bytes(b"not a database " * 100)
+    env = machine_env("no_gpu", FORGE_STATE_DIR=str(tmp_path), FORGE_LLAMA_SERVER=str(tmp_path / "none"))
+    _, out = invoke(forge, ["doctor", "--json", "--no-cross-check"], env)
+    (check,) = _checks(json.loads(out), "activity log")
+    assert check["status"] == "warn" and "damaged" in check["message"] and ".broken" in check["fix"]

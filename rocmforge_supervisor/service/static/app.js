@@ -1,5 +1,6 @@
 // The status page: models, devices, events and a chat box, live from the control API.
 
+import { ActivityView } from "./activity.js";
 import { AuthError, auth, getJSON, postJSON, request, sse } from "./api.js";
 import { Chat } from "./chat.js";
 import { renderDevices } from "./devices.js";
@@ -25,6 +26,7 @@ let generation = 0; // bumped on every (re)start and on logout: stale loops see 
 let models = new ModelsTable($("models"), onAuthError);
 const timeline = new Timeline($("events"));
 const chat = new Chat(onAuthError);
+const activity = new ActivityView($("activity"), onAuthError);
 
 function setConn(state, text) {
   ui.conn.dataset.state = state;
@@ -43,6 +45,7 @@ function onAuthError() {
   models.clear();
   models = new ModelsTable($("models"), onAuthError);
   timeline.clear();
+  activity.clear();
   renderDevices($("devices"), { devices: [] });
   setText(ui.summary, "");
   setConn("locked", "locked");
@@ -141,6 +144,7 @@ async function start() {
   loop(gen, 1000, refreshModels);
   loop(gen, 1000, async () => models.setThroughput((await getJSON("/api/throughput")).models));
   loop(gen, 2000, async () => renderDevices($("devices"), await getJSON("/api/devices")));
+  loop(gen, 2000, () => activity.refresh());
   followEvents(gen);
 }
 

@@ -1,0 +1,87 @@
+"""The configured keys (``[[server.keys]]`` and ``server.api_key``) and what each may use."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from .._errors import KeyForbidden
+from ..config import ServerConfig
+
+__all__ = ["ADMIN_KEY_NAME", "Key", "KeyRing"]
+
+#: The name ``server.api_key`` goes by in logs, usage and errors.
+ADMIN_KEY_NAME = "api_key"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One client key: its name, the model globs it may use, admin or not, and its limits."""
+
+    name: str
+    secret: bytes
+    models: tuple[str, ...] = ("*",)
+    admin: bool = False
+    requests_per_minute: int | None = None
+    tokens_per_day: int | None = None
+
+    def __repr__(self) -> str:  # never the secret, even in a traceback
+        return f"Key(name={self.name!r}, admin={self.admin})"
+
+    def may_use(self, model: str) -> bool:
+        return any(fnmatchcase(model, pattern) for pattern in self.models)
+
+    def check_model(self, model: str) -> None:
+        """:class:`KeyForbidden` naming the key's name and the model when it may not use it."""
+        if not self.may_use(model):
+            raise KeyForbidden(
+                f"the API key {self.name!r} may not use model {model!r}",
+                code="model_not_allowed",
+                hint=f"use a model it allows ({', '.join(self.models)}), or add {model!r} to its models in [[server.keys]]",
+            )
+
+    def check_admin(self, what: str) -> None:
+        if not self.admin:
+            raise KeyForbidden(
+                f"the API key {self.name!r} may not {what}: it needs an admin key",
+                code="admin_required",
+                hint="use server.api_key or a [[server.keys]] entry with admin = true",
+            )
+
+
+class KeyRing:
+    """Every key the service accepts; empty: the service is open (no auth configured)."""
+
+    def __init__(self, keys: Iterable[Key]) -> None:
+        self.keys = tuple(keys)
+
+    @classmethod
+    def from_config(cls, server: ServerConfig) -> KeyRing:
+        keys = [
+            Key(
+                k.name,
+                k.secret.encode(),
+                tuple(k.models),
+                k.admin,
+                k.requests_per_minute,
+                k.tokens_per_day,
+            )
+            for k in server.keys
+        ]
+        if server.api_key is not None:
+            keys.insert(0, Key(ADMIN_KEY_NAME, server.api_key.get_secret_value().encode(), admin=True))
+        return cls(keys)
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def identify(self, token: bytes) -> Key | None:
+        """The key ``token`` is, or None. Compared with *every* key in constant time, so neither
+        the answer's timing nor which key matched tells anything about the others."""
+        found: Key | None = None
+        for key in self.keys:
+            if hmac.compare_digest(token, key.secret) and found is None:
+                found = key
+        return found
