@@ -15,11 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 __all__ = [
+    "OWNED_BY_KEY",
     "SIZE_FLAGS",
     "TEMPLATE_FLAGS",
     "embedding_args",
     "fallback_chat_template_args",
     "is_owned_flag",
+    "mmproj_args",
     "normalise_flag",
     "redact",
     "server_argv",
@@ -39,8 +41,16 @@ OWNED_FLAGS = frozenset(
         "--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload",
         "--ssl-key-file", "--ssl-cert-file",
         "-lv", "--verbosity",
+        "-mm", "--mmproj", "-mmu", "--mmproj-url", "--mmproj-auto", "--no-mmproj", "--no-mmproj-auto",
+        "--mmproj-offload", "--no-mmproj-offload", "--media-path",
     }
 )  # fmt: skip
+#: The forge.toml key to use instead of an owned flag, where there is one (the config's error).
+OWNED_BY_KEY: Mapping[str, str] = {
+    **dict.fromkeys(("-mm", "--mmproj", "-mmu", "--mmproj-url", "--mmproj-auto", "--no-mmproj",
+                     "--no-mmproj-auto"), "mmproj"),
+    **dict.fromkeys(("--mmproj-offload", "--no-mmproj-offload"), "mmproj_offload"),
+}  # fmt: skip
 OWNED_PREFIXES = ("--log-",)
 
 #: Flags that change how much memory a child takes → the placement request field they set.
@@ -144,6 +154,15 @@ def embedding_args(embeddings: bool, user_args: Sequence[str], architecture: str
     if "--pooling" not in flags and architecture not in _POOLED_ARCHITECTURES:
         out += ["--pooling", "mean"]
     return out
+
+
+def mmproj_args(projector: Path | None, offload: bool) -> list[str]:
+    """``--mmproj FILE`` for a model with a projector, and ``--no-mmproj-offload`` when it is to
+    stay in system RAM (llama-server offloads it to the first GPU by default). No ``--media-path``
+    ever: ``file://`` media would let a request read the server's files."""
+    if projector is None:
+        return []
+    return ["--mmproj", str(projector)] + ([] if offload else ["--no-mmproj-offload"])
 
 
 def server_argv(

@@ -18,6 +18,9 @@ decided without a dry run:
   (the attention scores without flash attention, the feed-forward activations otherwise), plus
   the logits; calibrated against what the real llama-server reserved for the embedded model
   (see tests/models/test_estimate_real.py). Corrected after load by the child's own numbers.
+- **projector** (``--mmproj``): a vision/audio model's projector weights and its compute buffer
+  (:class:`~._projector.ProjectorInfo`), on the first GPU (mtmd's default) or on the CPU with
+  ``--no-mmproj-offload`` or when no GPU is used.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .._errors import UsageError
 from ._gguf import GGUFInfo
+from ._projector import ProjectorInfo
 
 __all__ = [
     "CACHE_TYPES",
@@ -73,10 +77,14 @@ class DeviceEstimate:
     output_bytes: int = 0
     layers: int = 0
     """Repeating blocks placed here (the output layer is not counted)."""
+    projector_bytes: int = 0
+    """A multimodal projector's weights and compute buffer, on the device mtmd runs it on."""
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+        return (
+            self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.projector_bytes
+        )
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -84,6 +92,7 @@ class DeviceEstimate:
             "kv_bytes": self.kv_bytes,
             "compute_bytes": self.compute_bytes,
             "output_bytes": self.output_bytes,
+            "projector_bytes": self.projector_bytes,
             "total_bytes": self.total_bytes,
             "layers": self.layers,
         }
@@ -133,6 +142,10 @@ class MemoryEstimate:
         return sum(d.output_bytes for d in self.devices)
 
     @property
+    def projector_bytes(self) -> int:
+        return sum(d.projector_bytes for d in self.devices)
+
+    @property
     def total_bytes(self) -> int:
         return sum(d.total_bytes for d in self.devices)
 
@@ -147,6 +160,7 @@ class MemoryEstimate:
             "kv_bytes": self.kv_bytes,
             "compute_bytes": self.compute_bytes,
             "output_bytes": self.output_bytes,
+            "projector_bytes": self.projector_bytes,
             "by_device": {d.device: d.to_json() for d in self.devices},
             "n_gpu_layers": self.n_gpu_layers,
             "ctx_size": self.ctx_size,
@@ -243,6 +257,8 @@ def estimate_memory(
     tensor_split: Sequence[float] | None = None,
     n_ubatch: int = DEFAULT_N_UBATCH,
     kv_unified: bool | None = None,
+    projector: ProjectorInfo | None = None,
+    projector_offload: bool | None = None,
 ) -> MemoryEstimate:
     """Estimate the memory of one llama-server load, per device and part.
 
@@ -251,7 +267,9 @@ def estimate_memory(
     ``n_gpu_layers`` None or negative means all layers. ``ctx_size`` 0 means the trained
     context. ``parallel`` None means llama-server's auto (4 slots sharing one KV cache).
     ``flash_attn`` None is llama-server's auto, which turns it on where the backend supports it
-    (all the backends we build).
+    (all the backends we build). ``projector``: the model's ``--mmproj`` file, counted on the
+    first GPU unless ``projector_offload`` is False (None: on, as llama-server's default) or no GPU
+    is used.
     """
     gpus = [d for d in devices if d != "cpu"]
     n_layer = info.block_count
@@ -325,6 +343,10 @@ def estimate_memory(
     output = {"cpu": n_seq * info.vocab_size * _F32}
 
     keys = ["cpu", *gpus]
+    projector_on: dict[str, int] = {}
+    if projector is not None:
+        proj_dev = gpus[0] if gpus and projector_offload is not False else "cpu"
+        projector_on[proj_dev] = projector.total_bytes
     per_device = tuple(
         DeviceEstimate(
             device=k,
@@ -333,6 +355,7 @@ def estimate_memory(
             compute_bytes=compute.get(k, 0),
             output_bytes=output.get(k, 0),
             layers=layers.get(k, 0),
+            projector_bytes=projector_on.get(k, 0),
         )
         for k in keys
     )

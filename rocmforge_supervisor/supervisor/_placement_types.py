@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from .._argv import SIZE_FLAGS
 from ..config import GpuChoice
 from ..hardware import Device, Inventory
-from ..models import GGUFInfo, MemoryEstimate
+from ..models import GGUFInfo, MemoryEstimate, ProjectorInfo
 
 __all__ = [
     "LoadedModel",
@@ -48,6 +48,10 @@ class PlacementRequest:
     tensor_split: tuple[float, ...] | None = None
     """Explicit proportions for an explicit GPU list; otherwise by free memory."""
     n_ubatch: int = 512
+    projector: ProjectorInfo | None = None
+    """The model's multimodal projector (``--mmproj``): its weights and compute buffer count too."""
+    projector_offload: bool | None = None
+    """False: the projector stays in system RAM (``--no-mmproj-offload``)."""
     extra_args: tuple[str, ...] = ()
     """The child's extra llama-server arguments: the ones that change its size (``-c``, ``-np``,
     ``-ctk``, ``-ctv``, ``-fa``, ``-ub``, ``-ngl``, ``-ts``) are read by :meth:`effective`."""

@@ -59,6 +59,8 @@ class Planner:
             devices=tuple(gpus) or ("cpu",),
             tensor_split=split,
             n_ubatch=r.n_ubatch,
+            projector=r.projector,
+            projector_offload=r.projector_offload,
         )
         return Layout(tuple(gpus), est.n_gpu_layers, tuple(split) if split else None, est, kind)
 
