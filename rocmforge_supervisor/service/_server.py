@@ -206,6 +206,7 @@ def _gateway(
         sse_keepalive=server_cfg.sse_keepalive,
         settings=config.settings,
         metrics_public=server_cfg.metrics_public,
+        allow_remote_media=server_cfg.allow_remote_media,
     )
     app: ASGIApp = create_app(state, cors_origins=list(server_cfg.cors_origins))
     if metrics_port is not None:  # that listener: /metrics alone, no key

@@ -33,7 +33,10 @@ class GatewayState:
         sse_keepalive: float = 5.0,
         settings: ForgeSettings | None = None,
         metrics_public: bool = False,
+        allow_remote_media: bool = False,
     ) -> None:
+        #: ``http(s)`` media URLs reach the children (server.allow_remote_media; see ``_media``).
+        self.allow_remote_media = allow_remote_media
         #: ``/metrics`` answers without the API key (server.metrics_public).
         self.metrics_public = metrics_public
         #: Seconds between ``: keep-alive`` comments while a stream waits (0: off).
