@@ -211,7 +211,7 @@ def resolve_projector_path(mmproj: str, model_ref: str, model_path: Path, settin
     if model_ref.startswith("hf:") and not Path(model_ref).expanduser().exists():
         from ._hub import hub_projector
 
-        return hub_projector(model_ref[3:], settings)
+        return hub_projector(model_ref[3:], settings, beside=True)
     folder = model_path.parent
     chosen, _ = choose_projector([p.name for p in folder.iterdir() if p.is_file()], model_path.name)
     if chosen is None:

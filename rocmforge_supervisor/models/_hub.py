@@ -28,7 +28,7 @@ from .._errors import ForgeError, HubError, ModelNotFound, UsageError
 from ..config import ForgeSettings
 from ._gguf import inspect_gguf
 from ._names import is_mmproj, matches_quant, parse_split_name, quant_tag_of
-from ._projector import choose_projector
+from ._projector import choose_projector, inspect_projector
 
 __all__ = [
     "DEFAULT_QUANT",
@@ -478,9 +478,12 @@ def _repo_listing(ref: HubRef, settings: ForgeSettings) -> list[str]:
     return _remote_files(ref, settings)
 
 
-def hub_projector(ref: str, settings: ForgeSettings, *, progress: bool | type[Any] = False) -> Path:
+def hub_projector(
+    ref: str, settings: ForgeSettings, *, beside: bool = False, progress: bool | type[Any] = False
+) -> Path:
     """A projector from the hub, cache-first: ``org/repo:FILE`` / ``org/repo/FILE`` names the file;
-    a model reference (``org/repo:QUANT``) means "the projector beside that model in its repo"."""
+    with ``beside``, ``ref`` is the model's reference (``org/repo:QUANT``) and the projector is the
+    one beside that model in its repo (:func:`~._projector.choose_projector`)."""
     text = ref.strip()
     repo_part, sep, tail = (
         text.rpartition(":") if text.lower().endswith(".gguf") and ":" in text else ("", "", "")
@@ -488,7 +491,11 @@ def hub_projector(ref: str, settings: ForgeSettings, *, progress: bool | type[An
     if sep and "/" in repo_part:  # org/repo:FILE.gguf
         text = f"{repo_part}/{tail}"
     hub_ref = parse_hf_reference(text)
-    if hub_ref.filename is not None and is_mmproj(hub_ref.filename):
+    if not beside:
+        if hub_ref.filename is None:
+            raise UsageError(
+                f"mmproj hf:{ref} names no file", hint="write hf:org/repo:FILE (the projector's .gguf name)"
+            )
         return resolve_hf_reference(str(hub_ref), settings, progress=bool(progress))
     files = _repo_listing(hub_ref, settings)
     model_files = (
@@ -517,4 +524,5 @@ def pull_with_projector(ref: str, settings: ForgeSettings, progress: bool | type
         return PulledModel(paths)
     proj_ref = HubRef(hub_ref.repo_id, hub_ref.revision, filename=chosen)
     projector = _download(proj_ref, [chosen], settings, local_only=_offline(settings), progress=progress)[0]
+    inspect_projector(projector)  # a broken or wrong file is named now, not at the first load
     return PulledModel(paths, projector, tuple(candidates) if len(candidates) > 1 else ())
