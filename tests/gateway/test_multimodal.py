@@ -178,6 +178,21 @@ def test_capabilities_say_vision_for_the_model_with_a_projector(svc: Service, cl
     assert "projector_info" not in raw_text
 
 
+def test_status_counts_the_projector_and_says_what_the_model_takes(svc: Service, vision_model: Path) -> None:
+    vision, text = svc.model("vision"), svc.model("text")
+    assert vision["modalities"] == ["vision"] and text["modalities"] == []
+    # Same GGUF, context and slots: what the vision child holds beyond the text one is its projector,
+    # in the estimate and in what the child itself reported (its mtmd allocation lines).
+    projector = vision_model.with_name("mmproj-tiny-vision.gguf")
+    assert vision["memory"]["estimated_bytes"]["cpu"] > text["memory"]["estimated_bytes"]["cpu"]
+    extra = vision["memory"]["actual_bytes"]["cpu"] - text["memory"]["actual_bytes"]["cpu"]
+    assert 0.5 * projector.stat().st_size < extra < 4 * projector.stat().st_size
+    argv = {tuple(p.cmdline()) for p in svc.llama_children()}
+    with_projector = [a for a in argv if "--mmproj" in a]
+    assert len(with_projector) == 1 and str(projector) in with_projector[0]
+    assert "--no-mmproj-offload" in with_projector[0]  # the model is on the CPU: so is its projector
+
+
 # -- refused with a 400 that says why ----------------------------------------------------------------
 
 
