@@ -467,10 +467,18 @@ class PulledModel:
     """Every projector in the repo, when there were several (which one was taken is ``projector``)."""
 
 
-def _repo_listing(ref: HubRef, settings: ForgeSettings) -> list[str]:
-    """The repo's files: the cache's full listing when it has one or offline, else the hub's."""
+def _repo_listing(
+    ref: HubRef, settings: ForgeSettings, *, cached_projector_will_do: bool = False
+) -> list[str]:
+    """The repo's files: the cache's full listing when it has one or offline, else the hub's.
+
+    ``cached_projector_will_do``: a partial cache that already holds a projector is enough (a
+    model restarting must not depend on huggingface.co, as for the model itself).
+    """
     cached = _cached_files(ref, settings)
     if cached is not None and (cached[1] or _offline(settings)):
+        return cached[0]
+    if cached is not None and cached_projector_will_do and any(is_mmproj(f) for f in cached[0]):
         return cached[0]
     if _offline(settings):
         raise _not_cached(ref, settings)
@@ -497,10 +505,11 @@ def hub_projector(
                 f"mmproj hf:{ref} names no file", hint="write hf:org/repo:FILE (the projector's .gguf name)"
             )
         return resolve_hf_reference(str(hub_ref), settings, progress=bool(progress))
-    files = _repo_listing(hub_ref, settings)
-    model_files = (
-        select_gguf_files(files, hub_ref) if hub_ref.filename is None or hub_ref.filename in files else []
-    )
+    files = _repo_listing(hub_ref, settings, cached_projector_will_do=True)
+    try:
+        model_files = select_gguf_files(files, hub_ref)
+    except ModelNotFound:
+        model_files = []  # a partial listing: the projector is still the one beside the name
     chosen, _ = choose_projector(files, model_files[0] if model_files else hub_ref.filename)
     if chosen is None:
         raise ModelNotFound(
@@ -508,7 +517,12 @@ def hub_projector(
             hint='set mmproj to the projector\'s path or "hf:org/repo:FILE" of the repo that has it',
         )
     proj_ref = HubRef(hub_ref.repo_id, hub_ref.revision, filename=chosen)
-    return _download(proj_ref, [chosen], settings, local_only=_offline(settings), progress=progress)[0]
+    try:  # cache-first, as for the model: no request when the file is there
+        return _download(proj_ref, [chosen], settings, local_only=True, progress=False)[0]
+    except HubError:
+        if _offline(settings):
+            raise
+    return _download(proj_ref, [chosen], settings, local_only=False, progress=progress)[0]
 
 
 def pull_with_projector(ref: str, settings: ForgeSettings, progress: bool | type[Any] = True) -> PulledModel:

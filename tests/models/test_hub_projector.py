@@ -115,3 +115,13 @@ def test_forge_pull_prints_the_projector_and_says_which_it_took(tmp_path: Path, 
     assert j.returncode == 0, j.stderr
     out = json.loads(j.stdout)
     assert out["projector"].endswith("mmproj-vis-Q8_0.gguf") and len(out["projector_candidates"]) == 2
+
+
+def test_auto_resolves_from_the_cache_without_asking_the_hub(tmp_path: Path, hub: StandinHub) -> None:
+    """A model restarting must not depend on huggingface.co: once pulled, no request at all."""
+    settings = online(tmp_path, hub)
+    pulled = pull_with_projector("org/vision-GGUF:Q8_0", settings, progress=False)
+    before = len(hub.requests)
+    model = resolve_model_path("hf:org/vision-GGUF:Q8_0", settings)
+    assert resolve_projector_path("auto", "hf:org/vision-GGUF:Q8_0", model, settings) == pulled.projector
+    assert len(hub.requests) == before
