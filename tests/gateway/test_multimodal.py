@@ -4,7 +4,8 @@ URLs (a server-side request forgery surface: llama-server would fetch them itsel
 
 One real service (module-scoped, both models preloaded) runs the tiny text model twice on the real
 llama-server: ``vision`` with ``mmproj = "auto"`` (the random-weight CLIP projector the tests
-write, found beside the model), ``text`` without. The weights are random: what is checked is that
+write, found beside the model), ``hearing`` with a random-weight audio projector (Ultravox's
+layout) given by path, ``text`` without (and ``lazy``, ``vision`` never loaded). The weights are random: what is checked is that
 an image reaches the child as an image (it costs 16 prompt tokens more than the text alone), not
 what the model says about it.
 """
@@ -26,7 +27,14 @@ import openai
 import pytest
 
 from tests.support.service import Service, model_section, running_service, write_config
-from tests.support.tiny_clip import IMAGE_TOKENS, png_base64, png_bytes
+from tests.support.tiny_clip import (
+    AUDIO_TOKENS,
+    IMAGE_TOKENS,
+    png_base64,
+    png_bytes,
+    wav_bytes,
+    write_tiny_audio_clip,
+)
 
 KEY = "sk-test-multimodal"
 PROMPT = "what is on the picture"
@@ -41,7 +49,15 @@ def svc(
         d / "forge.toml",
         f'[server]\napi_key = "{KEY}"\n'
         + model_section("vision", vision_model, mmproj="auto", parallel=1, preload=True)
-        + model_section("text", vision_model, parallel=1, preload=True),
+        + model_section("text", vision_model, parallel=1, preload=True)
+        + model_section("lazy", vision_model, mmproj="auto", parallel=1)
+        + model_section(
+            "hearing",
+            vision_model,
+            mmproj=str(write_tiny_audio_clip(d / "audio-projector.gguf")),
+            parallel=1,
+            preload=True,
+        ),
     )
     with running_service(config, d / "state", llama_server_bin, api_key=KEY) as s:
         yield s
@@ -154,6 +170,33 @@ def test_ollama_client_images_reach_the_child(svc: Service, closing: ExitStack) 
     )
 
 
+def test_audio_reaches_a_model_with_an_audio_projector(svc: Service, closing: ExitStack) -> None:
+    audio = base64.b64encode(wav_bytes()).decode()
+    with _http(svc) as c:
+        plain = _chat(svc, "hearing", PROMPT).json()
+        heard = _chat(
+            svc,
+            "hearing",
+            [
+                {"type": "text", "text": PROMPT},
+                {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
+            ],
+        )
+        assert heard.status_code == 200, heard.text
+        assert heard.json()["usage"]["prompt_tokens"] >= plain["usage"]["prompt_tokens"] + AUDIO_TOKENS
+        models = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
+    assert "audio" in models["hearing"]["capabilities"] and "vision" not in models["hearing"]["capabilities"]
+    assert svc.model("hearing")["modalities"] == ["audio"]
+    client = closing.enter_context(openai.OpenAI(base_url=f"{svc.url}/v1", api_key=KEY, max_retries=0))
+    text = client.audio.transcriptions.create(
+        model="hearing", file=("tone.wav", wav_bytes()), extra_body={"max_tokens": "4"}
+    )
+    assert text.text.strip()
+    # An image to the audio-only model: llama-server's own refusal, a 400 that names the key.
+    r = _chat(svc, "hearing", _with_image(f"data:image/png;base64,{png_base64()}"))
+    assert r.status_code == 400 and "mmproj" in r.json()["error"]["message"]
+
+
 # -- what clients are told up front ------------------------------------------------------------------
 
 
@@ -163,6 +206,8 @@ def test_capabilities_say_vision_for_the_model_with_a_projector(svc: Service, cl
         tags = {m["name"]: m for m in c.get("/api/tags").json()["models"]}
     assert "vision" in models["vision"]["capabilities"] and "completion" in models["vision"]["capabilities"]
     assert "vision" not in models["text"]["capabilities"]
+    # Not loaded yet: the projector file says what the child's /props will.
+    assert models["lazy"]["state"] == "unloaded" and "vision" in models["lazy"]["capabilities"]
     assert "vision" in tags["vision"]["capabilities"] and "vision" not in tags["text"]["capabilities"]
     client = closing.enter_context(ollama.Client(host=svc.url, headers={"Authorization": f"Bearer {KEY}"}))
     shown = client.show("vision")
@@ -188,9 +233,12 @@ def test_status_counts_the_projector_and_says_what_the_model_takes(svc: Service,
     extra = vision["memory"]["actual_bytes"]["cpu"] - text["memory"]["actual_bytes"]["cpu"]
     assert 0.5 * projector.stat().st_size < extra < 4 * projector.stat().st_size
     argv = {tuple(p.cmdline()) for p in svc.llama_children()}
-    with_projector = [a for a in argv if "--mmproj" in a]
-    assert len(with_projector) == 1 and str(projector) in with_projector[0]
+    with_projector = [a for a in argv if str(projector) in a]
+    assert len(with_projector) == 1 and with_projector[0][with_projector[0].index("--mmproj") + 1] == str(
+        projector
+    )
     assert "--no-mmproj-offload" in with_projector[0]  # the model is on the CPU: so is its projector
+    assert len([a for a in argv if "--mmproj" in a]) == 2  # vision and hearing; text has none
 
 
 # -- refused with a 400 that says why ----------------------------------------------------------------

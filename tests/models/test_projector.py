@@ -21,7 +21,7 @@ from rocmforge_supervisor.models import (
 )
 from rocmforge_supervisor.supervisor._local import LoadOptions, plan_local_load
 from tests.models.test_estimate_real import _actual
-from tests.support.tiny_clip import write_tiny_clip
+from tests.support.tiny_clip import write_tiny_audio_clip, write_tiny_clip
 
 MIB = 1024 * 1024
 
@@ -37,6 +37,12 @@ def test_a_projector_says_what_it_takes_and_weighs(vision_model: Path) -> None:
     assert (p.image_size, p.patch_size, p.block_count) == (32, 8, 2)
     assert 0 < p.weights_bytes <= p.file_size_bytes
     assert p.compute_bytes > 0
+
+
+def test_an_audio_projector_says_audio(tmp_path: Path) -> None:
+    p = inspect_projector(write_tiny_audio_clip(tmp_path / "mmproj-audio.gguf"))
+    assert p.modalities == ("audio",) and p.projector_type == "ultravox"
+    assert p.compute_bytes > 1500 * 1500 * 4  # one 30 s chunk's attention scores at least
 
 
 def test_a_text_model_given_as_projector_is_refused(vision_model: Path) -> None:

@@ -17,7 +17,10 @@ An image becomes ``(IMAGE_SIZE / PATCH_SIZE) ** 2`` tokens (:data:`IMAGE_TOKENS`
 from __future__ import annotations
 
 import base64
+import io
+import math
 import struct
+import wave
 import zlib
 from pathlib import Path
 
@@ -26,7 +29,17 @@ import numpy as np
 
 from .tiny_gguf import TINY_N_EMBD
 
-__all__ = ["IMAGE_SIZE", "IMAGE_TOKENS", "PATCH_SIZE", "png_base64", "png_bytes", "write_tiny_clip"]
+__all__ = [
+    "AUDIO_TOKENS",
+    "IMAGE_SIZE",
+    "IMAGE_TOKENS",
+    "PATCH_SIZE",
+    "png_base64",
+    "png_bytes",
+    "wav_bytes",
+    "write_tiny_audio_clip",
+    "write_tiny_clip",
+]
 
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
@@ -132,3 +145,93 @@ def png_bytes(width: int = 40, height: int = 40) -> bytes:
 
 def png_base64(width: int = 40, height: int = 40) -> str:
     return base64.b64encode(png_bytes(width, height)).decode()
+
+
+_N_MEL = 128
+_A_POS = 1500  # whisper: 30 s of 10 ms frames, halved by the second convolution
+_STACK = 4  # 1500 positions stack evenly (8 would leave half a frame: mtmd aborts)
+#: Tokens of one clip up to 30 s (whisper pads to 30 s): 1500 positions stacked by 4.
+AUDIO_TOKENS = _A_POS // _STACK
+
+
+def write_tiny_audio_clip(path: Path, *, seed: int = 0, text_n_embd: int = TINY_N_EMBD) -> Path:
+    """An audio projector (Ultravox's layout: a whisper encoder, frames stacked by 8, a SwiGLU
+    projector), random weights, that mtmd loads as ``audio`` (``/props.modalities.audio``)."""
+    rng = np.random.default_rng(seed)
+
+    def mat(*shape: int) -> np.ndarray:
+        weights: np.ndarray = rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
+        return weights
+
+    def zeros(*shape: int) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_name("tiny-audio-test")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_string("clip.projector_type", "ultravox")
+    writer.add_bool("clip.has_vision_encoder", False)
+    writer.add_bool("clip.has_audio_encoder", True)
+    writer.add_uint32("clip.audio.num_mel_bins", _N_MEL)
+    writer.add_uint32("clip.audio.embedding_length", _N_EMBD)
+    writer.add_uint32("clip.audio.feed_forward_length", _N_FF)
+    writer.add_uint32("clip.audio.block_count", _N_LAYER)
+    writer.add_uint32("clip.audio.attention.head_count", _N_HEAD)
+    writer.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+    writer.add_uint32("clip.audio.projection_dim", text_n_embd)
+    writer.add_uint32("clip.audio.projector.stack_factor", _STACK)
+
+    # conv kernels: numpy (out, in, k) = GGUF {k, in, out}; conv biases (out, 1).
+    writer.add_tensor("a.conv1d.1.weight", mat(_N_EMBD, _N_MEL, 3))
+    writer.add_tensor("a.conv1d.1.bias", zeros(_N_EMBD, 1))
+    writer.add_tensor("a.conv1d.2.weight", mat(_N_EMBD, _N_EMBD, 3))
+    writer.add_tensor("a.conv1d.2.bias", zeros(_N_EMBD, 1))
+    writer.add_tensor("a.position_embd.weight", mat(_A_POS, _N_EMBD))
+    for i in range(_N_LAYER):
+        writer.add_tensor(f"a.blk.{i}.attn_q.weight", mat(_N_EMBD, _N_EMBD))
+        writer.add_tensor(f"a.blk.{i}.attn_q.bias", zeros(_N_EMBD))
+        writer.add_tensor(f"a.blk.{i}.attn_k.weight", mat(_N_EMBD, _N_EMBD))  # whisper: no K bias
+        writer.add_tensor(f"a.blk.{i}.attn_v.weight", mat(_N_EMBD, _N_EMBD))
+        writer.add_tensor(f"a.blk.{i}.attn_v.bias", zeros(_N_EMBD))
+        writer.add_tensor(f"a.blk.{i}.attn_out.weight", mat(_N_EMBD, _N_EMBD))
+        writer.add_tensor(f"a.blk.{i}.attn_out.bias", zeros(_N_EMBD))
+        for norm in ("ln1", "ln2"):
+            writer.add_tensor(f"a.blk.{i}.{norm}.weight", ones(_N_EMBD))
+            writer.add_tensor(f"a.blk.{i}.{norm}.bias", zeros(_N_EMBD))
+        writer.add_tensor(f"a.blk.{i}.ffn_up.weight", mat(_N_FF, _N_EMBD))
+        writer.add_tensor(f"a.blk.{i}.ffn_up.bias", zeros(_N_FF))
+        writer.add_tensor(f"a.blk.{i}.ffn_down.weight", mat(_N_EMBD, _N_FF))
+        writer.add_tensor(f"a.blk.{i}.ffn_down.bias", zeros(_N_EMBD))
+    writer.add_tensor("a.post_ln.weight", ones(_N_EMBD))
+    writer.add_tensor("a.post_ln.bias", zeros(_N_EMBD))
+    stacked = _N_EMBD * _STACK
+    writer.add_tensor("mm.a.norm_pre.weight", ones(stacked))
+    writer.add_tensor("mm.a.mlp.1.weight", mat(2 * _PROJ_HIDDEN, stacked))
+    writer.add_tensor("mm.a.norm_mid.weight", ones(_PROJ_HIDDEN))
+    writer.add_tensor("mm.a.mlp.2.weight", mat(text_n_embd, _PROJ_HIDDEN))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def wav_bytes(seconds: float = 1.0, rate: int = 16000) -> bytes:
+    """A mono 16-bit WAV of a 440 Hz tone, written with the standard library only."""
+    n = int(seconds * rate)
+    samples = b"".join(
+        struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / rate))) for i in range(n)
+    )
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples)
+    return out.getvalue()
