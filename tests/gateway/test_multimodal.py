@@ -26,7 +26,7 @@ import ollama
 import openai
 import pytest
 
-from tests.support.service import Service, model_section, running_service, write_config
+from tests.support.service import Service, model_section, running_service, wait_for, write_config
 from tests.support.tiny_clip import (
     AUDIO_TOKENS,
     IMAGE_TOKENS,
@@ -331,3 +331,32 @@ def test_allow_remote_media_lets_the_child_fetch_the_url(
         assert seen.status_code == 200, seen.text
         assert hits == ["/cat.png"]
         assert seen.json()["usage"]["prompt_tokens"] >= plain.json()["usage"]["prompt_tokens"] + IMAGE_TOKENS
+
+
+def test_media_that_crashes_the_child_is_a_clear_crash_and_the_next_request_works(
+    tmp_path: Path, llama_server_bin: Path, vision_model: Path
+) -> None:
+    """A projector that loads but aborts on its first input (a real mtmd abort, not a fake; see
+    ``write_tiny_audio_clip(stack=8)``): the request ends, the crash is named, the model comes back."""
+    crashing = write_tiny_audio_clip(tmp_path / "mmproj-aborts.gguf", stack=8)
+    config = write_config(
+        tmp_path / "forge.toml",
+        model_section("crashy", vision_model, mmproj=str(crashing), parallel=1, preload=True),
+    )
+    audio = {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(wav_bytes()).decode(), "format": "wav"},
+    }
+    with running_service(config, tmp_path / "state", llama_server_bin) as s, s.client() as c:
+        r = c.post(
+            "/v1/chat/completions",
+            json={"model": "crashy", "max_tokens": 2, "messages": [{"role": "user", "content": [audio]}]},
+        )
+        assert r.status_code == 503 and "crashy" in r.json()["error"]["message"]
+        status = s.model("crashy")
+        assert status["restarts"] >= 1 and "SIGABRT" in (status["last_crash"] or "")
+        text = {"model": "crashy", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]}
+        wait_for(
+            lambda: c.post("/v1/chat/completions", json=text).status_code == 200, timeout=60, what="recovery"
+        )
+        assert s.model("crashy")["last_error"] is None

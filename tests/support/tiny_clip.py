@@ -154,9 +154,15 @@ _STACK = 4  # 1500 positions stack evenly (8 would leave half a frame: mtmd abor
 AUDIO_TOKENS = _A_POS // _STACK
 
 
-def write_tiny_audio_clip(path: Path, *, seed: int = 0, text_n_embd: int = TINY_N_EMBD) -> Path:
-    """An audio projector (Ultravox's layout: a whisper encoder, frames stacked by 8, a SwiGLU
-    projector), random weights, that mtmd loads as ``audio`` (``/props.modalities.audio``)."""
+def write_tiny_audio_clip(
+    path: Path, *, seed: int = 0, text_n_embd: int = TINY_N_EMBD, stack: int = _STACK
+) -> Path:
+    """An audio projector (Ultravox's layout: a whisper encoder, frames stacked by 4, a SwiGLU
+    projector), random weights, that mtmd loads as ``audio`` (``/props.modalities.audio``).
+
+    ``stack=8`` makes one that loads but aborts the child on the first audio (mtmd expects 187
+    tokens of 1500 positions and its graph makes 188: ``clip_encode: expected output … tokens``):
+    a real input-triggered crash, for the supervisor's handling of one."""
     rng = np.random.default_rng(seed)
 
     def mat(*shape: int) -> np.ndarray:
@@ -184,7 +190,7 @@ def write_tiny_audio_clip(path: Path, *, seed: int = 0, text_n_embd: int = TINY_
     writer.add_uint32("clip.audio.attention.head_count", _N_HEAD)
     writer.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
     writer.add_uint32("clip.audio.projection_dim", text_n_embd)
-    writer.add_uint32("clip.audio.projector.stack_factor", _STACK)
+    writer.add_uint32("clip.audio.projector.stack_factor", stack)
 
     # conv kernels: numpy (out, in, k) = GGUF {k, in, out}; conv biases (out, 1).
     writer.add_tensor("a.conv1d.1.weight", mat(_N_EMBD, _N_MEL, 3))
@@ -209,7 +215,7 @@ def write_tiny_audio_clip(path: Path, *, seed: int = 0, text_n_embd: int = TINY_
         writer.add_tensor(f"a.blk.{i}.ffn_down.bias", zeros(_N_EMBD))
     writer.add_tensor("a.post_ln.weight", ones(_N_EMBD))
     writer.add_tensor("a.post_ln.bias", zeros(_N_EMBD))
-    stacked = _N_EMBD * _STACK
+    stacked = _N_EMBD * stack
     writer.add_tensor("mm.a.norm_pre.weight", ones(stacked))
     writer.add_tensor("mm.a.mlp.1.weight", mat(2 * _PROJ_HIDDEN, stacked))
     writer.add_tensor("mm.a.norm_mid.weight", ones(_PROJ_HIDDEN))
