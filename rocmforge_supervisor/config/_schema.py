@@ -100,11 +100,11 @@ class ServerConfig(_Section):
     metrics_host: str = "127.0.0.1"
     """Where ``metrics_port`` listens: loopback unless set (a pod's scraper needs ``0.0.0.0``)."""
     metrics_public: bool = False
+    """``/metrics`` on the main port without the key too (the Gateway API Inference Extension's
+    endpoint picker scrapes the pool's target port and cannot send a key)."""
     allow_remote_media: bool = False
     """Let requests name ``http(s)`` image URLs, which the model server then downloads itself from
     any address (loopback and private ones included). Off: such requests get a 400 (send base64)."""
-    """``/metrics`` on the main port without the key too (the Gateway API Inference Extension's
-    endpoint picker scrapes the pool's target port and cannot send a key)."""
 
     @property
     def is_loopback(self) -> bool:
