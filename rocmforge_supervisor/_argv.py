@@ -15,11 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 __all__ = [
+    "OWNED_BY_KEY",
     "SIZE_FLAGS",
     "TEMPLATE_FLAGS",
     "embedding_args",
     "fallback_chat_template_args",
     "is_owned_flag",
+    "mmproj_args",
     "normalise_flag",
     "outputs_every_token",
     "redact",
@@ -41,8 +43,16 @@ OWNED_FLAGS = frozenset(
         "--ssl-key-file", "--ssl-cert-file",
         "-lv", "--verbosity",
         "--slot-save-path",
+        "-mm", "--mmproj", "-mmu", "--mmproj-url", "--mmproj-auto", "--no-mmproj", "--no-mmproj-auto",
+        "--mmproj-offload", "--no-mmproj-offload", "--media-path",
     }
 )  # fmt: skip
+#: The forge.toml key to use instead of an owned flag, where there is one (the config's error).
+OWNED_BY_KEY: Mapping[str, str] = {
+    **dict.fromkeys(("-mm", "--mmproj", "-mmu", "--mmproj-url", "--mmproj-auto", "--no-mmproj",
+                     "--no-mmproj-auto"), "mmproj"),
+    **dict.fromkeys(("--mmproj-offload", "--no-mmproj-offload"), "mmproj_offload"),
+}  # fmt: skip
 OWNED_PREFIXES = ("--log-",)
 
 #: Flags that change how much memory a child takes → the placement request field they set.
@@ -165,6 +175,15 @@ def outputs_every_token(args: Sequence[str]) -> bool:
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
             found = found or value.lower() not in ("none", "")
     return found
+
+
+def mmproj_args(projector: Path | None, offload: bool) -> list[str]:
+    """``--mmproj FILE`` for a model with a projector, and ``--no-mmproj-offload`` when it is to
+    stay in system RAM (llama-server offloads it to the first GPU by default). No ``--media-path``
+    ever: ``file://`` media would let a request read the server's files."""
+    if projector is None:
+        return []
+    return ["--mmproj", str(projector)] + ([] if offload else ["--no-mmproj-offload"])
 
 
 def server_argv(

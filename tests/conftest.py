@@ -61,6 +61,18 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
 
 
+@pytest.fixture(scope="session")
+def vision_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a random-weight CLIP projector beside it (``mmproj-tiny-vision.gguf``,
+    which ``mmproj = "auto"`` finds): the real mtmd loads it and turns an image into 16 tokens."""
+    from tests.support.tiny_clip import write_tiny_clip
+    from tests.support.tiny_gguf import write_tiny_gguf
+
+    folder = tmp_path_factory.mktemp("vision")
+    write_tiny_clip(folder / "mmproj-tiny-vision.gguf")
+    return write_tiny_gguf(folder / "tiny-vision.gguf")
+
+
 @pytest.fixture
 def state_settings(tmp_path: Path, llama_server_bin: Path) -> ForgeSettings:
     """Settings with a private state dir (logs, key files) and the located binary."""

@@ -15,7 +15,7 @@ from ._common import console, err_console, get_settings
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from ..models import GGUFInfo, MemoryEstimate
+    from ..models import GGUFInfo, MemoryEstimate, ProjectorInfo
 
 __all__ = ["register"]
 
@@ -85,6 +85,31 @@ def _info_table(info: GGUFInfo) -> Table:
     return table
 
 
+def _projector_table(p: ProjectorInfo, counted: bool) -> Table:
+    from rich.table import Table  # start-up time: commands import what they use
+
+    table = Table(
+        title="projector (mmproj)", title_justify="left", show_header=False, box=None, pad_edge=False
+    )
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("file", str(p.path)),
+        ("type", f"{p.projector_type}, takes {' and '.join(p.modalities)}"),
+        ("encoder", f"{p.block_count} layers, width {p.embedding_length}"),
+        ("weights", f"{_mib(p.weights_bytes)} MiB (+ {_mib(p.compute_bytes)} MiB compute)"),
+        (
+            "in the estimate",
+            "yes" if counted else 'no: serve it with mmproj = "auto" (or inspect --mmproj auto) to count it',
+        ),
+    ]
+    if p.vision:
+        rows.insert(2, ("image", f"{p.image_size} px, {p.patch_size} px patches"))
+    for k, v in rows:
+        table.add_row(k, escape(v))
+    return table
+
+
 def _estimate_table(est: MemoryEstimate) -> Table:
     slots = f", {est.parallel} slots" + (" (shared KV)" if est.kv_unified else "")
     title = (
@@ -95,25 +120,18 @@ def _estimate_table(est: MemoryEstimate) -> Table:
     from rich.table import Table  # start-up time: commands import what they use
 
     table = Table(title=title, title_justify="left", header_style="bold")
-    for col in ("device", "weights MiB", "KV MiB", "compute MiB", "output MiB", "total MiB"):
+    proj = est.projector_bytes > 0
+    cols = ["device", "weights MiB", "KV MiB", "compute MiB", "output MiB"]
+    cols += ["projector MiB"] if proj else []
+    for col in [*cols, "total MiB"]:
         table.add_column(col, justify="right" if col != "device" else "left")
     for d in est.devices:
-        table.add_row(
-            escape(d.device),
-            _mib(d.weights_bytes),
-            _mib(d.kv_bytes),
-            _mib(d.compute_bytes),
-            _mib(d.output_bytes),
-            _mib(d.total_bytes),
-        )
-    table.add_row(
-        "[bold]all[/]",
-        _mib(est.weights_bytes),
-        _mib(est.kv_bytes),
-        _mib(est.compute_bytes),
-        _mib(est.output_bytes),
-        f"[bold]{_mib(est.total_bytes)}[/]",
-    )
+        parts = [d.weights_bytes, d.kv_bytes, d.compute_bytes, d.output_bytes]
+        parts += [d.projector_bytes] if proj else []
+        table.add_row(escape(d.device), *map(_mib, parts), _mib(d.total_bytes))
+    parts = [est.weights_bytes, est.kv_bytes, est.compute_bytes, est.output_bytes]
+    parts += [est.projector_bytes] if proj else []
+    table.add_row("[bold]all[/]", *map(_mib, parts), f"[bold]{_mib(est.total_bytes)}[/]")
     return table
 
 
@@ -138,10 +156,26 @@ def inspect(
     embeddings: bool = typer.Option(
         False, "--embeddings", help="As served with embeddings = true (a ubatch of logits to compute)."
     ),
+    mmproj: str | None = typer.Option(
+        None,
+        "--mmproj",
+        help='A projector to count in the estimate: a path, "hf:org/repo:FILE" or "auto" (the one beside '
+        "the model). Without it, one found beside the model is shown but not counted.",
+    ),
+    no_mmproj_offload: bool = typer.Option(
+        False, "--no-mmproj-offload", help="Count the projector in system RAM, not on the first GPU."
+    ),
 ) -> None:
     """Show a GGUF's metadata and the memory a load with these settings would take."""
     # gguf and numpy: ~0.15 s of start-up time that the other commands need not pay
-    from ..models import estimate_memory, inspect_gguf, resolve_model_path
+    from .._errors import ForgeError
+    from ..models import (
+        estimate_memory,
+        inspect_gguf,
+        inspect_projector,
+        resolve_model_path,
+        resolve_projector_path,
+    )
     from ..models._estimate import CACHE_TYPES
 
     for name, value in (("--cache-type-k", cache_type_k), ("--cache-type-v", cache_type_v)):
@@ -156,6 +190,14 @@ def inspect(
     settings = get_settings()
     path = resolve_model_path(model, settings)
     info = inspect_gguf(path)
+    projector = None
+    if mmproj:
+        projector = inspect_projector(resolve_projector_path(mmproj, model, path, settings))
+    else:
+        try:  # shown, not counted: only what sits beside the file already (never a download)
+            projector = inspect_projector(resolve_projector_path("auto", str(path), path, settings))
+        except ForgeError:
+            projector = None
     estimate = estimate_memory(
         info,
         n_gpu_layers=n_gpu_layers,
@@ -166,11 +208,17 @@ def inspect(
         flash_attn=_flash(flash_attn),
         devices=_devices(gpu),
         embeddings=embeddings,
+        projector=projector if mmproj else None,
+        projector_offload=not no_mmproj_offload,
     )
     if as_json:
-        console.print_json(json.dumps({**info.to_json(), "estimate": estimate.to_json()}))
+        extra = {"projector": {**projector.to_json(), "counted": bool(mmproj)}} if projector else {}
+        console.print_json(json.dumps({**info.to_json(), **extra, "estimate": estimate.to_json()}))
         return
     console.print(_info_table(info))
+    if projector is not None:
+        console.print()
+        console.print(_projector_table(projector, counted=bool(mmproj)))
     console.print()
     console.print(_estimate_table(estimate))
 
@@ -180,17 +228,33 @@ def pull(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the local paths as JSON."),
 ) -> None:
-    """Download a GGUF (all parts of a split one) from Hugging Face into its cache, resumably."""
-    from ..models import pull as hub_pull  # huggingface-hub: start-up time other commands need not pay
+    """Download a GGUF (all parts of a split one) from Hugging Face into its cache, resumably, and
+    the repo's multimodal projector (mmproj) that matches it, if the repo has one."""
+    from ..models import pull_with_projector  # huggingface-hub: start-up time other commands need not pay
 
     settings = get_settings()
     text = ref[3:] if ref.startswith("hf:") else ref
-    paths = hub_pull(text, settings, progress=not quiet and not as_json)
+    pulled = pull_with_projector(text, settings, progress=not quiet and not as_json)
+    projector = str(pulled.projector) if pulled.projector else None
     if as_json:
-        console.print_json(json.dumps({"ref": text, "paths": [str(p) for p in paths]}))
+        out = {"ref": text, "paths": [str(p) for p in pulled.paths], "projector": projector}
+        console.print_json(json.dumps({**out, "projector_candidates": list(pulled.projector_candidates)}))
         return
-    for p in paths:
+    for p in pulled.paths:
         console.print(str(p), markup=False, highlight=False)
+    if pulled.projector is not None:
+        console.print(str(pulled.projector), markup=False, highlight=False)
+        if pulled.projector_candidates:
+            others = ", ".join(
+                c for c in pulled.projector_candidates if not c.endswith(pulled.projector.name)
+            )
+            err_console.print(
+                f"projector: took {pulled.projector.name} of {len(pulled.projector_candidates)} in the repo "
+                f'(others: {others}); name another with mmproj = "hf:{text.split(":")[0]}:FILE"',
+                markup=False,
+            )
+        err_console.print(f'use it as: path = "hf:{text}" with mmproj = "auto"', markup=False)
+        return
     err_console.print(f"use it as: forge load hf:{text}", markup=False)
 
 

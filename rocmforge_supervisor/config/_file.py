@@ -151,6 +151,12 @@ def _resolve_relative(data: dict[str, Any], base: Path) -> dict[str, Any]:
         for name, model in models.items():
             if isinstance(model, dict) and looks_like_path(model.get("path")):
                 model = {**model, "path": fix(model["path"])}
+            if (
+                isinstance(model, dict)
+                and model.get("mmproj") != "auto"
+                and looks_like_path(model.get("mmproj"))
+            ):
+                model = {**model, "mmproj": fix(model["mmproj"])}
             fixed[name] = model
         data = {**data, "models": fixed}
     return data

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,7 +26,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from .._argv import is_owned_flag
+from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag
 from ._explain import custom, translate
 from ._names import is_loopback
 from ._settings import ForgeSettings
@@ -69,6 +70,12 @@ def _reserve(value: Any) -> Any:
 GpuLayersField = Annotated[GpuLayers, BeforeValidator(_gpu_layers)]
 GpuChoiceField = Annotated[GpuChoice, BeforeValidator(_gpu)]
 ReserveField = Annotated[Reserve, BeforeValidator(_reserve)]
+
+
+#: ``org/repo:FILE.gguf`` or ``org/repo/FILE.gguf`` (a file inside a Hugging Face repo).
+_HF_FILE_RE = re.compile(
+    r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(?:@[\w./-]+?)?[:/][\w./-]+\.gguf$", re.IGNORECASE
+)
 
 
 def _empty_is_none(value: Any) -> Any:
@@ -194,6 +201,9 @@ class ServerConfig(_Section):
     capture: bool = False
     """Keep each request's body and its response in the activity log (a model's ``capture`` wins)."""
     capture_max_bytes: int = Field(default=64 * 1024, gt=0)
+    allow_remote_media: bool = False
+    """Let requests name ``http(s)`` image URLs, which the model server then downloads itself from
+    any address (loopback and private ones included). Off: such requests get a 400 (send base64)."""
 
     @property
     def is_loopback(self) -> bool:
@@ -328,6 +338,13 @@ class ModelConfig(_Section):
     """Save the child's KV-cache slots when forge stops it on purpose (ttl, unload, eviction, a
     restarting reload, shutdown) and restore them into its next child before the first request:
     a resumed conversation skips its prefill. Off by default: the files are big and hold prompts."""
+    mmproj: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    """A multimodal (vision/audio) projector for this model: a GGUF path, ``"hf:org/repo:FILE"``, or
+    ``"auto"``: the ``mmproj*.gguf`` beside the model in its Hugging Face repo or folder. The child
+    gets ``--mmproj``; requests may then carry images (or audio)."""
+    mmproj_offload: bool | None = None
+    """The projector on the GPU (``--mmproj-offload``, llama-server's default) or in system RAM
+    (false: ``--no-mmproj-offload``). None: on the GPU when the model is on one, else off."""
     workers: Literal["auto", "never", "only", "all"] = "auto"
     """RPC workers (``[[workers]]``): ``auto`` uses the fewest that hold it when the model does not
     fit on this machine; ``only``: always on the fewest workers, never here; ``all``: a share on every
@@ -336,6 +353,19 @@ class ModelConfig(_Section):
     @property
     def effective_max_concurrency(self) -> int:
         return self.max_concurrency or self.parallel or 4
+
+    @field_validator("mmproj")
+    @classmethod
+    def _mmproj_reference(cls, value: str | None) -> str | None:
+        if value is None or value == "auto" or not value.startswith("hf:"):
+            return value
+        if not _HF_FILE_RE.match(value[3:]):
+            raise custom(
+                "mmproj_reference",
+                f"mmproj {value!r} is not hf:org/repo:FILE (e.g. "
+                '"hf:ggml-org/SmolVLM-500M-Instruct-GGUF:mmproj-SmolVLM-500M-Instruct-f16.gguf")',
+            )
+        return value
 
     @field_validator("args")
     @classmethod
@@ -346,6 +376,17 @@ class ModelConfig(_Section):
                     "owned_flag",
                     f"{arg!r} is set by forge itself and cannot be passed in args "
                     "(use keep_context = true, and [server] context_dir for where)",
+                )
+            key = OWNED_BY_KEY.get(normalise_flag(arg) or "")
+            if key is not None:
+                raise custom(
+                    "owned_flag", f"{arg!r} is set by forge itself: use the model's key {key} instead"
+                )
+            if normalise_flag(arg) == "--media-path":
+                raise custom(
+                    "owned_flag",
+                    f"{arg!r} is refused: file:// media would let any request read the server's files "
+                    "(send images as base64 data URLs)",
                 )
             if is_owned_flag(arg):
                 raise custom(

@@ -15,11 +15,13 @@ if TYPE_CHECKING:
         embedded_models,
         ensure_embedded,
         resolve_model_path,
+        resolve_projector_path,
         unknown_name,
     )
     from ._estimate import DeviceEstimate, MemoryEstimate, estimate_memory, kv_bytes_per_token
     from ._gguf import GGUFInfo, inspect_gguf
-    from ._hub import HubRef, parse_hf_reference, pull, resolve_hf_reference
+    from ._hub import HubRef, PulledModel, parse_hf_reference, pull, pull_with_projector, resolve_hf_reference
+    from ._projector import ProjectorInfo, choose_projector, inspect_projector
 else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
@@ -33,14 +35,25 @@ else:  # mypy sees the imports above (and flags a name that is not there)
             "._catalog": (
                 "BASE_MODEL",
                 "DEFAULT_MODEL",
+                "choose_projector",
                 "embedded_models",
                 "ensure_embedded",
                 "resolve_model_path",
+                "resolve_projector_path",
                 "unknown_name",
             ),
             "._estimate": ("DeviceEstimate", "MemoryEstimate", "estimate_memory", "kv_bytes_per_token"),
             "._gguf": ("GGUFInfo", "inspect_gguf"),
-            "._hub": ("HubRef", "parse_hf_reference", "pull", "resolve_hf_reference"),
+            "._hub": (
+                "HubRef",
+                "PulledModel",
+                "parse_hf_reference",
+                "pull",
+                "pull_with_projector",
+                "pull_with_projector",
+                "resolve_hf_reference",
+            ),
+            "._projector": ("ProjectorInfo", "choose_projector", "inspect_projector"),
         },
     )
 
@@ -54,15 +67,21 @@ __all__ = [
     "GGUFInfo",
     "HubRef",
     "MemoryEstimate",
+    "ProjectorInfo",
+    "PulledModel",
+    "choose_projector",
     "embedded_models",
     "ensure_embedded",
     "estimate_memory",
     "inspect_gguf",
+    "inspect_projector",
     "kv_bytes_per_token",
     "parse_allocation_line",
     "parse_hf_reference",
     "pull",
+    "pull_with_projector",
     "resolve_hf_reference",
     "resolve_model_path",
+    "resolve_projector_path",
     "unknown_name",
 ]

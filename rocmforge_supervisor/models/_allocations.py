@@ -12,6 +12,14 @@ These are the numbers the estimate is corrected by (Ollama reads the same lines)
 says the device: ``CPU*`` and ``*_Host`` (pinned host memory) are system RAM, ``ROCmN`` /
 ``CUDAN`` / ``VulkanN`` are the child's N-th GPU, which is not our ``amd:N`` when the child runs
 under a device mask: :class:`AllocationLedger` takes the mask's order to translate.
+
+A multimodal projector (``--mmproj``) is loaded by mtmd, which says it differently::
+
+    clip_ctx: CLIP using ROCm0 backend
+    load_hparams: model size:         0.11 MiB
+    reserve_compute_meta:      ROCm0 compute buffer size =     0.02 MiB
+
+Its weights are on the backend the first line names; both are the ``projector`` part.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ __all__ = [
 #: The ``-lv`` / ``--log-verbosity`` a child needs for its allocation lines to be printed.
 REQUIRED_VERBOSITY = 4
 
-Part = Literal["weights", "kv", "compute", "output"]
+Part = Literal["weights", "kv", "compute", "output", "projector"]
 
 _LINE_RE = re.compile(
     r"(?:^|\s|:)(?P<buffer>[A-Za-z][\w.\[\]:-]*?)\s+"
@@ -47,6 +55,11 @@ _PARTS: dict[str, Part] = {
     "compute": "compute",
     "output": "output",
 }
+_CLIP_BACKEND_RE = re.compile(r"CLIP using (?P<backend>[\w.\[\]:-]+) backend")
+_CLIP_WEIGHTS_RE = re.compile(r"load_hparams: model size:\s*(?P<mib>\d+(?:\.\d+)?)\s*MiB")
+_CLIP_COMPUTE_RE = re.compile(
+    r"reserve_compute_meta:\s*(?P<buffer>[A-Za-z][\w.\[\]:-]*?)\s+compute buffer size\s*=\s*(?P<mib>\d+(?:\.\d+)?)\s*MiB"
+)
 _GPU_RE = re.compile(r"^(?P<backend>ROCm|CUDA|Vulkan|SYCL|MUSA|Metal)(?P<index>\d+)?(?P<suffix>_\w+)?$")
 _VENDOR = {
     "ROCm": "amd",
@@ -119,8 +132,33 @@ class AllocationLedger:
     gpu_keys: Sequence[str] | None = None
     allocations: list[Allocation] = field(default_factory=list)
     _after_weights: bool = False
+    _clip_backend: str = "CPU"
+
+    def _projector_line(self, line: str) -> Allocation | None:
+        """The projector's allocations (mtmd's own lines); they never start a new load."""
+        m = _CLIP_BACKEND_RE.search(line)
+        if m is not None:
+            self._clip_backend = m["backend"]
+            return None
+        m = _CLIP_WEIGHTS_RE.search(line)
+        buffer = self._clip_backend
+        if m is None:
+            m = _CLIP_COMPUTE_RE.search(line)
+            if m is None:
+                return None
+            buffer = m["buffer"]
+        alloc = Allocation(
+            device=buffer_device(buffer, self.gpu_keys),
+            buffer=buffer,
+            part="projector",
+            bytes=round(float(m["mib"]) * _MIB),
+        )
+        self.allocations.append(alloc)
+        return alloc
 
     def feed(self, line: str) -> Allocation | None:
+        if "CLIP using" in line or "load_hparams: model size" in line or "reserve_compute_meta" in line:
+            return self._projector_line(line)
         alloc = parse_allocation_line(line, self.gpu_keys)
         if alloc is None:
             return None

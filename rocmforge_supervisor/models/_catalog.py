@@ -187,6 +187,41 @@ def _write_stamp(target: Path, model: EmbeddedModel) -> None:
     _verified_stamp(target).write_text(f"{model.sha256} {st.st_size} {st.st_mtime_ns}\n")
 
 
+def resolve_projector_path(mmproj: str, model_ref: str, model_path: Path, settings: ForgeSettings) -> Path:
+    """``[models.NAME] mmproj`` to an existing local file (whether it is a projector is
+    :func:`~._projector.inspect_projector`'s job).
+
+    ``auto``: for a hub model, the projector in its repo (cache-first); for a local file, the
+    ``mmproj*.gguf`` beside it (:func:`~._projector.choose_projector` picks among several).
+    """
+    from ._projector import choose_projector
+
+    if mmproj.startswith("hf:"):
+        from ._hub import hub_projector
+
+        return hub_projector(mmproj[3:], settings)
+    if mmproj != "auto":
+        path = Path(mmproj).expanduser()
+        if not path.is_file():
+            raise ModelNotFound(
+                f"no projector file at {mmproj} (the mmproj of model {model_ref})",
+                hint='set mmproj to an existing mmproj .gguf path, "hf:org/repo:FILE" or "auto"',
+            )
+        return path.absolute()
+    if model_ref.startswith("hf:") and not Path(model_ref).expanduser().exists():
+        from ._hub import hub_projector
+
+        return hub_projector(model_ref[3:], settings, beside=True)
+    folder = model_path.parent
+    chosen, _ = choose_projector([p.name for p in folder.iterdir() if p.is_file()], model_path.name)
+    if chosen is None:
+        raise ModelNotFound(
+            f'mmproj = "auto" found no projector (mmproj*.gguf) beside {model_path.name} in {folder}',
+            hint="set mmproj to the projector file's path, or put it in that folder",
+        )
+    return (folder / chosen).absolute()
+
+
 def resolve_model_path(ref: str, settings: ForgeSettings) -> Path:
     """Turn a user's model reference into an existing local file.
 

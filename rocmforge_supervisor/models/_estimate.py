@@ -28,6 +28,9 @@ decided without a dry run:
   embedding row per slot. Not counted: the output buffer grows to a ubatch of logits and
   embeddings rows in host memory on the first long embedding request (``output_reserve``; a
   debug-only log line, so no allocation line to check it against).
+- **projector** (``--mmproj``): a vision/audio model's projector weights and its compute buffer
+  (:class:`~._projector.ProjectorInfo`), on the first GPU (mtmd's default) or on the CPU with
+  ``--no-mmproj-offload`` or when no GPU is used.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .._errors import UsageError
 from ._gguf import GGUFInfo
+from ._projector import ProjectorInfo
 
 __all__ = [
     "CACHE_TYPES",
@@ -83,10 +87,14 @@ class DeviceEstimate:
     output_bytes: int = 0
     layers: int = 0
     """Repeating blocks placed here (the output layer is not counted)."""
+    projector_bytes: int = 0
+    """A multimodal projector's weights and compute buffer, on the device mtmd runs it on."""
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+        return (
+            self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.projector_bytes
+        )
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -94,6 +102,7 @@ class DeviceEstimate:
             "kv_bytes": self.kv_bytes,
             "compute_bytes": self.compute_bytes,
             "output_bytes": self.output_bytes,
+            "projector_bytes": self.projector_bytes,
             "total_bytes": self.total_bytes,
             "layers": self.layers,
         }
@@ -145,6 +154,10 @@ class MemoryEstimate:
         return sum(d.output_bytes for d in self.devices)
 
     @property
+    def projector_bytes(self) -> int:
+        return sum(d.projector_bytes for d in self.devices)
+
+    @property
     def total_bytes(self) -> int:
         return sum(d.total_bytes for d in self.devices)
 
@@ -159,6 +172,7 @@ class MemoryEstimate:
             "kv_bytes": self.kv_bytes,
             "compute_bytes": self.compute_bytes,
             "output_bytes": self.output_bytes,
+            "projector_bytes": self.projector_bytes,
             "by_device": {d.device: d.to_json() for d in self.devices},
             "n_gpu_layers": self.n_gpu_layers,
             "ctx_size": self.ctx_size,
@@ -272,6 +286,8 @@ def estimate_memory(
     n_ubatch: int = DEFAULT_N_UBATCH,
     kv_unified: bool | None = None,
     embeddings: bool = False,
+    projector: ProjectorInfo | None = None,
+    projector_offload: bool | None = None,
 ) -> MemoryEstimate:
     """Estimate the memory of one llama-server load, per device and part.
 
@@ -281,7 +297,9 @@ def estimate_memory(
     context. ``parallel`` None means llama-server's auto (4 slots sharing one KV cache).
     ``flash_attn`` None is llama-server's auto, which turns it on where the backend supports it
     (all the backends we build). ``embeddings``: the child outputs every token (``--embeddings``,
-    ``--reranking`` or a ``--pooling``; see the module docstring).
+    ``--reranking`` or a ``--pooling``; see the module docstring).     ``projector``: the model's ``--mmproj`` file, counted on the
+    first GPU unless ``projector_offload`` is False (None: on, as llama-server's default) or no GPU
+    is used.
     """
     gpus = [d for d in devices if d != "cpu"]
     n_layer = info.block_count
@@ -358,6 +376,10 @@ def estimate_memory(
     output = {"cpu": n_seq * out_row * _F32}
 
     keys = ["cpu", *gpus]
+    projector_on: dict[str, int] = {}
+    if projector is not None:
+        proj_dev = gpus[0] if gpus and projector_offload is not False else "cpu"
+        projector_on[proj_dev] = projector.total_bytes
     per_device = tuple(
         DeviceEstimate(
             device=k,
@@ -366,6 +388,7 @@ def estimate_memory(
             compute_bytes=compute.get(k, 0),
             output_bytes=output.get(k, 0),
             layers=layers.get(k, 0),
+            projector_bytes=projector_on.get(k, 0),
         )
         for k in keys
     )

@@ -28,12 +28,16 @@ from .._errors import ForgeError, HubError, ModelNotFound, UsageError
 from ..config import ForgeSettings
 from ._gguf import inspect_gguf
 from ._names import is_mmproj, matches_quant, parse_split_name, quant_tag_of
+from ._projector import choose_projector, inspect_projector
 
 __all__ = [
     "DEFAULT_QUANT",
     "HubRef",
+    "PulledModel",
+    "hub_projector",
     "parse_hf_reference",
     "pull",
+    "pull_with_projector",
     "resolve_hf_reference",
     "select_gguf_files",
 ]
@@ -448,3 +452,91 @@ def _check_name_resolves(settings: ForgeSettings) -> None:
 
 def _validate(first: Path) -> None:
     inspect_gguf(first)  # raises InvalidModelFile / ModelNotFound with the file named
+
+
+# -- projectors ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PulledModel:
+    """What ``forge pull`` fetched: the model's files, and its projector when the repo has one."""
+
+    paths: list[Path]
+    projector: Path | None = None
+    projector_candidates: tuple[str, ...] = ()
+    """Every projector in the repo, when there were several (which one was taken is ``projector``)."""
+
+
+def _repo_listing(
+    ref: HubRef, settings: ForgeSettings, *, cached_projector_will_do: bool = False
+) -> list[str]:
+    """The repo's files: the cache's full listing when it has one or offline, else the hub's.
+
+    ``cached_projector_will_do``: a partial cache that already holds a projector is enough (a
+    model restarting must not depend on huggingface.co, as for the model itself).
+    """
+    cached = _cached_files(ref, settings)
+    if cached is not None and (cached[1] or _offline(settings)):
+        return cached[0]
+    if cached is not None and cached_projector_will_do and any(is_mmproj(f) for f in cached[0]):
+        return cached[0]
+    if _offline(settings):
+        raise _not_cached(ref, settings)
+    _check_name_resolves(settings)
+    return _remote_files(ref, settings)
+
+
+def hub_projector(
+    ref: str, settings: ForgeSettings, *, beside: bool = False, progress: bool | type[Any] = False
+) -> Path:
+    """A projector from the hub, cache-first: ``org/repo:FILE`` / ``org/repo/FILE`` names the file;
+    with ``beside``, ``ref`` is the model's reference (``org/repo:QUANT``) and the projector is the
+    one beside that model in its repo (:func:`~._projector.choose_projector`)."""
+    text = ref.strip()
+    repo_part, sep, tail = (
+        text.rpartition(":") if text.lower().endswith(".gguf") and ":" in text else ("", "", "")
+    )
+    if sep and "/" in repo_part:  # org/repo:FILE.gguf
+        text = f"{repo_part}/{tail}"
+    hub_ref = parse_hf_reference(text)
+    if not beside:
+        if hub_ref.filename is None:
+            raise UsageError(
+                f"mmproj hf:{ref} names no file", hint="write hf:org/repo:FILE (the projector's .gguf name)"
+            )
+        return resolve_hf_reference(str(hub_ref), settings, progress=bool(progress))
+    files = _repo_listing(hub_ref, settings, cached_projector_will_do=True)
+    try:
+        model_files = select_gguf_files(files, hub_ref)
+    except ModelNotFound:
+        model_files = []  # a partial listing: the projector is still the one beside the name
+    chosen, _ = choose_projector(files, model_files[0] if model_files else hub_ref.filename)
+    if chosen is None:
+        raise ModelNotFound(
+            f"{hub_ref.repo_id} has no projector (no mmproj*.gguf file)",
+            hint='set mmproj to the projector\'s path or "hf:org/repo:FILE" of the repo that has it',
+        )
+    proj_ref = HubRef(hub_ref.repo_id, hub_ref.revision, filename=chosen)
+    try:  # cache-first, as for the model: no request when the file is there
+        return _download(proj_ref, [chosen], settings, local_only=True, progress=False)[0]
+    except HubError:
+        if _offline(settings):
+            raise
+    return _download(proj_ref, [chosen], settings, local_only=False, progress=progress)[0]
+
+
+def pull_with_projector(ref: str, settings: ForgeSettings, progress: bool | type[Any] = True) -> PulledModel:
+    """``forge pull``: the model (:func:`pull`), then the projector that matches it when the repo
+    has any (the one in the model's folder with its quant tag, else F16…; see
+    :func:`~._projector.choose_projector`), so that ``mmproj = "auto"`` works offline after it."""
+    paths = pull(ref, settings, progress=progress)
+    hub_ref = parse_hf_reference(ref)
+    files = _repo_listing(hub_ref, settings)
+    model_files = select_gguf_files(files, hub_ref)
+    chosen, candidates = choose_projector(files, model_files[0])
+    if chosen is None:
+        return PulledModel(paths)
+    proj_ref = HubRef(hub_ref.repo_id, hub_ref.revision, filename=chosen)
+    projector = _download(proj_ref, [chosen], settings, local_only=_offline(settings), progress=progress)[0]
+    inspect_projector(projector)  # a broken or wrong file is named now, not at the first load
+    return PulledModel(paths, projector, tuple(candidates) if len(candidates) > 1 else ())

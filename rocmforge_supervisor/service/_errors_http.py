@@ -199,8 +199,8 @@ _NO_TEMPLATE_HINT = (
     "--no-jinja): send the request without tools, or serve a GGUF with a tool-capable template"
 )
 _NO_MMPROJ_HINT = (
-    "model {name!r} has no multimodal projector: send text only, or add "
-    'args = ["--mmproj", "/path/to/mmproj.gguf"] to [models.{name}]'
+    "model {name!r} has no multimodal projector for this input: send text only, or set "
+    'mmproj = "auto" (or the mmproj .gguf path of a projector that takes it) under [models.{name}]'
 )
 _FIX_REQUEST = "fix the request (model {name!r})"
 

@@ -32,8 +32,11 @@ from starlette.routing import BaseRoute, Route
 from .. import __version__
 from .._errors import ForgeError, ModelNotFound, RequestRejected, UsageError
 from ..client._sse import SSEDecoder
+from ..config import get_settings
+from ..models import ProjectorInfo, resolve_projector_path
 from ..supervisor import Supervisor
 from ._errors_http import UpstreamModel, error_response, upstream_error
+from ._media import refuse_unusable_media
 from ._ollama_convert import (
     ChatStream,
     Target,
@@ -45,14 +48,30 @@ from ._ollama_convert import (
     native_piece,
     now_iso,
 )
-from ._ollama_meta import ModelCard, capabilities, card_for, ps_entry, show_entry, tag_entry
+from ._ollama_meta import (
+    ModelCard,
+    capabilities,
+    card_for,
+    projector_for,
+    ps_entry,
+    show_entry,
+    tag_entry,
+)
 from ._ollama_pull import api_pull
 from ._recording import admit_model, note_finish, note_status, note_timing, note_usage
 from ._routes import resolve_name
 from ._tools import refuse_unusable_tools
 from ._validate import parse_object
 
-__all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "check_tools", "model_list", "routes"]
+__all__ = [
+    "OLLAMA_COMPAT_VERSION",
+    "Forward",
+    "OllamaBackend",
+    "check_media",
+    "check_tools",
+    "model_list",
+    "routes",
+]
 
 #: The Ollama version reported by ``/api/version``. Clients gate features on it (VS Code Copilot
 #: refuses servers that look older than it needs: NoLlama#9); this is the Ollama API behaviour
@@ -69,7 +88,7 @@ class OllamaBackend:
     supervisor: Supervisor
     forward: Forward
     resolve_path: Callable[[str], Path | None]  # a model's GGUF path, without downloading; blocking
-    _ctx_cache: dict[tuple[str, int], int] | None = None
+    _props_cache: dict[tuple[str, int], dict[str, Any]] | None = None
 
 
 def _backend(request: Request) -> OllamaBackend:
@@ -111,26 +130,75 @@ async def _card(b: OllamaBackend, name: str) -> ModelCard | None:
     return await anyio.to_thread.run_sync(read)
 
 
+async def _props(b: OllamaBackend, name: str, rid: str | None) -> dict[str, Any] | None:
+    """The running child's ``/props`` (read once per child process); None when it is not ready."""
+    m = b.supervisor.get(name)
+    server = m.server
+    if m.state != "ready" or server is None or server.pid is None:
+        return None
+    cache = b._props_cache if b._props_cache is not None else {}
+    b._props_cache = cache
+    key = (name, server.pid)
+    if key not in cache:
+        try:
+            async with b.forward(name, "GET", "/props", b"", rid) as r:
+                props = json.loads(await r.aread())
+        except (ForgeError, httpx.HTTPError, ValueError):
+            return None
+        if not isinstance(props, dict):
+            return None
+        cache[key] = props
+    return cache[key]
+
+
 async def _served_ctx(b: OllamaBackend, name: str, rid: str | None) -> int | None:
     """Tokens one request can use: the running child's per-slot n_ctx, else the config's."""
     m = b.supervisor.get(name)
-    server = m.server
-    if m.state == "ready" and server is not None and server.pid is not None:
-        cache = b._ctx_cache if b._ctx_cache is not None else {}
-        b._ctx_cache = cache
-        key = (name, server.pid)
-        if key not in cache:
-            try:
-                async with b.forward(name, "GET", "/props", b"", rid) as r:
-                    props = json.loads(await r.aread())
-                cache[key] = int(props["default_generation_settings"]["n_ctx"])
-            except (ForgeError, httpx.HTTPError, ValueError, KeyError, TypeError):
-                return None
-        return cache[key]
+    props = await _props(b, name, rid)
+    if props is not None:
+        try:
+            return int(props["default_generation_settings"]["n_ctx"])
+        except (KeyError, TypeError, ValueError):
+            return None
+    if m.state == "ready":
+        return None
     ctx = getattr(m.config, "ctx_size", None)
     if ctx:
         return int(ctx) // int(getattr(m.config, "parallel", None) or 1)
     return None
+
+
+async def _projector(b: OllamaBackend, name: str) -> ProjectorInfo | None:
+    """The model's projector: as its child was started, else its configured ``mmproj`` when that
+    is a local file (or ``auto`` beside a local model); None for one not fetched yet."""
+    m = b.supervisor.get(name)
+    if m.plan is not None and m.plan.projector is not None:
+        return m.plan.projector
+    mmproj = getattr(m.config, "mmproj", None)
+    model_ref = str(getattr(m.config, "path", ""))
+    if not mmproj or mmproj.startswith("hf:") or (mmproj == "auto" and model_ref.startswith("hf:")):
+        return None  # a listing must never start a download
+
+    def read() -> ProjectorInfo | None:
+        model_path = m.plan.spec.model_path if m.plan is not None else b.resolve_path(model_ref)
+        if model_path is None:
+            return None
+        try:
+            return projector_for(resolve_projector_path(mmproj, model_ref, model_path, get_settings()))
+        except (ForgeError, OSError):
+            return None
+
+    return await anyio.to_thread.run_sync(read)
+
+
+async def _modalities(b: OllamaBackend, name: str, rid: str | None) -> tuple[str, ...]:
+    """What the model takes besides text: the running child's ``/props.modalities``, else what
+    its projector file says."""
+    props = await _props(b, name, rid)
+    if props is not None and isinstance(props.get("modalities"), dict):
+        return tuple(k for k in ("vision", "audio") if props["modalities"].get(k))
+    projector = await _projector(b, name)
+    return projector.modalities if projector is not None else ()
 
 
 def _args(b: OllamaBackend, name: str) -> list[str]:
@@ -145,6 +213,13 @@ async def check_tools(b: OllamaBackend, name: str, body: dict[str, Any]) -> None
     """A 400 when ``body`` sends tools that model ``name`` cannot use (:mod:`._tools`): every
     route's way to that one check, with the model's card and arguments as ``/v1/models`` reads them."""
     refuse_unusable_tools(name, body, await _card(b, name), _args(b, name))
+
+
+def check_media(supervisor: Supervisor, name: str, body: dict[str, Any], *, allow_remote: bool) -> None:
+    """A 400 when ``body``'s images/audio cannot go to model ``name`` (:mod:`._media`): the one
+    check every API's requests meet, with whether the model has a projector (``mmproj``)."""
+    has_projector = bool(getattr(supervisor.get(name).config, "mmproj", None))
+    refuse_unusable_media(name, body, has_projector=has_projector, allow_remote=allow_remote)
 
 
 async def model_list(b: OllamaBackend, created: float) -> list[dict[str, Any]]:
@@ -162,7 +237,7 @@ async def model_list(b: OllamaBackend, created: float) -> list[dict[str, Any]]:
         ctx = await _served_ctx(b, name, None)
         if card is not None:
             entry["context_length"] = ctx or card.trained_ctx
-            entry["capabilities"] = capabilities(card, _args(b, name))
+            entry["capabilities"] = capabilities(card, _args(b, name), await _modalities(b, name, None))
         elif ctx:
             entry["context_length"] = ctx
         data.append(entry)
@@ -178,7 +253,11 @@ async def api_version(request: Request) -> Response:
 
 async def api_tags(request: Request) -> Response:
     b = _backend(request)
-    models = [tag_entry(name, await _card(b, name)) for name in list(b.supervisor.models)]
+    models = []
+    for name in list(b.supervisor.models):
+        card = await _card(b, name)
+        caps = capabilities(card, _args(b, name), await _modalities(b, name, None)) if card else None
+        models.append(tag_entry(name, card, caps))
     return JSONResponse({"models": models})
 
 
@@ -194,9 +273,11 @@ async def api_show(request: Request) -> Response:
             )
         args = _args(b, name)
         ctx = await _served_ctx(b, name, _rid(request))
+        modalities = await _modalities(b, name, _rid(request))
+        projector = await _projector(b, name)
     except ForgeError as exc:
         return error_response(exc, _rid(request), "ollama")
-    return JSONResponse(show_entry(card, args, ctx))
+    return JSONResponse(show_entry(card, args, ctx, modalities, projector))
 
 
 async def api_ps(request: Request) -> Response:
@@ -253,6 +334,8 @@ async def _generation(request: Request, *, generate: bool, embed: str | None = N
         else:
             await check_tools(b, name, body)
             target = chat_target(body, name)
+        if not embed:  # Ollama sends images as base64 only: the translated parts are checked
+            check_media(b.supervisor, name, target.payload, allow_remote=False)
         _keep_alive(b, name, target.keep_alive)
         empty = not embed and not (
             body.get("messages") if not generate else (body.get("prompt") or body.get("suffix"))

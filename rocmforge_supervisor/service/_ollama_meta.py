@@ -7,7 +7,10 @@ whose ``/api/show`` lacks ``"tools"`` in ``capabilities`` and assumes ~33k token
 * ``capabilities``: ``completion`` unless the model only embeds; ``tools`` when its chat template
   handles tools *and* llama-server runs it with jinja (without jinja, llama-server refuses tools);
   ``embedding`` for embedding models or children started with ``--embeddings``; ``insert`` when the
-  vocabulary has fill-in-the-middle tokens (``/infill`` works).
+  vocabulary has fill-in-the-middle tokens (``/infill`` works); ``vision`` / ``audio`` when the model
+  has a projector (``mmproj``) that takes them: the running child's ``/props.modalities``, else the
+  projector file's own encoders (Copilot and Open WebUI offer image input only then).
+* ``projector_info`` (``/api/show``): the projector's GGUF keys, as Ollama shows them.
 * ``context_length``: what a request can actually use — the running child's per-slot ``n_ctx``
   when it is loaded, else the configured ``ctx_size`` (divided by ``parallel``), else the GGUF's
   trained length.
@@ -18,6 +21,7 @@ whose ``/api/show`` lacks ``"tools"`` in ``capabilities`` and assumes ~33k token
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,8 +31,19 @@ from .._errors import ForgeError
 from ..config import ForgeSettings, get_settings
 from ..models._catalog import embedded_models, ensure_embedded
 from ..models._gguf import inspect_gguf, read_gguf_keys
+from ..models._projector import ProjectorInfo, inspect_projector
 
-__all__ = ["ModelCard", "capabilities", "card_for", "local_model_path", "ps_entry", "show_entry", "tag_entry"]
+__all__ = [
+    "ModelCard",
+    "capabilities",
+    "card_for",
+    "local_model_path",
+    "projector_for",
+    "projector_info",
+    "ps_entry",
+    "show_entry",
+    "tag_entry",
+]
 
 #: Architectures llama.cpp treats as encoders (embedding only, no text generation).
 _EMBED_ARCHS = frozenset(
@@ -121,7 +136,38 @@ def card_for(path: Path) -> ModelCard:
     return card
 
 
-def capabilities(card: ModelCard, args: list[str]) -> list[str]:
+_PROJECTORS: dict[tuple[str, int, int], ProjectorInfo] = {}
+
+
+def projector_for(path: Path) -> ProjectorInfo:
+    """The projector at ``path``, read once per file version (blocking: call in a thread)."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _PROJECTORS:
+        _PROJECTORS[key] = inspect_projector(path)
+    return _PROJECTORS[key]
+
+
+def projector_info(p: ProjectorInfo) -> dict[str, Any]:
+    """Ollama's ``projector_info``: the projector GGUF's keys that say what it is."""
+    info: dict[str, Any] = {
+        "general.architecture": "clip",
+        "clip.projector_type": p.projector_type,
+        "clip.has_vision_encoder": p.vision,
+        "clip.has_audio_encoder": p.audio,
+        "general.parameter_count": p.weights_bytes,
+    }
+    prefix = "clip.vision" if p.vision else "clip.audio"
+    info[f"{prefix}.embedding_length"] = p.embedding_length
+    info[f"{prefix}.block_count"] = p.block_count
+    info[f"{prefix}.attention.head_count"] = p.head_count
+    if p.vision:
+        info["clip.vision.image_size"] = p.image_size
+        info["clip.vision.patch_size"] = p.patch_size
+    return info
+
+
+def capabilities(card: ModelCard, args: list[str], modalities: Sequence[str] = ()) -> list[str]:
     embedding_only = card.architecture in _EMBED_ARCHS
     caps = [] if embedding_only else ["completion"]
     no_jinja = "--no-jinja" in args
@@ -131,6 +177,8 @@ def capabilities(card: ModelCard, args: list[str]) -> list[str]:
         caps.append("embedding")
     if card.fim and not embedding_only:
         caps.append("insert")
+    if not embedding_only:
+        caps += [m for m in ("vision", "audio") if m in modalities]
     return caps
 
 
@@ -153,8 +201,10 @@ def _details(card: ModelCard | None) -> dict[str, Any]:
     }
 
 
-def tag_entry(name: str, card: ModelCard | None) -> dict[str, Any]:
+def tag_entry(name: str, card: ModelCard | None, caps: list[str] | None = None) -> dict[str, Any]:
+    extra = {"capabilities": caps} if caps is not None else {}
     return {
+        **extra,
         "name": name,
         "model": name,
         "modified_at": card.modified_at if card else "1970-01-01T00:00:00Z",
@@ -164,7 +214,13 @@ def tag_entry(name: str, card: ModelCard | None) -> dict[str, Any]:
     }
 
 
-def show_entry(card: ModelCard, args: list[str], context_length: int | None) -> dict[str, Any]:
+def show_entry(
+    card: ModelCard,
+    args: list[str],
+    context_length: int | None,
+    modalities: Sequence[str] = (),
+    projector: ProjectorInfo | None = None,
+) -> dict[str, Any]:
     arch = card.architecture
     info: dict[str, Any] = {
         "general.architecture": arch,
@@ -175,14 +231,16 @@ def show_entry(card: ModelCard, args: list[str], context_length: int | None) -> 
     ctx = context_length or card.trained_ctx
     if ctx:
         info[f"{arch}.context_length"] = ctx
+    extra = {"projector_info": projector_info(projector)} if projector is not None else {}
     return {
+        **extra,
         "license": "",
         "modelfile": f"# served by forge from {card.path}\nFROM {card.path}\n",
         "parameters": "",
         "template": card.template,
         "details": _details(card),
         "model_info": info,
-        "capabilities": capabilities(card, args),
+        "capabilities": capabilities(card, args, modalities),
         "modified_at": card.modified_at,
     }
 

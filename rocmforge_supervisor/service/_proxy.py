@@ -35,7 +35,7 @@ from ..client._transport import asend
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstream_error
 from ._keepalive import KeepAliveStream, Opened
 from ._middleware import read_body
-from ._ollama import check_tools, model_list
+from ._ollama import check_media, check_tools, model_list
 from ._recording import admit_model, note_finish, note_model, note_status, note_timing, note_usage
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, request_id, state_of
@@ -329,6 +329,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
                 name, stream, body, payload = _checked_json(st, route, body)
                 if asks_for_tools(payload):
                     await check_tools(request.app.state.ollama, name, payload)
+                check_media(st.supervisor, name, payload, allow_remote=st.allow_remote_media)
             else:
                 asked, stream = await model_from_request(route, request, body)
                 name = resolve_name(asked, st.supervisor.models)

@@ -252,6 +252,7 @@ def _gateway(
         capture=server_cfg.capture,
         capture_models={n: m.capture for n, m in config.models.items() if m.capture is not None},
         capture_max_bytes=server_cfg.capture_max_bytes,
+        allow_remote_media=server_cfg.allow_remote_media,
     )
     if store is not None and store.problem is None:  # a restart does not hand a key a fresh day
         with contextlib.suppress(Exception):

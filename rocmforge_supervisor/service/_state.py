@@ -41,7 +41,10 @@ class GatewayState:
         capture: bool = False,
         capture_models: dict[str, bool] | None = None,
         capture_max_bytes: int = 64 * 1024,
+        allow_remote_media: bool = False,
     ) -> None:
+        #: ``http(s)`` media URLs reach the children (server.allow_remote_media; see ``_media``).
+        self.allow_remote_media = allow_remote_media
         #: ``/metrics`` answers without the API key (server.metrics_public).
         self.metrics_public = metrics_public
         #: Seconds between ``: keep-alive`` comments while a stream waits (0: off).

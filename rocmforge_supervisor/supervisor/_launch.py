@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .._argv import embedding_args, fallback_chat_template_args, outputs_every_token
+from .._argv import embedding_args, fallback_chat_template_args, mmproj_args, outputs_every_token
 from ..config import ForgeSettings, GpuChoice, GpuLayers, ModelConfig, gpu_layers_for_placement
 from ..hardware import Inventory, WorkerReport, child_env
 from ..models import (
@@ -32,8 +32,11 @@ from ..models import (
     AllocationLedger,
     GGUFInfo,
     MemoryEstimate,
+    ProjectorInfo,
     inspect_gguf,
+    inspect_projector,
     resolve_model_path,
+    resolve_projector_path,
 )
 from ..process import InstanceSpec
 from ._placement import LoadedModel, PlacementDecision, PlacementPolicy, PlacementRequest, place
@@ -71,6 +74,10 @@ class ModelSpec:
     workers: WorkerMode = "never"
     sleep_idle: int | None = None
     """``--sleep-idle-seconds``: the child frees the model after this many idle seconds."""
+    mmproj: str | None = None
+    """A multimodal projector: a path, ``hf:org/repo:FILE`` or ``auto`` (beside the model)."""
+    mmproj_offload: bool | None = None
+    """None: the projector on the GPU when the model is on one (llama-server's default), else RAM."""
 
     @classmethod
     def from_config(cls, mc: ModelConfig, *, workers_configured: bool = False) -> ModelSpec:
@@ -84,6 +91,8 @@ class ModelSpec:
             args=tuple(mc.args),
             embeddings=mc.embeddings,
             sleep_idle=mc.sleep_idle,
+            mmproj=mc.mmproj,
+            mmproj_offload=mc.mmproj_offload,
         )
 
 
@@ -91,6 +100,7 @@ class ModelSpec:
 class ResolvedModel:
     path: Path
     info: GGUFInfo
+    projector: ProjectorInfo | None = None
 
 
 @dataclass
@@ -105,6 +115,8 @@ class LaunchPlan:
     """What the child really allocated, per device, fed by its log lines."""
     slot_save_dir: Path | None = None
     """``keep_context``: the child's ``--slot-save-path`` (its saved slots); None: not kept."""
+    projector: ProjectorInfo | None = None
+    """The model's ``--mmproj`` projector, when it has one."""
 
     @property
     def devices(self) -> list[str]:
@@ -125,9 +137,14 @@ class LaunchPlan:
 
 
 def resolve(spec: ModelSpec, settings: ForgeSettings) -> ResolvedModel:
-    """Step 1 (blocking). A bad magic, a truncated file or a wrong version is refused here."""
+    """Step 1 (blocking). A bad magic, a truncated file or a wrong version is refused here, and
+    so is an ``mmproj`` that is missing or not a projector."""
     path = resolve_model_path(spec.path, settings)
-    return ResolvedModel(path=path, info=inspect_gguf(path))
+    info = inspect_gguf(path)
+    projector = None
+    if spec.mmproj:
+        projector = inspect_projector(resolve_projector_path(spec.mmproj, spec.path, path, settings))
+    return ResolvedModel(path=path, info=info, projector=projector)
 
 
 def decide(
@@ -149,6 +166,8 @@ def decide(
         n_gpu_layers=gpu_layers_for_placement(spec.n_gpu_layers),
         # The flags build_plan adds for ``embeddings = true`` change the size too.
         extra_args=(*embedding_args(spec.embeddings, spec.args, str(model.info.architecture)), *spec.args),
+        projector=model.projector,
+        projector_offload=spec.mmproj_offload,
     )
     return place(inventory, request, loaded, PlacementPolicy(allow_evict=allow_evict))
 
@@ -203,6 +222,9 @@ def build_plan(
     info = model.info
     extra = [*fallback_chat_template_args(info.has_chat_template, str(info.architecture), spec.args)]
     extra += embedding_args(spec.embeddings, spec.args, str(info.architecture))
+    on_gpu = not remote and not decision.on_cpu
+    offload = on_gpu if spec.mmproj_offload is None else spec.mmproj_offload and on_gpu
+    extra += mmproj_args(model.projector.path if model.projector else None, offload)
     # The binary's own needs on this CPU (its self-test's workaround: --no-repack on an AMX CPU at
     # the pinned llama.cpp) come before the user's args, so a user's --repack still wins.
     extra += binary_args
@@ -250,4 +272,5 @@ def build_plan(
         info=info,
         actual=ledger,
         slot_save_dir=slot_save_dir,
+        projector=model.projector,
     )

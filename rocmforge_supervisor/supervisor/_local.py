@@ -53,6 +53,9 @@ class LoadOptions:
     stop_timeout: float = 10.0
     log_path: Path | None = None
     verbosity: int | None = None
+    mmproj: str | None = None
+    """A multimodal projector: a path, ``hf:org/repo:FILE`` or ``auto`` (as ``[models.NAME] mmproj``)."""
+    mmproj_offload: bool | None = None
 
     def model_spec(self, model: str | Path) -> ModelSpec:
         """The spec, validated with the same parsers as forge.toml; UsageError on a bad value."""
@@ -77,6 +80,8 @@ class LoadOptions:
             parallel=self.parallel,
             gpu=gpu,
             args=tuple(self.args),
+            mmproj=self.mmproj or None,
+            mmproj_offload=self.mmproj_offload,
         )
 
 

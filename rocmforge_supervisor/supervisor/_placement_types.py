@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from .._argv import SIZE_FLAGS, outputs_every_token
 from ..config import GpuChoice
 from ..hardware import Device, Inventory
-from ..models import GGUFInfo, MemoryEstimate
+from ..models import GGUFInfo, MemoryEstimate, ProjectorInfo
 
 __all__ = [
     "LoadedModel",
@@ -50,6 +50,10 @@ class PlacementRequest:
     n_ubatch: int = 512
     embeddings: bool = False
     """The child outputs every token (``--embeddings``, ``--pooling``): a ubatch of logits."""
+    projector: ProjectorInfo | None = None
+    """The model's multimodal projector (``--mmproj``): its weights and compute buffer count too."""
+    projector_offload: bool | None = None
+    """False: the projector stays in system RAM (``--no-mmproj-offload``)."""
     extra_args: tuple[str, ...] = ()
     """The child's extra llama-server arguments: the ones that change its size (``-c``, ``-np``,
     ``-ctk``, ``-ctv``, ``-fa``, ``-ub``, ``-ngl``, ``-ts``, ``--embeddings``, ``--pooling``) are

@@ -60,6 +60,8 @@ class Planner:
             tensor_split=split,
             n_ubatch=r.n_ubatch,
             embeddings=r.embeddings,
+            projector=r.projector,
+            projector_offload=r.projector_offload,
         )
         return Layout(tuple(gpus), est.n_gpu_layers, tuple(split) if split else None, est, kind)
 

@@ -120,6 +120,8 @@ class ModelStatus:
     estimated_bytes: dict[str, int] = field(default_factory=dict)
     actual_bytes: dict[str, int] = field(default_factory=dict)
     log_path: str | None = None
+    modalities: list[str] = field(default_factory=list)
+    """What the model takes besides text (``vision``, ``audio``): its projector's, once loaded."""
     # For the status page: why it failed, what the child said last, when TTL unloads it.
     failure_kind: str | None = None
     last_stderr: list[str] = field(default_factory=list)
@@ -160,6 +162,7 @@ class ModelStatus:
                 "actual_bytes": dict(self.actual_bytes),
             },
             "log_path": self.log_path,
+            "modalities": list(self.modalities),
             "failure_kind": self.failure_kind,
             "last_stderr": list(self.last_stderr),
             "log_last": list(self.log_last),
@@ -213,6 +216,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
         estimated_bytes=plan.estimated_bytes if plan and holds else {},
         actual_bytes=plan.actual.device_totals() if plan and holds else {},
         log_path=_log_path(m),
+        modalities=list(plan.projector.modalities) if plan and plan.projector else [],
     )
 
 

@@ -374,8 +374,8 @@ def test_args_accept_ordinary_flags_and_values(tmp_path: Path, settings: ForgeSe
         "--temp",
         "-0.5",
         "--jinja",
-        "--mmproj",
-        "m.gguf",
+        "--image-max-tokens",
+        "256",
     ]
     toml_list = ", ".join(f'"{a}"' for a in args)
     f = write(tmp_path / "forge.toml", f'[models.gemma]\npath = "g"\nargs = [{toml_list}]\n')
@@ -591,3 +591,54 @@ def test_bad_worker_config_names_the_key(
     with pytest.raises(ConfigError) as e:
         load(write(tmp_path / "forge.toml", text), settings, etc)
     assert f": {key}: " in str(e.value) and why in str(e.value)
+
+
+# -- multimodal projectors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "key"),
+    [
+        ("--mmproj", "mmproj"),
+        ("-mm", "mmproj"),
+        ("--mmproj-url", "mmproj"),
+        ("--no-mmproj-offload", "mmproj_offload"),
+    ],
+)
+def test_projector_flags_in_args_name_the_key_to_use(
+    tmp_path: Path, settings: ForgeSettings, etc: Path, flag: str, key: str
+) -> None:
+    f = write(tmp_path / "forge.toml", f'[models.v]\npath = "g"\nargs = ["{flag}", "x.gguf"]\n')
+    with pytest.raises(ConfigError, match=rf"{flag}.*set by forge itself: use the model's key {key} instead"):
+        load(f, settings, etc)
+
+
+def test_media_path_is_refused_in_args(tmp_path: Path, settings: ForgeSettings, etc: Path) -> None:
+    f = write(tmp_path / "forge.toml", '[models.v]\npath = "g"\nargs = ["--media-path", "/srv"]\n')
+    with pytest.raises(ConfigError, match=r"file:// media would let any request read the server's files"):
+        load(f, settings, etc)
+
+
+def test_mmproj_accepts_auto_hub_files_and_paths_next_to_the_file(
+    tmp_path: Path, settings: ForgeSettings, etc: Path
+) -> None:
+    f = write(
+        tmp_path / "forge.toml",
+        '[models.a]\npath = "m.gguf"\nmmproj = "auto"\n'
+        '[models.b]\npath = "m.gguf"\nmmproj = "hf:ggml-org/SmolVLM-500M-Instruct-GGUF:mmproj-SmolVLM-500M-Instruct-f16.gguf"\n'
+        '[models.c]\npath = "m.gguf"\nmmproj = "./mmproj-m.gguf"\nmmproj_offload = false\n',
+    )
+    models = load(f, settings, etc).models
+    assert models["a"].mmproj == "auto"
+    assert models["b"].mmproj is not None and models["b"].mmproj.startswith("hf:ggml-org/")
+    assert models["c"].mmproj == str(tmp_path / "mmproj-m.gguf")
+    assert models["c"].mmproj_offload is False
+    assert models["a"].mmproj_offload is None
+
+
+def test_mmproj_hub_reference_without_a_file_is_refused(
+    tmp_path: Path, settings: ForgeSettings, etc: Path
+) -> None:
+    f = write(tmp_path / "forge.toml", '[models.v]\npath = "g"\nmmproj = "hf:org/repo:Q4_K_M"\n')
+    with pytest.raises(ConfigError, match=r"mmproj 'hf:org/repo:Q4_K_M' is not hf:org/repo:FILE"):
+        load(f, settings, etc)

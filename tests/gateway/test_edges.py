@@ -253,7 +253,8 @@ def test_image_on_a_text_model_is_a_400_naming_mmproj(svc: Service) -> None:
     with svc.client() as c:
         r = c.post("/v1/chat/completions", json=_chat(messages=[{"role": "user", "content": [part]}]))
     assert r.status_code == 400
-    assert "--mmproj" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert "'tiny'" in message and 'mmproj = "auto"' in message and "[models.tiny]" in message
 
 
 def test_context_error_says_per_slot_arithmetic(svc: Service) -> None:

@@ -103,3 +103,42 @@ def test_inspect_bad_files(tmp_path: Path, tiny_gguf: Path) -> None:
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_inspect_shows_the_projector_beside_a_model_and_counts_it_when_asked(vision_model: Path) -> None:
+    r = forge("inspect", str(vision_model), "--ctx-size", "512", "--parallel", "1")
+    assert r.returncode == 0, r.stderr
+    assert "projector (mmproj)" in r.stdout and "mmproj-tiny-vision.gguf" in r.stdout
+    assert "mlp, takes vision" in r.stdout and "32 px, 8 px patches" in r.stdout
+    assert "projector MiB" not in r.stdout  # shown, not counted
+    shown = json.loads(forge("inspect", str(vision_model), "--json").stdout)
+    assert shown["projector"]["modalities"] == ["vision"] and shown["projector"]["counted"] is False
+    assert shown["estimate"]["projector_bytes"] == 0
+    counted = forge("inspect", str(vision_model), "--mmproj", "auto", "--gpu", "amd:0", "--json")
+    assert counted.returncode == 0, counted.stderr
+    data = json.loads(counted.stdout)
+    p = data["projector"]
+    assert (
+        data["estimate"]["by_device"]["amd:0"]["projector_bytes"] == p["weights_bytes"] + p["compute_bytes"]
+    )
+    in_ram = json.loads(
+        forge(
+            "inspect",
+            str(vision_model),
+            "--mmproj",
+            "auto",
+            "--gpu",
+            "amd:0",
+            "--no-mmproj-offload",
+            "--json",
+        ).stdout
+    )
+    assert in_ram["estimate"]["by_device"]["cpu"]["projector_bytes"] > 0
+    table = forge("inspect", str(vision_model), "--mmproj", "auto")
+    assert "projector MiB" in table.stdout
+
+
+def test_inspect_refuses_a_model_given_as_mmproj(vision_model: Path, tiny_gguf: Path) -> None:
+    r = forge("inspect", str(vision_model), "--mmproj", str(tiny_gguf))
+    assert r.returncode != 0
+    assert "is not a multimodal projector" in r.stderr

@@ -88,7 +88,7 @@ TINY = UpstreamModel("tiny", ctx_size=4096, parallel=4)
         (500, "tool_choice param requires --jinja flag", "server_error", 400, "jinja"),
         (500, "Failed to parse messages: Missing 'role' in message", "server_error", 400, "fix the request"),
         (500, "[json.exception.out_of_range.406] number overflow parsing '1e400'", "server_error", 400, "fix"),
-        (500, "image input is not supported - hint: …", "server_error", 400, "--mmproj"),
+        (500, "image input is not supported - hint: …", "server_error", 400, "mmproj = \"auto\""),
         (500, "Cannot use both json_schema and grammar", "server_error", 400, "fix"),
         (501, "This server does not support embeddings. Start it with `--embeddings`", "not_supported_error", 400,
          "embeddings = true"),

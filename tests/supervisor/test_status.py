@@ -94,6 +94,7 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "path": "/m.gguf",
         "memory": {"estimated_bytes": {"cpu": 1}, "actual_bytes": {}},
         "log_path": None,
+        "modalities": [],
         "failure_kind": None,
         "last_stderr": [],
         "log_last": [],

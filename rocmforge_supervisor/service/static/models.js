@@ -32,6 +32,7 @@ class ModelRow {
     const cell = (label, ...c) => h("td", { "data-label": label }, ...c);
     this.nameEl = h("span", { class: "name", text: name });
     this.pathEl = h("span", { class: "path" });
+    this.modalEl = h("span", { class: "modalities" });
     this.badge = h("span", { class: "badge" });
     this.since = h("span", { class: "since" });
     this.progress = h("progress", { max: "100", "aria-label": `${name} loading progress` });
@@ -62,7 +63,7 @@ class ModelRow {
       h(
         "tr",
         { class: "main" },
-        h("th", { scope: "row", "data-label": "Model" }, this.nameEl, this.pathEl),
+        h("th", { scope: "row", "data-label": "Model" }, this.nameEl, this.pathEl, this.modalEl),
         cell("State", this.badge, " ", this.since, this.progressWrap),
         cell("Devices · memory", this.mem),
         cell("PID · port", this.pid),
@@ -86,6 +87,8 @@ class ModelRow {
     this.badge.className = `badge state-${s.state}`;
     setText(this.pathEl, s.path ? s.path.split("/").pop() : "");
     this.pathEl.title = s.path || "";
+    setText(this.modalEl, (s.modalities || []).join(" · "));
+    this.modalEl.title = s.modalities?.length ? `takes ${s.modalities.join(" and ")} input (mmproj)` : "";
     setText(this.since, s.since ? `for ${duration(Math.max(0, serverNow() - s.since))}` : "");
     this.updateProgress(s);
     const running = ["loading", "ready", "draining"].includes(s.state);
