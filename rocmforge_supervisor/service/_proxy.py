@@ -16,7 +16,6 @@ token get keep-alive comments (``_keepalive``); the gateway's own errors take th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
@@ -166,15 +165,10 @@ class _Forwarder:
         self.received = received
         self.retry = retry
 
-    def _retry_or_fail(self, exc: ServerUnavailable, retry: bool) -> Opened | None:
+    def _retry_or_fail(self, exc: ServerUnavailable, retry: bool) -> Opened | ServerUnavailable:
+        """``retry``: hand the failure back (the caller decides on one more try); else its 503."""
         if retry:
-            log.warning(
-                "request %s: %s; retrying once on its replacement",
-                self.rid,
-                exc,
-                extra={"model": self.name, "request_id": self.rid},
-            )
-            return None
+            return exc
         return self._error(
             ServerUnavailable(
                 f"model {self.name!r} failed twice while answering: {exc.message}",
@@ -191,21 +185,35 @@ class _Forwarder:
         return Opened(resp.status_code, headers, _once(bytes(resp.body)), _nothing, stream=False)
 
     async def open(self, path: str, body: bytes, content_type: str) -> Opened:
-        """The upstream's answer, ready to relay. A non-streamed request whose child dies before it
-        answered (killed by the progress watchdog, crashed, OOM-killed: nothing reached the client)
-        is retried once on the replacement (waiting for the restart within ``load_wait``); a second
-        death is a 503 with Retry-After. A stream is not replayed: it ends with an error event in
-        its dialect (its client may already hold keep-alive comments or tokens)."""
-        opened = await self._open(path, body, content_type, retry=self.retry)
-        if opened is None:
-            with contextlib.suppress(ForgeError):  # a model removed meanwhile: the retry says so
-                await self.st.supervisor.get(self.name).child_gone(timeout=5.0)
-            opened = await self._open(path, body, content_type, retry=False)
-        assert opened is not None  # retry=False always answers
-        return opened
+        """The upstream's answer, ready to relay. A non-streamed request whose child the progress
+        watchdog reset before it answered (nothing reached the client) is retried once on the
+        replacement (waiting for the restart within ``load_wait``); a second failure is a 503 with
+        Retry-After. A child that died of its own (a crash, the OOM killer, an RPC worker gone) is
+        not replayed: the request itself may be what killed it; that is a 503 at once. A stream is
+        never replayed: it ends with an error event in its dialect."""
+        model = self.st.supervisor.models.get(self.name)
+        stalls = model.stalls if model is not None else 0
+        first = await self._open(path, body, content_type, retry=self.retry)
+        if isinstance(first, Opened):
+            return first
+        if model is not None:
+            await model.child_gone(timeout=5.0)
+        if model is None or model.stalls == stalls:
+            return self._error(first)
+        log.warning(
+            "request %s: %s (the watchdog reset it); retrying once on its replacement",
+            self.rid,
+            first,
+            extra={"model": self.name, "request_id": self.rid},
+        )
+        second = await self._open(path, body, content_type, retry=False)
+        assert isinstance(second, Opened)  # retry=False always answers
+        return second
 
-    async def _open(self, path: str, body: bytes, content_type: str, *, retry: bool) -> Opened | None:
-        """None: the child died before answering and ``retry`` allows one more try."""
+    async def _open(
+        self, path: str, body: bytes, content_type: str, *, retry: bool
+    ) -> Opened | ServerUnavailable:
+        """A ServerUnavailable: the child died before answering and ``retry`` allows one more try."""
         stack = AsyncExitStack()
         try:
             upstream = await stack.enter_async_context(
