@@ -199,7 +199,12 @@ class _Forwarder:
         if model is not None:
             await model.child_gone(timeout=5.0)
         if model is None or model.stalls == stalls:
-            return self._error(first)
+            return self._error(
+                ServerUnavailable(
+                    f"model {self.name!r} went away while answering: {first.message}",
+                    hint="its child is being restarted (see `forge ps`): retry in a moment",
+                )
+            )
         log.warning(
             "request %s: %s (the watchdog reset it); retrying once on its replacement",
             self.rid,
