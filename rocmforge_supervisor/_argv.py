@@ -45,6 +45,7 @@ OWNED_FLAGS = frozenset(
         "--slot-save-path",
         "-mm", "--mmproj", "-mmu", "--mmproj-url", "--mmproj-auto", "--no-mmproj", "--no-mmproj-auto",
         "--mmproj-offload", "--no-mmproj-offload", "--media-path",
+        "--slots", "--no-slots",  # the progress watchdog and the KV-usage gauge read /slots
     }
 )  # fmt: skip
 #: The forge.toml key to use instead of an owned flag, where there is one (the config's error).

@@ -163,12 +163,11 @@ def serve(
         if ollama_url is not None:  # with `ollama_port = 0` this line is the only way to find it
             err_console.print(f"Ollama API also on {ollama_url} (server.ollama_port)", markup=False)
         if cfg.models:
-            keyed = cfg.server.api_key is not None
+            keyed = cfg.server.api_key is not None or bool(cfg.server.keys)
             err_console.print("try it (paste into a shell):", markup=False)
             if keyed and not os.environ.get("FORGE_API_KEY"):
-                err_console.print(
-                    "# first: export FORGE_API_KEY=<server.api_key of your config>", markup=False
-                )
+                which = "server.api_key" if cfg.server.api_key is not None else "a [[server.keys]] key"
+                err_console.print(f"# first: export FORGE_API_KEY=<{which} of your config>", markup=False)
             for line in usage_examples(url, next(iter(cfg.models)), keyed=keyed):
                 err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 

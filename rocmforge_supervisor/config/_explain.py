@@ -24,6 +24,7 @@ _SECRET_KEYS = frozenset({"api_key", "key"})
 #: Our own error kinds: their messages already quote the value.
 _CUSTOM_KINDS = frozenset(
     {
+        "mmproj_reference",
         "gpu_layers",
         "gpu",
         "owned_flag",

@@ -288,6 +288,7 @@ def estimate_memory(
     embeddings: bool = False,
     projector: ProjectorInfo | None = None,
     projector_offload: bool | None = None,
+    repack: bool = True,
 ) -> MemoryEstimate:
     """Estimate the memory of one llama-server load, per device and part.
 
@@ -299,7 +300,7 @@ def estimate_memory(
     (all the backends we build). ``embeddings``: the child outputs every token (``--embeddings``,
     ``--reranking`` or a ``--pooling``; see the module docstring).     ``projector``: the model's ``--mmproj`` file, counted on the
     first GPU unless ``projector_offload`` is False (None: on, as llama-server's default) or no GPU
-    is used.
+    is used. ``repack`` False (``--no-repack``): no CPU_REPACK copy of the weights on the CPU.
     """
     gpus = [d for d in devices if d != "cpu"]
     n_layer = info.block_count
@@ -335,7 +336,7 @@ def estimate_memory(
     for il in range(n_layer):
         dev = placement[il]
         weights[dev] = weights.get(dev, 0) + info.layer_bytes[il]
-        if dev == "cpu" and info.layer_repack_bytes:
+        if dev == "cpu" and repack and info.layer_repack_bytes:
             weights[dev] += info.layer_repack_bytes[il]
         layers[dev] = layers.get(dev, 0) + 1
         kinds.setdefault(dev, set()).add(info.swa_layers[il])
@@ -348,7 +349,7 @@ def estimate_memory(
     weights["cpu"] = weights.get("cpu", 0) + info.input_bytes
     out_dev = placement[n_layer]
     weights[out_dev] = weights.get(out_dev, 0) + info.output_bytes
-    if out_dev == "cpu":
+    if out_dev == "cpu" and repack:
         weights[out_dev] += info.output_repack_bytes
     elif info.output_tied:
         # A tied head is the embedding loaded again on the output layer's GPU; on the CPU both

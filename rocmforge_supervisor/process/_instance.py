@@ -289,7 +289,10 @@ class LlamaServer:
                 )
                 answer = r.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise InstanceError(f"{what} failed: {type(exc).__name__}: {exc}", reason="slots") from exc
+            # No answer (the child is stopping, or gone): not a refusal of the file.
+            raise InstanceError(
+                f"{what} failed: {type(exc).__name__}: {exc}", reason="slots_unreachable"
+            ) from exc
         if r.status_code != 200 or not isinstance(answer, dict):
             error = answer.get("error") if isinstance(answer, dict) else None
             message = error.get("message") if isinstance(error, dict) else None

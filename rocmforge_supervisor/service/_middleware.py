@@ -148,8 +148,6 @@ class RequestContext:
             self.state.recorder.identified(draft, key)
             if _needs_admin(method, path):
                 key.check_admin(f"{method} {path}")
-            if path in MODEL_PATHS:
-                self.state.recorder.limiter.admit(key)
         origin = headers.get(b"origin")
         if origin is not None and method not in _SAFE_METHODS and not self._origin_ok(origin, scope):
             # A web page must not drive the local service (CSRF): browsers send Origin on such
@@ -160,6 +158,9 @@ class RequestContext:
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.state.max_body_bytes:
             raise _too_large(self.state.max_body_bytes)
+        key = scope.get("state", {}).get("key")
+        if key is not None and path in MODEL_PATHS:  # last: a request refused above costs no budget
+            self.state.recorder.limiter.admit(key)
 
     def _origin_ok(self, origin: bytes, scope: Scope) -> bool:
         text = origin.decode("latin-1")

@@ -71,7 +71,8 @@ async def _metrics(request: Request) -> Response:
     slots: dict[str, object] = {}
     async with anyio.create_task_group() as tg:
         for m in st.supervisor.models.values():
-            if m.server is not None and m.server.alive and m.state == "ready":
+            # A sleeping child is left alone: its /metrics and /slots would wake it (reload the model).
+            if m.server is not None and m.server.alive and m.state == "ready" and not m.sleeping:
                 tg.start_soon(_scrape, st, m.name, m.server.base_url, m.server.api_key)
                 tg.start_soon(_slots, slots, m.name, m.server)
     rows = {s.name: s.to_json() for s in st.supervisor.status()}

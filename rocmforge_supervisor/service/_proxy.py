@@ -340,6 +340,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
             body = await read_body(request, st.max_body_bytes) if route.method == "POST" else b""
             if route.model_from == "json":
                 name, stream, body, payload = _checked_json(st, route, body)
+                admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
                 if asks_for_tools(payload):
                     await check_tools(request.app.state.ollama, name, payload)
                 check_media(st.supervisor, name, payload, allow_remote=st.allow_remote_media)
@@ -347,7 +348,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
                 asked, stream = await model_from_request(route, request, body)
                 name = resolve_name(asked, st.supervisor.models)
                 st.supervisor.get(name)  # 404 before queueing
-            admit_model(request.scope, name, stream=stream)  # the key's models: 403 before queueing
+                admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
             if stream and st.sse_keepalive > 0:
                 # The load wait ends in a real 503 (Retry-After, progress), so it comes first;
                 # only then may the response be committed to 200 and kept alive.

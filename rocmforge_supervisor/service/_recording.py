@@ -223,7 +223,10 @@ class Recorder:
         r.cancelled = not completed
         tokens = (r.prompt_tokens or 0) + (r.completion_tokens or 0)
         key = r.key or "-"
-        model = r.model or "-"
+        # A label only for a configured model: whatever name a client sends must not grow /metrics
+        # (the activity row keeps the name asked for).
+        known = self._config is not None and r.model in self._config.models
+        model = r.model if known and r.model else "-"
         self.metrics.key_requests.labels(key, model, str(r.status)).inc()
         if tokens:
             self.metrics.key_tokens.labels(key, model, "prompt").inc(r.prompt_tokens or 0)

@@ -172,17 +172,24 @@ class ContextKeeper:
                     continue
                 if restored >= slots:
                     continue  # kept until the next save replaces it (or the budget removes it)
-                if await self._restore_one(server, restored, entry):
+                done = await self._restore_one(server, restored, entry)
+                if done is None:
+                    break  # the child went away (a stop, a crash): the saves stay for the next one
+                if done:
                     restored += 1
         if scope.cancelled_caught:
             self._warn(f"restoring took longer than {RESTORE_TIMEOUT:g} s: the rest starts cold")
         return restored
 
-    async def _restore_one(self, server: LlamaServer, slot: int, entry: SavedContext) -> bool:
+    async def _restore_one(self, server: LlamaServer, slot: int, entry: SavedContext) -> bool | None:
+        """True: restored; False: the child refused it (deleted); None: the child did not answer."""
         started = time.monotonic()
         try:
             answer = await server.slot_action(slot, "restore", entry.filename)
         except InstanceError as exc:
+            if exc.reason == "slots_unreachable" or not server.alive:
+                self._warn(f"{exc.message}; kept for the next start")
+                return None
             self._warn(f"{exc.message}; deleted, slot {slot} starts cold")
             self._deleted(entry, "restore failed")
             return False

@@ -155,8 +155,10 @@ def decide(
     loaded: Sequence[LoadedModel] = (),
     *,
     allow_evict: bool = False,
+    binary_args: Sequence[str] = (),
 ) -> PlacementDecision:
-    """Step 2 (pure): where it goes, and which idle models must make room."""
+    """Step 2 (pure): where it goes, and which idle models must make room. ``binary_args``: the
+    flags every child of the binary gets (the self-test's ``--no-repack``): they change its size."""
     request = PlacementRequest(
         name=name,
         info=model.info,
@@ -165,7 +167,11 @@ def decide(
         parallel=spec.parallel,
         n_gpu_layers=gpu_layers_for_placement(spec.n_gpu_layers),
         # The flags build_plan adds for ``embeddings = true`` change the size too.
-        extra_args=(*embedding_args(spec.embeddings, spec.args, str(model.info.architecture)), *spec.args),
+        extra_args=(
+            *embedding_args(spec.embeddings, spec.args, str(model.info.architecture)),
+            *binary_args,
+            *spec.args,
+        ),
         projector=model.projector,
         projector_offload=spec.mmproj_offload,
     )

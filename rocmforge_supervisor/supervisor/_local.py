@@ -93,7 +93,7 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
     inventory = detect(settings)
     # An embedded model is known by its short name (what `forge chat`/the service call it).
     alias = options.alias or (str(model) if str(model) in embedded_models() else resolved.path.stem)
-    decision = decide(spec, alias, resolved, inventory)
+    decision = decide(spec, alias, resolved, inventory, binary_args=found.child_args)
     return build_plan(
         spec,
         alias,

@@ -274,8 +274,9 @@ class ManagedModel:
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(server.run)
-                await self._restore_context(server, plan)
-                self._on_ready(server)
+                if not self._stop_requested:  # a stop asked during the load: never announced ready
+                    await self._restore_context(server, plan)
+                    self._on_ready(server)
                 tg.start_soon(self._watch_health, server)
                 tg.start_soon(self._watch_progress, server)
                 tg.start_soon(self._watch_ttl)
@@ -332,6 +333,8 @@ class ManagedModel:
         budget = self.policy.stop_timeout
         plan = self.plan
         if reason in _NO_SAVE or not self._keeps_context(plan) or not server.alive:
+            return budget
+        if self.sleeping:  # sleeping freed the KV cache, and a save would wake (reload) the model
             return budget
         assert self.contexts is not None and plan is not None
         started = time.monotonic()
@@ -475,7 +478,9 @@ class ManagedModel:
         interval = poll_interval(timeout)
         while True:
             await anyio.sleep(interval)
-            busy = self.in_flight > 0
+            # A sleeping child reloading its model for a request answers /slots only once loaded:
+            # a wake is not a stall.
+            busy = self.in_flight > 0 and not self.sleeping
             signature = slots_signature(await server.slots(timeout=min(2.0, interval))) if busy else None
             if watch.observe(busy, signature):
                 self.stalls += 1

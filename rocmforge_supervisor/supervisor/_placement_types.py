@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .._argv import SIZE_FLAGS, outputs_every_token
+from .._argv import SIZE_FLAGS, normalise_flag, outputs_every_token
 from ..config import GpuChoice
 from ..hardware import Device, Inventory
 from ..models import GGUFInfo, MemoryEstimate, ProjectorInfo
@@ -50,6 +50,8 @@ class PlacementRequest:
     n_ubatch: int = 512
     embeddings: bool = False
     """The child outputs every token (``--embeddings``, ``--pooling``): a ubatch of logits."""
+    repack: bool = True
+    """False with ``--no-repack`` (the self-test's AMX workaround): no CPU_REPACK copy of weights."""
     projector: ProjectorInfo | None = None
     """The model's multimodal projector (``--mmproj``): its weights and compute buffer count too."""
     projector_offload: bool | None = None
@@ -197,6 +199,8 @@ def _apply_args(request: PlacementRequest) -> PlacementRequest:
             continue  # llama-server will refuse it itself, with its own message
     if outputs_every_token(args):
         changes["embeddings"] = True
+    if any(normalise_flag(a) in ("-nr", "--no-repack") for a in args):
+        changes["repack"] = False
     return replace(request, **changes) if changes else request  # type: ignore[arg-type]
 
 

@@ -60,6 +60,7 @@ class Planner:
             tensor_split=split,
             n_ubatch=r.n_ubatch,
             embeddings=r.embeddings,
+            repack=r.repack,
             projector=r.projector,
             projector_offload=r.projector_offload,
         )

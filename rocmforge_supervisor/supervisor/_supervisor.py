@@ -361,7 +361,9 @@ class Supervisor:
             return await self._decide_on_workers(m, spec, model), inventory
         loaded = [lm for o in self.models.values() if o is not m and (lm := o.as_loaded()) is not None]
         try:
-            decision = decide(spec, m.name, model, inventory, loaded, allow_evict=True)
+            decision = decide(
+                spec, m.name, model, inventory, loaded, allow_evict=True, binary_args=self.binary_args
+            )
         except PlacementError:
             if spec.workers == "never":
                 raise

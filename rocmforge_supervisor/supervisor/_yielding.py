@@ -153,8 +153,11 @@ class PressureMonitor:
         async with sup._placement_lock:
             for victim in ev.models:
                 m = sup.models.get(victim)
-                if m is None or not m.running or m.in_flight or m.waiting:
-                    continue  # it got busy (or went) since the poll: spared
+                # Ready and idle now, or spared: it got busy, went, or crashed since the poll (a
+                # restarting victim waits for this very lock in its placement: unloading it here
+                # would wait for it forever).
+                if m is None or m.state != ModelState.READY or m.in_flight or m.waiting:
+                    continue
                 m.pressure_evictions += 1
                 sup.events.publish(
                     victim,

@@ -5,6 +5,7 @@ completion; tests/build/test_selftest.py has the same faults through the build s
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -50,3 +51,25 @@ async def test_a_crash_on_the_first_completion_names_the_cause(
         assert "killed by SIGSEGV: it crashed in its first computation" in m.last_error
         assert "forge doctor" in m.last_error
         assert m.failure_kind == "crash_loop"
+
+
+def test_no_repack_children_are_placed_without_the_repacked_copy(tmp_path: Path) -> None:
+    """On a CPU where the self-test gives every child --no-repack, placement must not count the
+    CPU_REPACK copy of the weights that such a child never makes."""
+    from rocmforge_supervisor.build._tinymodel import write_selftest_gguf
+    from rocmforge_supervisor.models import inspect_gguf
+    from rocmforge_supervisor.supervisor._placement_types import PlacementRequest, _apply_args
+
+    info = inspect_gguf(write_selftest_gguf(tmp_path))
+    repacked = sum(info.layer_repack_bytes) + info.output_repack_bytes
+    if not repacked:
+        pytest.skip("this CPU repacks none of a Q4_0 model's weights")
+    request = PlacementRequest(name="m", info=info, gpu="cpu", ctx_size=256, parallel=1)
+    plain = _apply_args(request)
+    workaround = _apply_args(replace(request, extra_args=("--no-repack",)))
+    assert plain.repack and not workaround.repack
+    from rocmforge_supervisor.models import estimate_memory
+
+    with_copy = estimate_memory(info, n_gpu_layers=0, ctx_size=256, parallel=1, repack=True)
+    without = estimate_memory(info, n_gpu_layers=0, ctx_size=256, parallel=1, repack=False)
+    assert with_copy.total_bytes - without.total_bytes == repacked
