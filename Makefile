@@ -61,6 +61,9 @@ bench: setup dev ## the benchmarks (numbers, not pass/fail): see scripts/bench/
 	$(BIN)/python scripts/bench/bench_instance.py
 	$(BIN)/python scripts/bench/bench_gateway.py
 	$(BIN)/python scripts/bench/bench_rpc.py
+	$(BIN)/python scripts/bench/bench_repack.py
+	$(BIN)/python scripts/bench/bench_activity.py
+	$(BIN)/python scripts/bench/bench_keep_context.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
