@@ -329,21 +329,15 @@ def _selftest_check(info: Any) -> Check:
         return Check(
             "self-test", "warn", "skipped (FORGE_SELFTEST=0)", "unset FORGE_SELFTEST to test the binary"
         )
-    kernels = (
-        f"; buffers {', '.join(result.passing.buffers)}" if result.passing and result.passing.buffers else ""
-    )
-    variant = (
-        f"; CPU variant {', '.join(result.passing.backends_loaded)}"
-        if result.passing and result.passing.backends_loaded
-        else ""
-    )
+    features = result.passing.cpu_features if result.passing else ()
+    variant = f"; its CPU backend uses {' '.join(features)}" if features else ""
     status: Literal["pass", "warn"] = "warn" if result.child_args else "pass"
     fix = (
         "nothing to do: every child gets these flags; a llama.cpp with the AMX fix (PR #26954) needs none"
         if result.child_args
         else None
     )
-    return Check("self-test", status, f"{result.detail} on {result.cpu_model}{kernels}{variant}", fix)
+    return Check("self-test", status, f"{result.detail} on {result.cpu_model}{variant}", fix)
 
 
 def _backend_checks(inv: Inventory, info: Any) -> list[Check]:
