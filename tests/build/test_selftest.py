@@ -380,3 +380,12 @@ def test_cuda_targets_come_from_the_gpus_nvml_sees(monkeypatch: pytest.MonkeyPat
     assert _builder.detected_gpu_targets(settings, "hip") == ()
     pinned = machine_settings(FIXTURES / "no_gpu", use_nvml=True, gpu_targets="90")
     assert _builder.detected_gpu_targets(pinned, "cuda") == ("90",)
+
+
+def test_doctor_shows_the_workaround_the_selftest_chose(tmp_path: Path) -> None:
+    fake = _fake(tmp_path, FAKE_LLAMA_DIE_ON_REQUEST="SIGSEGV", FAKE_LLAMA_WORKS_WITH="--no-repack")
+    env = {**os.environ, "FORGE_LLAMA_SERVER": str(fake), "FORGE_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([*FORGE, "doctor"], capture_output=True, text=True, timeout=180, env=env)
+    line = next((x for x in (proc.stdout + proc.stderr).splitlines() if "self-test" in x), "")
+    assert line.startswith("warn self-test"), proc.stdout + proc.stderr
+    assert "killed by SIGSEGV on its first completion" in line and "every child gets --no-repack" in line
