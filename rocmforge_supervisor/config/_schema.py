@@ -293,7 +293,17 @@ class SupervisorConfig(_Section):
 #: ModelConfig fields that do not change the running child: a reload that only touches these
 #: keeps the child (see :meth:`ForgeConfig.model_fingerprint`).
 _NOT_IN_FINGERPRINT = frozenset(
-    {"ttl", "max_concurrency", "queue", "preload", "load_wait", "max_tokens", "pinned", "capture"}
+    {
+        "ttl",
+        "max_concurrency",
+        "queue",
+        "preload",
+        "load_wait",
+        "max_tokens",
+        "pinned",
+        "capture",
+        "stall_timeout",
+    }
 )
 
 

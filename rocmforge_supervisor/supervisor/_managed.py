@@ -470,14 +470,17 @@ class ManagedModel:
     async def _watch_progress(self, server: LlamaServer) -> None:
         """A child busy with our requests whose slots make no progress for ``stall_timeout`` is
         stalled (a wedged decode answers /health all the same: see ``_watchdog``): killed, and
-        restarted through the crash path, which counts it in the breaker."""
-        timeout = self.stall_timeout
-        if timeout <= 0:
-            return
-        watch = ProgressWatch(timeout)
-        interval = poll_interval(timeout)
+        restarted through the crash path, which counts it in the breaker. The timeout is read at
+        every poll: a reload that changes only ``stall_timeout`` keeps the child (0: off)."""
+        watch = ProgressWatch(self.stall_timeout)
         while True:
-            await anyio.sleep(interval)
+            timeout = self.stall_timeout
+            await anyio.sleep(poll_interval(timeout) if timeout > 0 else 1.0)
+            if timeout <= 0:
+                watch.observe(False, None)  # off: nothing counts, and a later timeout starts afresh
+                continue
+            watch.timeout = timeout
+            interval = poll_interval(timeout)
             # A sleeping child reloading its model for a request answers /slots only once loaded:
             # a wake is not a stall.
             busy = self.in_flight > 0 and not self.sleeping
