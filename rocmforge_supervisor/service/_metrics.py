@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from ..supervisor import ModelState
 from ._pool_metrics import PoolSample, pool_families
 
 __all__ = ["DeviceRow", "Metrics"]
@@ -24,7 +25,7 @@ __all__ = ["DeviceRow", "Metrics"]
 #: (device key, name, total bytes, used bytes) of one device, read at scrape time.
 DeviceRow = tuple[str, str, int, int]
 
-_STATES = ("unloaded", "loading", "ready", "draining", "stopped", "failed")
+_STATES = tuple(s.value for s in ModelState)
 
 
 class _SupervisorCollector(Collector):
@@ -223,7 +224,9 @@ class Metrics:
             if ev.seq <= self._last_load_seq:
                 continue
             self._last_load_seq = ev.seq
-            seconds = ev.data.get("load_seconds") if ev.kind == "state" and ev.state == "ready" else None
+            seconds = (
+                ev.data.get("load_seconds") if ev.kind == "state" and ev.state == ModelState.READY else None
+            )
             if isinstance(seconds, (int, float)):
                 self.load_seconds.labels(ev.model).observe(float(seconds))
 
