@@ -31,7 +31,7 @@ from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from .._errors import ForgeError, ModelNotFound, RequestRejected, UsageError
-from ..client._sse import SSEDecoder
+from ..client import SSEDecoder
 from ..config import get_settings
 from ..models import ProjectorInfo, resolve_projector_path
 from ..supervisor import Supervisor

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
-from ..client._transport import asend
+from ..client import asend
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstream_error
 from ._keepalive import KeepAliveStream, Opened
 from ._middleware import read_body

@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from ..access import ADMIN_KEY_NAME, Key, KeyRing, Limiter
 from ..activity import ActivityStore
-from ..client._transport import async_pool
+from ..client import async_pool
 from ..config import ForgeSettings
 from ..supervisor import Supervisor
 from ._metrics import Metrics
