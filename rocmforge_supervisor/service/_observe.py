@@ -78,9 +78,7 @@ async def _metrics(request: Request) -> Response:
                 tg.start_soon(_slots, st, slots, v.name, child)
     st.metrics.set_pool(
         [
-            sample_model(
-                v.status.to_json(), st.metrics.child_texts.get(v.name), slots.get(v.name), v.config.args
-            )
+            sample_model(v.status, st.metrics.child_texts.get(v.name), slots.get(v.name), v.config.args)
             for v in views
         ]
     )

@@ -56,7 +56,7 @@ class GatewayState:
         self.max_body_bytes = max_body_bytes
         self.model_dirs = [p.resolve() for p in model_dirs]
         self.reload = reload
-        self.metrics = Metrics(lambda: [s.to_json() for s in supervisor.status()])
+        self.metrics = Metrics(supervisor.status)
         #: Keys built from the supervisor's config follow it across reloads (``Recorder.follow``).
         self.follows_config = keys is not None
         if keys is None:  # server.api_key alone: one admin key
