@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 __all__ = [
+    "EMBEDDING_ARCHITECTURES",
     "OWNED_BY_KEY",
     "SIZE_FLAGS",
     "TEMPLATE_FLAGS",
@@ -24,7 +25,9 @@ __all__ = [
     "mmproj_args",
     "normalise_flag",
     "outputs_every_token",
+    "probe_argv",
     "redact",
+    "rpc_args",
     "server_argv",
 ]
 
@@ -99,8 +102,10 @@ _TEMPLATE_BY_ARCH = {
     "exaone": "exaone3",
 }
 
-#: Architectures whose GGUF names its own pooling (embedding models): forge leaves it alone.
-_POOLED_ARCHITECTURES = frozenset(
+#: Architectures llama.cpp treats as encoders (embedding models, no text generation): their GGUF
+#: names its own pooling, so forge adds no ``--pooling``; Ollama's listings give them no
+#: ``completion`` capability. The one list (it had drifted into two).
+EMBEDDING_ARCHITECTURES = frozenset(
     {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert", "neo-bert",
      "t5encoder", "gemma-embedding"}
 )  # fmt: skip
@@ -154,7 +159,7 @@ def embedding_args(embeddings: bool, user_args: Sequence[str], architecture: str
         return []
     flags = {a.split("=", 1)[0] for a in user_args}
     out = [] if flags & {"--embeddings", "--embedding"} else ["--embeddings"]
-    if "--pooling" not in flags and architecture not in _POOLED_ARCHITECTURES:
+    if "--pooling" not in flags and architecture not in EMBEDDING_ARCHITECTURES:
         out += ["--pooling", "mean"]
     return out
 
@@ -185,6 +190,23 @@ def mmproj_args(projector: Path | None, offload: bool) -> list[str]:
     if projector is None:
         return []
     return ["--mmproj", str(projector)] + ([] if offload else ["--no-mmproj-offload"])
+
+
+def rpc_args(addresses: Sequence[str], tensor_split: Sequence[float] = ()) -> list[str]:
+    """``--rpc HOST:PORT,…`` (the RPC workers, in llama-server's device order) and, when given,
+    ``--tensor-split`` (each device's share of the layers)."""
+    a = ["--rpc", ",".join(addresses)] if addresses else []
+    if tensor_split:
+        a += ["--tensor-split", ",".join(f"{x:g}" for x in tensor_split)]
+    return a
+
+
+def probe_argv(binary: Path, *, version: bool = False, rpc: str | None = None) -> list[str]:
+    """A short run of the binary that answers and exits: ``--version``, else ``--list-devices``
+    (through the RPC worker ``rpc``: the worker's own devices)."""
+    if version:
+        return [str(binary), "--version"]
+    return [str(binary), *rpc_args([rpc] if rpc else []), "--list-devices"]
 
 
 def server_argv(

@@ -24,6 +24,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """Every ``pytest.mark.anyio`` test runs on asyncio, the loop ``forge serve`` runs on."""
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
 def forge_settings() -> ForgeSettings:
     return ForgeSettings()

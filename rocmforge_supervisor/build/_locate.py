@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._argv import probe_argv
 from .._errors import BinaryNotFound, SelfTestFailed
 from .._version import LLAMA_CPP_COMMIT
 from ..config import ForgeSettings
@@ -100,7 +101,7 @@ def probe_binary(
     run_env = dict(os.environ if env is None else env)
     try:
         ver = subprocess.run(
-            [str(path), "--version"], capture_output=True, text=True, timeout=30, env=run_env
+            probe_argv(path, version=True), capture_output=True, text=True, timeout=30, env=run_env
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise BinaryNotFound(f"{path} could not be run: {exc}", hint="run `forge build`") from exc
@@ -114,7 +115,7 @@ def probe_binary(
     if list_devices:
         try:
             out = subprocess.run(
-                [str(path), "--list-devices"], capture_output=True, text=True, timeout=60, env=run_env
+                probe_argv(path), capture_output=True, text=True, timeout=60, env=run_env
             ).stdout
         except (OSError, subprocess.SubprocessError):
             out = ""

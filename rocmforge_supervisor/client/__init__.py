@@ -1,6 +1,20 @@
 """HTTP + SSE client for llama-server and OpenAI-style servers; knows nothing about processes."""
 
+from ._sse import SSEDecoder
 from ._textmodel import Liveness, TextModel
+from ._transport import Upstream, asend, async_pool, socket_gone_as_httpx_error
 from ._types import GenerateOptions, Message, Token, Usage
 
-__all__ = ["GenerateOptions", "Liveness", "Message", "TextModel", "Token", "Usage"]
+__all__ = [
+    "GenerateOptions",
+    "Liveness",
+    "Message",
+    "SSEDecoder",
+    "TextModel",
+    "Token",
+    "Upstream",
+    "Usage",
+    "asend",
+    "async_pool",
+    "socket_gone_as_httpx_error",
+]

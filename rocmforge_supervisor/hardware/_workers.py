@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from .._argv import probe_argv
 from .._errors import UsageError
 from ._listing import parse_device_list
 
@@ -118,7 +119,7 @@ def _probe(binary: Path, address: str, timeout: float, env: Mapping[str, str]) -
     try:
         proc = subprocess.run(
             # Dies with us: a probe of a busy worker waits in its queue, and the timeout is ours.
-            with_parent_death([str(binary), "--rpc", address, "--list-devices"]),
+            with_parent_death(probe_argv(binary, rpc=address)),
             capture_output=True,
             text=True,
             errors="replace",

@@ -39,7 +39,7 @@ import psutil
 
 from .._argv import redact
 from .._errors import InstanceError, StartFailed, UsageError
-from ..client._transport import socket_gone_as_httpx_error
+from ..client import socket_gone_as_httpx_error
 from ._env import clean_child_env
 from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure, lines_of
 from ._ports import free_port, port_is_free

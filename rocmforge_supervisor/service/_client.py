@@ -10,7 +10,7 @@ from urllib.parse import quote
 import httpx
 
 from .._errors import ServiceError
-from ..client._sse import SSEDecoder
+from ..client import SSEDecoder
 
 __all__ = ["ServiceClient"]
 

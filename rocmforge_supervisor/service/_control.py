@@ -210,7 +210,7 @@ async def api_logs(request: Request) -> Response:
     """
     st = state_of(request)
     try:
-        m = st.supervisor.get(request.path_params["name"])
+        m = st.supervisor.view(request.path_params["name"])
     except ForgeError as exc:
         return error_response(exc, request_id(request))
     try:
@@ -222,7 +222,7 @@ async def api_logs(request: Request) -> Response:
         )
     follow = request.query_params.get("follow") in ("1", "true")
     every = request.query_params.get("all") in ("1", "true")
-    path = m.status().log_path
+    path = m.status.log_path
     lines: list[str] = []
     if path and await anyio.Path(path).exists():
         lines = await anyio.to_thread.run_sync(_last_lines, Path(path), n, every)

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from ..supervisor import ModelState, ModelStatus
 from ._pool_metrics import PoolSample, pool_families
 
 __all__ = ["DeviceRow", "Metrics"]
@@ -24,11 +25,9 @@ __all__ = ["DeviceRow", "Metrics"]
 #: (device key, name, total bytes, used bytes) of one device, read at scrape time.
 DeviceRow = tuple[str, str, int, int]
 
-_STATES = ("unloaded", "loading", "ready", "draining", "stopped", "failed")
-
 
 class _SupervisorCollector(Collector):
-    def __init__(self, status: Callable[[], list[dict[str, Any]]], child_texts: dict[str, str]) -> None:
+    def __init__(self, status: Callable[[], list[ModelStatus]], child_texts: dict[str, str]) -> None:
         self._status = status
         self._child_texts = child_texts
         self.devices: list[DeviceRow] = []
@@ -53,20 +52,20 @@ class _SupervisorCollector(Collector):
         in_flight = GaugeMetricFamily("forge_model_in_flight", "requests at the child", labels=["model"])
         waiting = GaugeMetricFamily("forge_model_waiting", "requests in the model's queue", labels=["model"])
         for r in rows:
-            for s in _STATES:
-                state.add_metric([r["name"], s], 1.0 if r["state"] == s else 0.0)
-            restarts.add_metric([r["name"]], float(r["restarts"]))
-            stalls.add_metric([r["name"]], float(r.get("stalls", 0)))
-            pressure.add_metric([r["name"]], float(r.get("pressure_evictions", 0)))
-            in_flight.add_metric([r["name"]], float(r["in_flight"]))
-            waiting.add_metric([r["name"]], float(r["waiting"]))
+            for s in ModelState:
+                state.add_metric([r.name, s.value], 1.0 if r.state == s else 0.0)
+            restarts.add_metric([r.name], float(r.restarts))
+            stalls.add_metric([r.name], float(r.stalls))
+            pressure.add_metric([r.name], float(r.pressure_evictions))
+            in_flight.add_metric([r.name], float(r.in_flight))
+            waiting.add_metric([r.name], float(r.waiting))
         yield from (state, restarts, stalls, pressure, in_flight, waiting)
         yield from _contexts(rows)
         yield from self._memory(rows)
         yield from pool_families(self.pool)
         yield from self._children()
 
-    def _memory(self, rows: list[dict[str, Any]]) -> Iterator[Metric]:
+    def _memory(self, rows: list[ModelStatus]) -> Iterator[Metric]:
         """Per-model memory (forge's estimate and what the child reported allocating, per device;
         the child's RSS) and per-device totals."""
         model_mem = GaugeMetricFamily(
@@ -78,13 +77,12 @@ class _SupervisorCollector(Collector):
             "forge_model_rss_bytes", "resident memory of the model's child", labels=["model"]
         )
         for r in rows:
-            memory = r.get("memory") or {}
-            for kind, key in (("estimated", "estimated_bytes"), ("actual", "actual_bytes")):
-                for device, value in (memory.get(key) or {}).items():
-                    model_mem.add_metric([r["name"], str(device), kind], float(value))
-            if r.get("pid"):
+            for kind, by_device in (("estimated", r.estimated_bytes), ("actual", r.actual_bytes)):
+                for device, value in by_device.items():
+                    model_mem.add_metric([r.name, str(device), kind], float(value))
+            if r.pid:
                 with contextlib.suppress(psutil.Error):
-                    rss.add_metric([r["name"]], float(psutil.Process(r["pid"]).memory_info().rss))
+                    rss.add_metric([r.name], float(psutil.Process(r.pid).memory_info().rss))
         total = GaugeMetricFamily(
             "forge_device_memory_total_bytes", "device memory (VRAM; RAM for cpu)", labels=["device", "name"]
         )
@@ -132,21 +130,21 @@ _CONTEXT_GAUGES = (
 )
 
 
-def _contexts(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+def _contexts(rows: list[ModelStatus]) -> Iterator[Metric]:
     for name, help_, key in _CONTEXT_COUNTERS:
         counter = CounterMetricFamily(name, help_, labels=["model"])
         for r in rows:
-            counter.add_metric([r["name"]], float((r.get("contexts") or {}).get(key, 0)))
+            counter.add_metric([r.name], float(r.contexts.get(key, 0)))
         yield counter
     for name, help_, key in _CONTEXT_GAUGES:
         gauge = GaugeMetricFamily(name, help_, labels=["model"])
         for r in rows:
-            gauge.add_metric([r["name"]], float((r.get("contexts") or {}).get(key, 0)))
+            gauge.add_metric([r.name], float(r.contexts.get(key, 0)))
         yield gauge
 
 
 class Metrics:
-    def __init__(self, status: Callable[[], list[dict[str, Any]]]) -> None:
+    def __init__(self, status: Callable[[], list[ModelStatus]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.child_texts: dict[str, str] = {}
         labels = ["model"]
@@ -223,7 +221,9 @@ class Metrics:
             if ev.seq <= self._last_load_seq:
                 continue
             self._last_load_seq = ev.seq
-            seconds = ev.data.get("load_seconds") if ev.kind == "state" and ev.state == "ready" else None
+            seconds = (
+                ev.data.get("load_seconds") if ev.kind == "state" and ev.state == ModelState.READY else None
+            )
             if isinstance(seconds, (int, float)):
                 self.load_seconds.labels(ev.model).observe(float(seconds))
 

@@ -11,7 +11,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..hardware import refresh_usage
-from ..process import LlamaServer
+from ..supervisor import ChildEndpoint
 from ._metrics import DeviceRow
 from ._pool_metrics import sample_model
 from ._state import GatewayState, state_of
@@ -69,28 +69,30 @@ async def _metrics(request: Request) -> Response:
     st.metrics.set_devices(await anyio.to_thread.run_sync(_devices, st))
     st.metrics.child_texts.clear()
     slots: dict[str, object] = {}
+    views = st.supervisor.views()
     async with anyio.create_task_group() as tg:
-        for m in st.supervisor.models.values():
+        for v in views:
             # A sleeping child is left alone: its /metrics and /slots would wake it (reload the model).
-            if m.server is not None and m.server.alive and m.state == "ready" and not m.sleeping:
-                tg.start_soon(_scrape, st, m.name, m.server.base_url, m.server.api_key)
-                tg.start_soon(_slots, slots, m.name, m.server)
-    rows = {s.name: s.to_json() for s in st.supervisor.status()}
+            if (child := v.answering) is not None:
+                tg.start_soon(_scrape, st, v.name, child)
+                tg.start_soon(_slots, st, slots, v.name, child)
     st.metrics.set_pool(
         [
-            sample_model(rows[name], st.metrics.child_texts.get(name), slots.get(name), m.config.args)
-            for name, m in st.supervisor.models.items()
-            if name in rows
+            sample_model(v.status, st.metrics.child_texts.get(v.name), slots.get(v.name), v.config.args)
+            for v in views
         ]
     )
     return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-async def _slots(out: dict[str, object], name: str, server: LlamaServer) -> None:
+async def _slots(st: GatewayState, out: dict[str, object], name: str, child: ChildEndpoint) -> None:
     """One child's ``/slots`` (the KV-cache usage's input); a child that does not answer: none."""
-    answer = await server.slots(timeout=2.0)
-    if answer is not None:
-        out[name] = answer
+    try:
+        r = await st.upstream.get(f"{child.base_url}/slots", headers=child.headers(), timeout=2.0)
+        if r.status_code == 200:
+            out[name] = r.json()
+    except (httpx.HTTPError, ValueError):
+        pass
 
 
 def _devices(st: GatewayState) -> list[DeviceRow]:
@@ -104,12 +106,10 @@ def _devices(st: GatewayState) -> list[DeviceRow]:
     return [(d.key, d.name, d.vram_total_bytes, d.vram_used_bytes) for d in inventory.devices if d.usable]
 
 
-async def _scrape(st: GatewayState, name: str, base_url: str, api_key: str) -> None:
+async def _scrape(st: GatewayState, name: str, child: ChildEndpoint) -> None:
     """One child's /metrics, relabelled into ours; a child that does not answer is left out."""
     try:
-        r = await st.upstream.get(
-            f"{base_url}/metrics", headers={"Authorization": f"Bearer {api_key}"}, timeout=2.0
-        )
+        r = await st.upstream.get(f"{child.base_url}/metrics", headers=child.headers(), timeout=2.0)
         if r.status_code == 200:
             st.metrics.child_texts[name] = r.text
     except httpx.HTTPError:

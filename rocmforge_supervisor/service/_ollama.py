@@ -31,7 +31,7 @@ from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from .._errors import ForgeError, ModelNotFound, RequestRejected, UsageError
-from ..client._sse import SSEDecoder
+from ..client import SSEDecoder
 from ..config import get_settings
 from ..models import ProjectorInfo, resolve_projector_path
 from ..supervisor import Supervisor
@@ -109,17 +109,16 @@ def _model(b: OllamaBackend, body: dict[str, Any]) -> str:
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         raise UsageError('the request has no "model" field', hint="name one of GET /api/tags")
-    name = resolve_name(name, b.supervisor.models)
-    b.supervisor.get(name)  # ModelNotFound → 404 before anything waits
+    name = resolve_name(name, b.supervisor.names())
+    b.supervisor.view(name)  # ModelNotFound → 404 before anything waits
     return name
 
 
 async def _card(b: OllamaBackend, name: str) -> ModelCard | None:
-    m = b.supervisor.get(name)
-    path = m.plan.spec.model_path if m.plan is not None else None
+    v = b.supervisor.view(name)
 
     def read() -> ModelCard | None:
-        p = path or b.resolve_path(str(m.config.path))
+        p = v.model_path or b.resolve_path(v.config.path)
         if p is None:
             return None
         try:
@@ -132,13 +131,13 @@ async def _card(b: OllamaBackend, name: str) -> ModelCard | None:
 
 async def _props(b: OllamaBackend, name: str, rid: str | None) -> dict[str, Any] | None:
     """The running child's ``/props`` (read once per child process); None when it is not ready."""
-    m = b.supervisor.get(name)
-    server = m.server
-    if m.state != "ready" or server is None or server.pid is None:
+    v = b.supervisor.view(name)
+    child = v.child
+    if not v.ready or child is None or child.pid is None:
         return None
     cache = b._props_cache if b._props_cache is not None else {}
     b._props_cache = cache
-    key = (name, server.pid)
+    key = (name, child.pid)
     if key not in cache:
         try:
             async with b.forward(name, "GET", "/props", b"", rid) as r:
@@ -153,34 +152,33 @@ async def _props(b: OllamaBackend, name: str, rid: str | None) -> dict[str, Any]
 
 async def _served_ctx(b: OllamaBackend, name: str, rid: str | None) -> int | None:
     """Tokens one request can use: the running child's per-slot n_ctx, else the config's."""
-    m = b.supervisor.get(name)
     props = await _props(b, name, rid)
     if props is not None:
         try:
             return int(props["default_generation_settings"]["n_ctx"])
         except (KeyError, TypeError, ValueError):
             return None
-    if m.state == "ready":
+    v = b.supervisor.view(name)
+    if v.ready:
         return None
-    ctx = getattr(m.config, "ctx_size", None)
-    if ctx:
-        return int(ctx) // int(getattr(m.config, "parallel", None) or 1)
+    if v.config.ctx_size:
+        return v.config.ctx_size // (v.config.parallel or 1)
     return None
 
 
 async def _projector(b: OllamaBackend, name: str) -> ProjectorInfo | None:
     """The model's projector: as its child was started, else its configured ``mmproj`` when that
     is a local file (or ``auto`` beside a local model); None for one not fetched yet."""
-    m = b.supervisor.get(name)
-    if m.plan is not None and m.plan.projector is not None:
-        return m.plan.projector
-    mmproj = getattr(m.config, "mmproj", None)
-    model_ref = str(getattr(m.config, "path", ""))
+    v = b.supervisor.view(name)
+    if v.projector is not None:
+        return v.projector
+    mmproj = v.config.mmproj
+    model_ref = v.config.path
     if not mmproj or mmproj.startswith("hf:") or (mmproj == "auto" and model_ref.startswith("hf:")):
         return None  # a listing must never start a download
 
     def read() -> ProjectorInfo | None:
-        model_path = m.plan.spec.model_path if m.plan is not None else b.resolve_path(model_ref)
+        model_path = v.model_path if v.started else b.resolve_path(model_ref)
         if model_path is None:
             return None
         try:
@@ -203,10 +201,7 @@ async def _modalities(b: OllamaBackend, name: str, rid: str | None) -> tuple[str
 
 def _args(b: OllamaBackend, name: str) -> list[str]:
     """The child's extra llama-server arguments (as started, else as configured)."""
-    m = b.supervisor.get(name)
-    if m.plan is not None:
-        return list(m.plan.spec.extra_args)
-    return list(getattr(m.config, "args", []) or [])
+    return list(b.supervisor.view(name).args)
 
 
 async def check_tools(b: OllamaBackend, name: str, body: dict[str, Any]) -> None:
@@ -218,21 +213,22 @@ async def check_tools(b: OllamaBackend, name: str, body: dict[str, Any]) -> None
 def check_media(supervisor: Supervisor, name: str, body: dict[str, Any], *, allow_remote: bool) -> None:
     """A 400 when ``body``'s images/audio cannot go to model ``name`` (:mod:`._media`): the one
     check every API's requests meet, with whether the model has a projector (``mmproj``)."""
-    has_projector = bool(getattr(supervisor.get(name).config, "mmproj", None))
+    has_projector = bool(supervisor.view(name).config.mmproj)
     refuse_unusable_media(name, body, has_projector=has_projector, allow_remote=allow_remote)
 
 
 async def model_list(b: OllamaBackend, created: float) -> list[dict[str, Any]]:
     """``/v1/models``' entries: OpenAI's keys plus ``context_length``, ``capabilities``, ``state``."""
     data = []
-    for name, m in list(b.supervisor.models.items()):
+    for v in b.supervisor.views():
+        name = v.name
         card = await _card(b, name)
         entry: dict[str, Any] = {
             "id": name,
             "object": "model",
             "created": int(created),
             "owned_by": "rocmforge",
-            "state": m.state.value,
+            "state": v.state.value,
         }
         ctx = await _served_ctx(b, name, None)
         if card is not None:
@@ -254,7 +250,7 @@ async def api_version(request: Request) -> Response:
 async def api_tags(request: Request) -> Response:
     b = _backend(request)
     models = []
-    for name in list(b.supervisor.models):
+    for name in b.supervisor.names():
         card = await _card(b, name)
         caps = capabilities(card, _args(b, name), await _modalities(b, name, None)) if card else None
         models.append(tag_entry(name, card, caps))
@@ -283,11 +279,11 @@ async def api_show(request: Request) -> Response:
 async def api_ps(request: Request) -> Response:
     b = _backend(request)
     out = []
-    for name, m in list(b.supervisor.models.items()):
-        if m.state != "ready":
+    for v in b.supervisor.views():
+        if not v.ready:
             continue
-        ctx = await _served_ctx(b, name, _rid(request))
-        out.append(ps_entry(name, await _card(b, name), m.status().to_json(), ctx, m.ttl))
+        ctx = await _served_ctx(b, v.name, _rid(request))
+        out.append(ps_entry(v.name, await _card(b, v.name), v.status.to_json(), ctx, v.ttl))
     return JSONResponse({"models": out})
 
 
@@ -357,11 +353,7 @@ async def _generation(request: Request, *, generate: bool, embed: str | None = N
 def _keep_alive(b: OllamaBackend, name: str, seconds: float | None) -> None:
     """``keep_alive`` is a TTL hint, set by each request as in Ollama (a request without one
     clears it); the model's own ``ttl`` in forge.toml, when set, wins. Negative: never unload."""
-    m = b.supervisor.get(name)
-    if seconds is None or seconds < 0:
-        m.ttl_hint = None
-    else:
-        m.ttl_hint = max(seconds, 0.01)
+    b.supervisor.hint_ttl(name, None if seconds is None or seconds < 0 else max(seconds, 0.01))
 
 
 async def _load_or_unload(
@@ -369,7 +361,7 @@ async def _load_or_unload(
 ) -> Response:
     if target.keep_alive is not None and target.keep_alive == 0:
         await b.supervisor.unload(name)
-        b.supervisor.get(name).ttl_hint = None  # the unload is done; the next load starts afresh
+        b.supervisor.hint_ttl(name, None)  # the unload is done; the next load starts afresh
         reason = "unload"
     else:
         async with b.supervisor.acquire(name, load_wait=b.supervisor.load_wait(name)):

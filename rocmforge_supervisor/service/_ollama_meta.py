@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .._argv import EMBEDDING_ARCHITECTURES
 from .._errors import ForgeError
 from ..config import ForgeSettings, get_settings
 from ..models._catalog import embedded_models, ensure_embedded
@@ -45,19 +46,6 @@ __all__ = [
     "tag_entry",
 ]
 
-#: Architectures llama.cpp treats as encoders (embedding only, no text generation).
-_EMBED_ARCHS = frozenset(
-    {
-        "bert",
-        "nomic-bert",
-        "nomic-bert-moe",
-        "jina-bert-v2",
-        "jina-bert-v3",
-        "t5encoder",
-        "modern-bert",
-        "neo-bert",
-    }
-)
 _FIM_KEYS = ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id")
 _TEMPLATE_KEY = "tokenizer.chat_template"
 
@@ -168,7 +156,7 @@ def projector_info(p: ProjectorInfo) -> dict[str, Any]:
 
 
 def capabilities(card: ModelCard, args: list[str], modalities: Sequence[str] = ()) -> list[str]:
-    embedding_only = card.architecture in _EMBED_ARCHS
+    embedding_only = card.architecture in EMBEDDING_ARCHITECTURES
     caps = [] if embedding_only else ["completion"]
     no_jinja = "--no-jinja" in args
     if not embedding_only and card.template and "tools" in card.template and not no_jinja:

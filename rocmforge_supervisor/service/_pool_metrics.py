@@ -26,10 +26,11 @@ import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+
+from ..supervisor import ModelStatus
 
 __all__ = ["PoolSample", "pool_families", "sample_model"]
 
@@ -93,14 +94,14 @@ def _lora_adapters(args: Sequence[str]) -> tuple[str, ...]:
 
 
 def sample_model(
-    row: Mapping[str, Any], child_metrics: str | None, slots: object, args: Sequence[str] = ()
+    row: ModelStatus, child_metrics: str | None, slots: object, args: Sequence[str] = ()
 ) -> PoolSample:
-    """One model's sample from its status row, its child's ``/metrics`` text and ``/slots``."""
+    """One model's sample from its status, its child's ``/metrics`` text and ``/slots``."""
     used, capacity = _kv(slots)
     return PoolSample(
-        name=str(row["name"]),
-        waiting=int(row.get("waiting") or 0) + _deferred(child_metrics),
-        running=int(row.get("in_flight") or 0),
+        name=row.name,
+        waiting=row.waiting + _deferred(child_metrics),
+        running=row.in_flight,
         kv_tokens=used,
         kv_capacity=capacity,
         lora_adapters=_lora_adapters(args),

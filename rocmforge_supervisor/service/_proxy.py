@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
-from ..client._transport import asend
+from ..client import asend
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstream_error
 from ._keepalive import KeepAliveStream, Opened
 from ._middleware import read_body
@@ -91,8 +91,8 @@ def _checked_json(
     note_model(asked)  # a request refused for a field still names its model in the activity log
     kind = _KINDS.get(route.path, "")
     check_fields(payload, kind)
-    name = resolve_name(asked, st.supervisor.models)
-    default = getattr(st.supervisor.get(name).config, "max_tokens", None)  # 404 before queueing
+    name = resolve_name(asked, st.supervisor.names())
+    default = st.supervisor.view(name).config.max_tokens  # 404 before queueing
     if default is not None and kind in _GENERATES and all(payload.get(k) is None for k in _LENGTH_FIELDS):
         payload["max_tokens"] = default
         body = json.dumps(payload).encode()
@@ -102,11 +102,10 @@ def _checked_json(
 def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
     """The model's slot geometry as its child was started (for the context error's arithmetic)."""
     try:
-        prepared = st.supervisor.get(name).plan
+        view = st.supervisor.view(name)
     except ForgeError:
         return UpstreamModel(name)
-    spec = prepared.spec if prepared is not None else None
-    return UpstreamModel(name, getattr(spec, "ctx_size", None), getattr(spec, "parallel", None))
+    return UpstreamModel(name, view.ctx_size, view.parallel)
 
 
 @asynccontextmanager
@@ -184,6 +183,13 @@ class _Forwarder:
         headers = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-length",)}
         return Opened(resp.status_code, headers, _once(bytes(resp.body)), _nothing, stream=False)
 
+    def _stalls(self) -> int | None:
+        """The model's watchdog resets so far (a change means the watchdog reset its child)."""
+        try:
+            return self.st.supervisor.view(self.name).stalls
+        except ForgeError:
+            return None
+
     async def open(self, path: str, body: bytes, content_type: str) -> Opened:
         """The upstream's answer, ready to relay. A non-streamed request whose child the progress
         watchdog reset before it answered (nothing reached the client) is retried once on the
@@ -191,14 +197,12 @@ class _Forwarder:
         Retry-After. A child that died of its own (a crash, the OOM killer, an RPC worker gone) is
         not replayed: the request itself may be what killed it; that is a 503 at once. A stream is
         never replayed: it ends with an error event in its dialect."""
-        model = self.st.supervisor.models.get(self.name)
-        stalls = model.stalls if model is not None else 0
+        stalls = self._stalls()
         first = await self._open(path, body, content_type, retry=self.retry)
         if isinstance(first, Opened):
             return first
-        if model is not None:
-            await model.child_gone(timeout=5.0)
-        if model is None or model.stalls == stalls:
+        await self.st.supervisor.child_gone(self.name, timeout=5.0)
+        if stalls is None or self._stalls() == stalls:
             return self._error(
                 ServerUnavailable(
                     f"model {self.name!r} went away while answering: {first.message}",
@@ -346,8 +350,8 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
                 check_media(st.supervisor, name, payload, allow_remote=st.allow_remote_media)
             else:
                 asked, stream = await model_from_request(route, request, body)
-                name = resolve_name(asked, st.supervisor.models)
-                st.supervisor.get(name)  # 404 before queueing
+                name = resolve_name(asked, st.supervisor.names())
+                st.supervisor.view(name)  # 404 before queueing
                 admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
             if stream and st.sse_keepalive > 0:
                 # The load wait ends in a real 503 (Retry-After, progress), so it comes first;
@@ -419,8 +423,8 @@ async def _model(request: Request) -> Response:
     st = state_of(request)
     asked = request.path_params["model_id"]
     try:
-        name = resolve_name(asked, st.supervisor.models)
-        st.supervisor.get(name)
+        name = resolve_name(asked, st.supervisor.names())
+        st.supervisor.view(name)
     except ForgeError as exc:
         return error_response(exc, request_id(request))
     for entry in await model_list(request.app.state.ollama, st.supervisor.started_at):

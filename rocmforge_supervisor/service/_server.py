@@ -34,6 +34,7 @@ from ._app import GatewayState, create_app
 from ._info import ServiceInfo, read_service_info, service_info_path
 from ._observe import MetricsPort
 from ._recording import open_store
+from ._sdnotify import SdNotifier
 
 __all__ = ["ServiceInfo", "loop_options", "read_service_info", "run_service", "service_info_path"]
 
@@ -123,7 +124,7 @@ async def run_service(
     *,
     config_path: Path | None,
     load_config: Callable[[], ForgeConfig] | None = None,
-    notifier: Any = None,
+    notifier: SdNotifier | None = None,
     on_listening: Callable[[str, str | None], None] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT; drain; stop every child. A second signal during the drain cuts
@@ -150,7 +151,7 @@ async def _run_locked(
     *,
     config_path: Path | None,
     load_config: Callable[[], ForgeConfig] | None,
-    notifier: Any,
+    notifier: SdNotifier | None,
     on_listening: Callable[[str, str | None], None] | None,
 ) -> None:
     supervisor = Supervisor(config)
@@ -181,7 +182,7 @@ async def _run_locked(
                     on_listening(base_url, ollama_url)
                 tg.start_soon(_announce_ready, supervisor, notifier)
                 if notifier is not None and notifier.watchdog_interval:
-                    tg.start_soon(_watchdog, notifier)
+                    tg.start_soon(_watchdog, notifier, notifier.watchdog_interval)
                 await _until_stop(signals, tg, reload, notifier)
                 state.closing.set()  # endless streams end now, not at the end of the grace period
                 forced = await _drain(signals, uv, supervisor, gateway_done)
@@ -276,7 +277,7 @@ def _gateway(
 
 
 def _reloader(
-    supervisor: Supervisor, load_config: Callable[[], ForgeConfig], notifier: Any
+    supervisor: Supervisor, load_config: Callable[[], ForgeConfig], notifier: SdNotifier | None
 ) -> Callable[[], Awaitable[dict[str, list[str]]]]:
     lock = anyio.Lock()
 
@@ -300,7 +301,10 @@ def _reloader(
 
 
 async def _until_stop(
-    signals: AsyncIterator[int], tg: anyio.abc.TaskGroup, reload: Callable[[], Any] | None, notifier: Any
+    signals: AsyncIterator[int],
+    tg: anyio.abc.TaskGroup,
+    reload: Callable[[], Any] | None,
+    notifier: SdNotifier | None,
 ) -> None:
     """Until SIGTERM or SIGINT; SIGHUP reloads the config meanwhile."""
     async for signum in signals:
@@ -395,7 +399,7 @@ def _status_line(supervisor: Supervisor) -> str:
     return line
 
 
-async def _announce_ready(supervisor: Supervisor, notifier: Any) -> None:
+async def _announce_ready(supervisor: Supervisor, notifier: SdNotifier | None) -> None:
     # READY=1 comes after the preloads; a big model can take longer than systemd's start timeout,
     # so keep extending it while they load.
     while not supervisor.ready.is_set():
@@ -413,8 +417,7 @@ async def _announce_ready(supervisor: Supervisor, notifier: Any) -> None:
                 notifier.status(_status_line(supervisor))
 
 
-async def _watchdog(notifier: Any) -> None:
-    interval = float(notifier.watchdog_interval)
+async def _watchdog(notifier: SdNotifier, interval: float) -> None:
     while True:
         notifier.watchdog()
         await anyio.sleep(interval)

@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from ..access import ADMIN_KEY_NAME, Key, KeyRing, Limiter
 from ..activity import ActivityStore
-from ..client._transport import async_pool
+from ..client import async_pool
 from ..config import ForgeSettings
 from ..supervisor import Supervisor
 from ._metrics import Metrics
@@ -56,7 +56,7 @@ class GatewayState:
         self.max_body_bytes = max_body_bytes
         self.model_dirs = [p.resolve() for p in model_dirs]
         self.reload = reload
-        self.metrics = Metrics(lambda: [s.to_json() for s in supervisor.status()])
+        self.metrics = Metrics(supervisor.status)
         #: Keys built from the supervisor's config follow it across reloads (``Recorder.follow``).
         self.follows_config = keys is not None
         if keys is None:  # server.api_key alone: one admin key

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ..hardware import Device, Inventory, refresh_usage
-from ..supervisor import Supervisor
+from ..supervisor import ChildEndpoint, Supervisor
 from ._state import state_of
 
 __all__ = ["ThroughputSampler", "held_by_models", "routes"]
@@ -32,16 +32,9 @@ _MIN_INTERVAL = 0.4
 def held_by_models(supervisor: Supervisor) -> dict[str, dict[str, int]]:
     """device key → {model: bytes}: the child's own allocation lines once ready, else the estimate."""
     held: dict[str, dict[str, int]] = {}
-    for m in supervisor.models.values():
-        prepared = m.plan
-        if prepared is None or not m.running:
-            continue
-        by_device = dict(prepared.estimated_bytes)
-        if m.state == "ready" and prepared.actual:
-            by_device.update(prepared.actual.device_totals())
-        for key, n in by_device.items():
-            if n > 0:
-                held.setdefault(key, {})[m.name] = int(n)
+    for v in supervisor.views():
+        for key, n in v.held_bytes.items():
+            held.setdefault(key, {})[v.name] = n
     return held
 
 
@@ -98,31 +91,24 @@ class ThroughputSampler:
     _rate: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     async def sample(self, supervisor: Supervisor) -> dict[str, dict[str, Any]]:
-        ready = {
-            m.name: m.server
-            for m in supervisor.models.values()
-            if m.state == "ready" and m.server is not None and m.server.alive
-        }
+        views = supervisor.views()
+        ready = {v.name: v.child for v in views if v.ready and v.child is not None}
         for gone in set(self._last) - set(ready):
             self._last.pop(gone, None)
             self._rate.pop(gone, None)
         async with anyio.create_task_group() as tg:
             for name, server in ready.items():
                 tg.start_soon(self._one, name, server)
-        return {name: self._rate.get(name, {"tokens_per_second": None}) for name in supervisor.models}
+        return {v.name: self._rate.get(v.name, {"tokens_per_second": None}) for v in views}
 
-    async def _get(self, server: Any, path: str) -> httpx.Response | None:
+    async def _get(self, child: ChildEndpoint, path: str) -> httpx.Response | None:
         try:
-            r = await self.client.get(
-                f"{server.base_url}{path}",
-                headers={"Authorization": f"Bearer {server.api_key}"},
-                timeout=2.0,
-            )
+            r = await self.client.get(f"{child.base_url}{path}", headers=child.headers(), timeout=2.0)
         except httpx.HTTPError:
             return None
         return r if r.status_code == 200 else None
 
-    async def _one(self, name: str, server: Any) -> None:
+    async def _one(self, name: str, server: ChildEndpoint) -> None:
         prev = self._last.get(name)
         now = time.monotonic()
         if prev is not None and now - prev.at < _MIN_INTERVAL:

@@ -6,9 +6,11 @@ from ._local import LoadOptions, LocalModel, aload_model, load_model, plan_local
 from ._managed import ManagedModel
 from ._status import Breaker, ModelState, ModelStatus
 from ._supervisor import Supervisor
+from ._view import ChildEndpoint, ModelView
 
 __all__ = [
     "Breaker",
+    "ChildEndpoint",
     "Event",
     "EventBus",
     "EventKind",
@@ -19,6 +21,7 @@ __all__ = [
     "ModelSpec",
     "ModelState",
     "ModelStatus",
+    "ModelView",
     "Supervisor",
     "aload_model",
     "load_model",

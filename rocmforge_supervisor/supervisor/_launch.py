@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .._argv import embedding_args, fallback_chat_template_args, mmproj_args, outputs_every_token
+from .._argv import embedding_args, fallback_chat_template_args, mmproj_args, outputs_every_token, rpc_args
 from ..config import ForgeSettings, GpuChoice, GpuLayers, ModelConfig, gpu_layers_for_placement
 from ..hardware import Inventory, WorkerReport, child_env
 from ..models import (
@@ -239,10 +239,8 @@ def build_plan(
     extra += spec.args
     if slot_save_dir is not None:  # keep_context: the /slots save and restore actions, in this dir
         extra += ["--slot-save-path", str(slot_save_dir)]
-    if remote:
-        extra += ["--rpc", ",".join(remote)]
-    if decision.tensor_split and (remote or len(decision.devices) > 1):
-        extra += ["--tensor-split", ",".join(f"{x:g}" for x in decision.tensor_split)]
+    split = decision.tensor_split if remote or len(decision.devices) > 1 else ()
+    extra += rpc_args(remote, split or ())
     # The ledger maps the child's own device names (ROCm0, CUDA0: its *visible* devices, after
     # the mask) back to our keys.
     gpus = [d for d in decision.devices if d != "cpu" and not remote]

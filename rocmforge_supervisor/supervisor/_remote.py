@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+from .._argv import rpc_args
 from .._errors import PlacementError
 from ..hardware import WorkerDevice, WorkerReport
 from ..models import GGUFInfo, MemoryEstimate, estimate_memory
@@ -57,8 +58,7 @@ class RemotePlan:
 
     def child_args(self) -> list[str]:
         """``--rpc`` and ``--tensor-split`` (with every layer offloaded: ``-ngl all``)."""
-        split = ",".join(f"{x:g}" for x in self.tensor_split)
-        return ["--rpc", ",".join(self.addresses), "--tensor-split", split]
+        return rpc_args(self.addresses, self.tensor_split)
 
     def worker_shares(self) -> tuple[WorkerShare, ...]:
         """Which worker holds what."""

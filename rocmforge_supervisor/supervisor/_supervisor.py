@@ -24,7 +24,7 @@ import anyio.abc
 
 from .._errors import ModelNotFound, ModelRetired, PlacementError, ServiceError, UsageError
 from ..build import locate_llama_server
-from ..client._transport import Upstream
+from ..client import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig
 from ..hardware import Inventory, detect, discover_workers, refresh_usage
 from ..process import ChildLedger
@@ -36,6 +36,7 @@ from ._loading import wait_ready_within
 from ._managed import ManagedModel
 from ._placement import PlacementDecision
 from ._status import ModelState, ModelStatus
+from ._view import ModelView, model_view
 from ._yielding import PressureMonitor
 
 __all__ = ["ReloadSummary", "Supervisor"]
@@ -161,6 +162,30 @@ class Supervisor:
         except KeyError:
             known = ", ".join(sorted(self.models)) or "none configured"
             raise ModelNotFound(f"model {name!r} is not configured", hint=f"known models: {known}") from None
+
+    def view(self, name: str) -> ModelView:
+        """Model ``name`` now, read-only: what the gateway reads of a model (404 when unknown)."""
+        return model_view(self.get(name))
+
+    def names(self) -> list[str]:
+        """The configured models' names, in configuration order."""
+        return list(self.models)
+
+    def views(self) -> list[ModelView]:
+        """Every model now, in configuration order."""
+        return [model_view(m) for m in list(self.models.values())]
+
+    def hint_ttl(self, name: str, seconds: float | None) -> None:
+        """A client's idle-TTL hint (Ollama's ``keep_alive``); None clears it. The config's
+        ``ttl``, when set, wins."""
+        self.get(name).ttl_hint = seconds
+
+    async def child_gone(self, name: str, timeout: float) -> None:
+        """After a request found model ``name``'s child unreachable: until its death has been
+        noticed (at most ``timeout``); see :meth:`ManagedModel.child_gone`."""
+        m = self.models.get(name)
+        if m is not None:
+            await m.child_gone(timeout)
 
     def load_wait(self, name: str) -> float:
         """Seconds a request waits for a loading model before a 503: the model's, else the server's."""

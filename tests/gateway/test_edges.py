@@ -16,15 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.service import Service, model_section, running_service, wait_for, write_config
-
-FAST = """
-[supervisor]
-restart_backoff_initial = 0.2
-health_interval = 0.5
-drain_timeout = 10
-stop_timeout = 5
-"""
+from tests.support.service import FAST, Service, model_section, running_service, wait_for, write_config
 
 
 @pytest.fixture(scope="module")

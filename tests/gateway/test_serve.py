@@ -21,17 +21,7 @@ import psutil
 import pytest
 
 from rocmforge_supervisor.service._client import ServiceClient
-from tests.support.service import FORGE, model_section, running_service, wait_for, write_config
-
-FAST = """
-[supervisor]
-restart_backoff_initial = 0.2
-restart_backoff_max = 2.0
-health_interval = 0.5
-health_failures = 2
-drain_timeout = 10
-stop_timeout = 5
-"""
+from tests.support.service import FAST, FORGE, model_section, running_service, wait_for, write_config
 
 
 @pytest.fixture

@@ -23,11 +23,6 @@ from rocmforge_supervisor.process import _instance as instance_module
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _spec(binary: Path, model: Path, tmp_path: Path, **kw: object) -> InstanceSpec:
     base: dict[str, object] = {
         "binary": binary,

@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from rocmforge_supervisor.service._metrics import Metrics
+from rocmforge_supervisor.supervisor import ModelState, ModelStatus
 
 
-def _row(**over: Any) -> dict[str, Any]:
-    row = {"name": "m", "state": "stopped", "restarts": 1, "in_flight": 0, "waiting": 0, "pid": None}
-    row.update(over)
-    return row
+def _row(**over: Any) -> ModelStatus:
+    return ModelStatus(name="m", state=ModelState.STOPPED, since=0.0, path="m.gguf", restarts=1, **over)
 
 
 def test_stalls_and_pressure_evictions_per_model() -> None:
@@ -19,6 +18,8 @@ def test_stalls_and_pressure_evictions_per_model() -> None:
     assert 'forge_model_stalls{model="m"} 2.0' in text
     assert 'forge_model_pressure_evictions{model="m"} 3.0' in text
     assert 'forge_model_restarts{model="m"} 1.0' in text
+    assert 'forge_model_state{model="m",state="stopped"} 1.0' in text
+    assert 'forge_model_state{model="m",state="ready"} 0.0' in text
 
 
 def test_rows_without_the_counters_read_zero() -> None:

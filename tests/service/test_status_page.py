@@ -29,17 +29,7 @@ from tests.support.browser import (
     severe_console_errors,
     wait_until,
 )
-from tests.support.service import running_service, wait_for, write_config
-
-FAST = """
-[supervisor]
-restart_backoff_initial = 0.2
-restart_backoff_max = 2.0
-health_interval = 0.5
-health_failures = 2
-drain_timeout = 10
-stop_timeout = 5
-"""
+from tests.support.service import FAST, running_service, wait_for, write_config
 
 # Records, from inside the page, every state the row shows and whether the load progress bar was
 # visible meanwhile: a load of the small model takes about a second, shorter than a poll loop.

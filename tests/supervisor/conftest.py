@@ -34,11 +34,6 @@ FAST = {
 }
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _toml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -19,6 +19,18 @@ import psutil
 
 FORGE = [sys.executable, "-m", "rocmforge_supervisor.cli"]
 
+#: ``[supervisor]`` timers for a real ``forge serve`` in tests: a crashed or hung child is noticed
+#: in about a second and restarted within two; a drain or stop never waits long.
+FAST = """
+[supervisor]
+restart_backoff_initial = 0.2
+restart_backoff_max = 2.0
+health_interval = 0.5
+health_failures = 2
+drain_timeout = 10
+stop_timeout = 5
+"""
+
 
 def wait_for(
     cond: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02, what: str = "condition"

@@ -23,11 +23,6 @@ from rocmforge_supervisor import (
 from rocmforge_supervisor.config import ForgeSettings
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _busy_slots(base_url: str, api_key: str) -> int:
     r = httpx.get(f"{base_url}/slots", headers={"Authorization": f"Bearer {api_key}"}, timeout=5)
     r.raise_for_status()
