@@ -209,7 +209,9 @@ def test_sigstopped_child_is_replaced(two_models: Path, tmp_path: Path, llama_se
             stopped_at = time.time()
             os.kill(pid, signal.SIGSTOP)  # fault injection: a hung child
             m = wait_for(
-                lambda: (s := svc.model("tiny"))["state"] == "ready" and s["pid"] != pid and s,
+                # A new child, ready: not the old one's row between its death and the crash
+                # handling (ready still, but no pid: that passed as "replaced" once under load).
+                lambda: (s := svc.model("tiny"))["state"] == "ready" and s["pid"] not in (None, pid) and s,
                 timeout=30,
                 what="replaced",
             )

@@ -58,18 +58,33 @@ def _attach_stream(svc: Service, path: str) -> threading.Event:
     return ended
 
 
+def _holding_binary(tmp_path: Path, real: Path) -> Path:
+    """The real llama-server behind a wrapper that stops itself (SIGSTOP, a real fault) before it
+    execs when started as ``tinyb``: that load is held from its first instant. (Stopping the child
+    from the test raced the tiny model's 0.1 s load, which sometimes finished first.)"""
+    wrapper = tmp_path / "holding-bin" / "llama-server"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        f'#!/bin/bash\nfor a in "$@"; do [ "$a" = tinyb ] && kill -STOP $$; done\nexec "{real}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def _attach_load(svc: Service) -> subprocess.Popen[str]:
-    """`forge load tinyb` against the service, with the load held: the child SIGSTOPped (a real
-    fault) so the CLI is still waiting, watching the event stream, when the SIGTERM comes."""
+    """`forge load tinyb` against the service, with the load held (the child stopped itself) so the
+    CLI is still waiting, watching the event stream, when the SIGTERM comes."""
     env = {**os.environ, "FORGE_STATE_DIR": str(svc.state_dir)}
+    known = {p.pid for p in svc.llama_children()}
     cli = subprocess.Popen(
         [*FORGE, "load", "tinyb"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
-    known = {p.pid for p in svc.llama_children()}
-    child = wait_for(
-        lambda: next((p for p in svc.llama_children() if p.pid not in known), None), what="tinyb's child"
-    )
-    child.send_signal(signal.SIGSTOP)
+
+    def held() -> bool:
+        fresh = [p for p in svc.llama_children() if p.pid not in known]
+        return bool(fresh) and all(p.status() == psutil.STATUS_STOPPED for p in fresh)
+
+    wait_for(held, what="tinyb's child, stopped")
     wait_for(lambda: svc.model("tinyb")["state"] == "loading", what="tinyb loading")
     return cli
 
@@ -79,7 +94,8 @@ def test_sigterm_with_a_stream_attached_exits_cleanly(
     kind: str, tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path
 ) -> None:
     cfg = write_config(tmp_path / "forge.toml", CONFIG.format(tiny=tiny_gguf))
-    with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
+    binary = _holding_binary(tmp_path, llama_server_bin) if kind == "load" else llama_server_bin
+    with running_service(cfg, tmp_path / "state", binary) as svc:
         ended: threading.Event | None = None
         cli = None
         if kind == "events":
