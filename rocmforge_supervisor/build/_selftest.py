@@ -35,6 +35,7 @@ from filelock import FileLock
 
 from .._argv import server_argv
 from .._errors import SelfTestFailed
+from .._files import write_text_atomic
 from ..config import ForgeSettings
 from ..hardware import cpu_flags, cpu_model_name
 from ..models import REQUIRED_VERBOSITY
@@ -480,11 +481,4 @@ def _read_record(record: Path, stamp: Mapping[str, object], fingerprint: str) ->
 
 
 def _write_atomic(path: Path, data: Mapping[str, object]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
 
+from .._files import write_text_atomic
 from ._instance import LlamaServer
 
 __all__ = ["ChildLedger"]
@@ -58,10 +58,7 @@ class ChildLedger:
     def _write(self, records: list[dict[str, object]]) -> None:
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.state_dir, prefix=".children-")
-            with os.fdopen(fd, "w") as f:
-                json.dump(records, f)
-            Path(tmp).replace(self.path)
+            write_text_atomic(self.path, json.dumps(records))
         except OSError as exc:
             log.warning("could not record children in %s: %s", self.path, exc)
 

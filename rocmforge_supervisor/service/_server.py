@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from .._errors import ConfigError, ForcedExit, ForgeError, ServiceError
+from .._files import write_text_atomic
 from ..access import KeyRing
 from ..config import ForgeConfig, ForgeSettings, ServerConfig
 from ..process import StateDirLock, unwrap_group
@@ -112,10 +112,7 @@ def _bind_all(server_cfg: ServerConfig) -> list[socket.socket]:
 
 def _write_info(path: Path, info: ServiceInfo) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".service-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(info, f)
-    Path(tmp).replace(path)
+    write_text_atomic(path, json.dumps(info))
 
 
 async def run_service(
