@@ -33,8 +33,8 @@ from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
 from ..client import asend
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstream_error
 from ._keepalive import KeepAliveStream, Opened
+from ._listing import check_media, check_tools, model_list
 from ._middleware import read_body
-from ._ollama import check_media, check_tools, model_list
 from ._recording import admit_model, note_finish, note_model, note_status, note_timing, note_usage
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, request_id, state_of
