@@ -31,12 +31,16 @@ decided without a dry run:
 - **projector** (``--mmproj``): a vision/audio model's projector weights and its compute buffer
   (:class:`~._projector.ProjectorInfo`), on the first GPU (mtmd's default) or on the CPU with
   ``--no-mmproj-offload`` or when no GPU is used.
+- **device context**: what the GPU backend itself holds on each GPU a process uses — the runtime's
+  context, the loaded kernels, library workspaces. It is in no allocation line the child logs, so
+  it is a measured figure per backend (:data:`DEVICE_CONTEXT_BYTES`), replaced by what forge
+  measures of its own children on that GPU model once it has (``supervisor/_device_context.py``).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -48,8 +52,11 @@ from ._projector import ProjectorInfo
 __all__ = [
     "CACHE_TYPES",
     "DEFAULT_N_UBATCH",
+    "DEVICE_CONTEXT_BYTES",
     "DeviceEstimate",
     "MemoryEstimate",
+    "backend_of",
+    "default_device_context",
     "estimate_memory",
     "kv_bytes_per_token",
 ]
@@ -59,6 +66,30 @@ CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "
 DEFAULT_N_UBATCH = 512
 _PAD = 256
 _F32 = 4
+_MIB = 1024**2
+
+#: Device memory one llama-server process holds on each GPU it uses outside its logged allocations
+#: (the backend's context, kernels, library handles), per backend, until forge measured its own:
+#:
+#: * ``cuda``: 645 MiB, measured on an NVIDIA H100 80GB at the pinned llama.cpp: nvidia-smi showed
+#:   1414 MiB for a child whose logged allocations were 771 MiB (issue 21).
+#: * ``hip``: 512 MiB, NOT measured — a conservative stand-in (no ROCm GPU has been measured yet;
+#:   the ROCm runtime also keeps a per-process context and code objects on the device). The first
+#:   child forge runs on an AMD GPU replaces it with the measured figure.
+#: * ``cpu``: 0 (system RAM has no device context: the RSS is counted as it is).
+DEVICE_CONTEXT_BYTES: dict[str, int] = {"cuda": 645 * _MIB, "hip": 512 * _MIB, "cpu": 0}
+#: The backend forge runs on each GPU vendor (the build it prefers there).
+_BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "hip", "cpu": "cpu"}
+
+
+def backend_of(device_key: str) -> str:
+    """The backend whose children run on ``device_key`` (``nvidia:0`` → ``cuda``, ``amd:1`` → ``hip``)."""
+    return _BACKEND_OF_VENDOR.get(device_key.partition(":")[0], "cpu")
+
+
+def default_device_context(device_key: str) -> int:
+    """:data:`DEVICE_CONTEXT_BYTES` of the backend that runs on ``device_key``."""
+    return DEVICE_CONTEXT_BYTES.get(backend_of(device_key), 0)
 
 
 def _pad(n: int, to: int = _PAD) -> int:
@@ -89,12 +120,19 @@ class DeviceEstimate:
     """Repeating blocks placed here (the output layer is not counted)."""
     projector_bytes: int = 0
     """A multimodal projector's weights and compute buffer, on the device mtmd runs it on."""
+    context_bytes: int = 0
+    """The backend's per-process device context on this GPU (not an allocation the child logs)."""
 
     @property
-    def total_bytes(self) -> int:
+    def allocated_bytes(self) -> int:
+        """What the child's own allocations will be here (what its log reports): all but the context."""
         return (
             self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.projector_bytes
         )
+
+    @property
+    def total_bytes(self) -> int:
+        return self.allocated_bytes + self.context_bytes
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -103,6 +141,7 @@ class DeviceEstimate:
             "compute_bytes": self.compute_bytes,
             "output_bytes": self.output_bytes,
             "projector_bytes": self.projector_bytes,
+            **({"context_bytes": self.context_bytes} if self.context_bytes else {}),  # GPUs only
             "total_bytes": self.total_bytes,
             "layers": self.layers,
         }
@@ -158,6 +197,10 @@ class MemoryEstimate:
         return sum(d.projector_bytes for d in self.devices)
 
     @property
+    def context_bytes(self) -> int:
+        return sum(d.context_bytes for d in self.devices)
+
+    @property
     def total_bytes(self) -> int:
         return sum(d.total_bytes for d in self.devices)
 
@@ -173,6 +216,7 @@ class MemoryEstimate:
             "compute_bytes": self.compute_bytes,
             "output_bytes": self.output_bytes,
             "projector_bytes": self.projector_bytes,
+            **({"context_bytes": self.context_bytes} if self.context_bytes else {}),  # GPUs only
             "by_device": {d.device: d.to_json() for d in self.devices},
             "n_gpu_layers": self.n_gpu_layers,
             "ctx_size": self.ctx_size,
@@ -183,6 +227,12 @@ class MemoryEstimate:
             "flash_attn": self.flash_attn,
             "embeddings": self.embeddings,
         }
+
+
+def _context(key: str, measured: Mapping[str, int] | None) -> int:
+    if measured is not None and key in measured:
+        return measured[key]
+    return default_device_context(key)
 
 
 def kv_bytes_per_token(
@@ -289,6 +339,7 @@ def estimate_memory(
     projector: ProjectorInfo | None = None,
     projector_offload: bool | None = None,
     repack: bool = True,
+    device_context: Mapping[str, int] | None = None,
 ) -> MemoryEstimate:
     """Estimate the memory of one llama-server load, per device and part.
 
@@ -301,6 +352,8 @@ def estimate_memory(
     ``--reranking`` or a ``--pooling``; see the module docstring).     ``projector``: the model's ``--mmproj`` file, counted on the
     first GPU unless ``projector_offload`` is False (None: on, as llama-server's default) or no GPU
     is used. ``repack`` False (``--no-repack``): no CPU_REPACK copy of the weights on the CPU.
+    ``device_context``: GPU key → the per-process device context measured there; a GPU not in it
+    gets its backend's :func:`default_device_context`.
     """
     gpus = [d for d in devices if d != "cpu"]
     n_layer = info.block_count
@@ -390,6 +443,7 @@ def estimate_memory(
             output_bytes=output.get(k, 0),
             layers=layers.get(k, 0),
             projector_bytes=projector_on.get(k, 0),
+            context_bytes=_context(k, device_context) if k in gpus else 0,
         )
         for k in keys
     )

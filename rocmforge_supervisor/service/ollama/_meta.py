@@ -109,7 +109,10 @@ def ps_entry(
     name: str, card: ModelCard | None, status: dict[str, Any], context_length: int | None, ttl: float
 ) -> dict[str, Any]:
     memory = status.get("memory") or {}
-    per_device = memory.get("actual_bytes") or memory.get("estimated_bytes") or {}
+    per_device = dict(memory.get("estimated_bytes") or {})
+    if memory.get("actual_bytes"):  # its allocations, plus the GPU backend's context (no log line has it)
+        context = memory.get("context_bytes") or {}
+        per_device = {k: int(v) + int(context.get(k, 0)) for k, v in memory["actual_bytes"].items()}
     total = sum(int(v) for v in per_device.values())
     vram = sum(int(v) for k, v in per_device.items() if not str(k).startswith("cpu"))
     if ttl > 0:
