@@ -9,9 +9,11 @@ import json
 import shutil
 from pathlib import Path
 
+import anyio
 import pytest
 
 from rocmforge_supervisor._errors import PlacementError
+from rocmforge_supervisor.config import load_config
 from rocmforge_supervisor.hardware import Device, Inventory, detect
 from rocmforge_supervisor.models import DEVICE_CONTEXT_BYTES, estimate_memory
 from rocmforge_supervisor.supervisor._device_context import (
@@ -29,6 +31,8 @@ from rocmforge_supervisor.supervisor._placement import (
 from tests.hardware.conftest import FIXTURES, machine_settings
 from tests.models.conftest import GIB, MIB, model_like
 from tests.support.gpu_procs import write_kfd
+
+from .conftest import running
 
 #: A Qwen2.5-0.5B-like shape at Q4_K_M (tied embedding): ~0.4 GiB of allocations at ctx 4096.
 SMALL = model_like(
@@ -163,3 +167,36 @@ def test_an_unreadable_file_means_the_defaults(tmp_path: Path, amd_gpu: tuple[Pa
     assert DeviceContexts(path).for_devices([gpu]) == {}
     DeviceContexts(path).record(gpu, 200 * MIB)  # the next measurement rewrites it whole
     assert DeviceContexts(path).for_devices([gpu]) == {"amd:0": 200 * MIB}
+
+
+@pytest.mark.anyio
+async def test_the_service_learns_the_context_of_its_ready_child(
+    amd_gpu: tuple[Path, Device],
+    tmp_path: Path,
+    tiny_gguf: Path,
+    fake_bin: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """End to end with the fake llama-server (a FAKE: it prints the allocation line a ROCm build
+    prints, and writes its own KFD per-process file) on a copy of the rx7900xtx machine."""
+    root, gpu = amd_gpu
+    monkeypatch.setenv("FAKE_LLAMA_LOG", "load_tensors:        ROCm0 model buffer size =   771.00 MiB")
+    kfd_file = root / "sys" / "class" / "kfd" / "kfd" / "proc" / "{pid}" / f"vram_{GPU_ID}"
+    toml = tmp_path / "forge.toml"
+    toml.write_text(
+        f'[server]\nstate_dir = "{tmp_path / "state"}"\n\n[models.a]\npath = "{tiny_gguf}"\n'
+        f'gpu = 0\nctx_size = 1024\nparallel = 1\nargs = ["--fake-device-memory", "{kfd_file}={1071 * MIB}"]\n'
+    )
+    settings = machine_settings(root, state_dir=tmp_path / "state", cache_dir=tmp_path / "cache")
+    stored = tmp_path / "cache" / CONTEXT_FILE
+    async with running(load_config(toml, settings, env={}), fake_bin) as sup:
+        await sup.load("a")
+        assert sup.get("a").status().context_bytes == {"amd:0": DEVICE_CONTEXT_BYTES["hip"]}  # the default
+        with anyio.fail_after(10):  # measured in the background once the child is ready
+            while not stored.exists():  # noqa: ASYNC110 (a file, no event to wait on)
+                await anyio.sleep(0.02)
+        assert DeviceContexts(stored).for_devices([gpu]) == {"amd:0": 300 * MIB}
+        await sup.unload("a")
+        await sup.load("a")  # the next placement counts the measured figure
+        assert sup.get("a").status().context_bytes == {"amd:0": 300 * MIB}
+        assert sup.get("a").status().to_json()["memory"]["context_bytes"] == {"amd:0": 300 * MIB}
