@@ -70,9 +70,8 @@ def create_app(
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.gateway = state
-    app.state.facts = facts
-    # ``_proxy`` reads the facts under their old name (``/v1/models``, the tools check) until the
-    # request-path rewrite moves it to ``app.state.facts``: the same object, not Ollama's.
+    # The model facts (``_listing``), which ``_proxy`` reads for ``/v1/models`` and the tools check
+    # under the attribute's old name: it is not Ollama's (that API gets them through its backend).
     app.state.ollama = facts
     return app
 

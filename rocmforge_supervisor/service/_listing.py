@@ -45,7 +45,7 @@ class ModelFacts:
     resolve_path: Callable[[str], Path | None]
     """A model's GGUF path, without downloading (blocking)."""
     props_timeout: float = PROPS_TIMEOUT
-    _props: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
+    _props: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
     """model → (child pid, its ``/props``): one entry per model, replaced with its next child."""
 
     async def card(self, name: str) -> ModelCard | None:
