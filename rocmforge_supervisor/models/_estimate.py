@@ -107,6 +107,18 @@ def _row_bytes(cache_type: str, n: int) -> int:
     return (n + block - 1) // block * size
 
 
+def _parts_json(parts: DeviceEstimate | MemoryEstimate) -> dict[str, int]:
+    """The parts on the wire, in one order and with one rule for a device and for the whole load."""
+    return {
+        "weights_bytes": parts.weights_bytes,
+        "kv_bytes": parts.kv_bytes,
+        "compute_bytes": parts.compute_bytes,
+        "output_bytes": parts.output_bytes,
+        "projector_bytes": parts.projector_bytes,
+        **({"context_bytes": parts.context_bytes} if parts.context_bytes else {}),  # GPUs only
+    }
+
+
 @dataclass(frozen=True)
 class DeviceEstimate:
     """What one device will hold, by part."""
@@ -135,16 +147,7 @@ class DeviceEstimate:
         return self.allocated_bytes + self.context_bytes
 
     def to_json(self) -> dict[str, int]:
-        return {
-            "weights_bytes": self.weights_bytes,
-            "kv_bytes": self.kv_bytes,
-            "compute_bytes": self.compute_bytes,
-            "output_bytes": self.output_bytes,
-            "projector_bytes": self.projector_bytes,
-            **({"context_bytes": self.context_bytes} if self.context_bytes else {}),  # GPUs only
-            "total_bytes": self.total_bytes,
-            "layers": self.layers,
-        }
+        return {**_parts_json(self), "total_bytes": self.total_bytes, "layers": self.layers}
 
 
 @dataclass(frozen=True)
@@ -211,12 +214,7 @@ class MemoryEstimate:
     def to_json(self) -> dict[str, object]:
         return {
             "total_bytes": self.total_bytes,
-            "weights_bytes": self.weights_bytes,
-            "kv_bytes": self.kv_bytes,
-            "compute_bytes": self.compute_bytes,
-            "output_bytes": self.output_bytes,
-            "projector_bytes": self.projector_bytes,
-            **({"context_bytes": self.context_bytes} if self.context_bytes else {}),  # GPUs only
+            **_parts_json(self),
             "by_device": {d.device: d.to_json() for d in self.devices},
             "n_gpu_layers": self.n_gpu_layers,
             "ctx_size": self.ctx_size,
