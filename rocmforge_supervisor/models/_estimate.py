@@ -297,12 +297,16 @@ def _compute_allowance(
     if flash_attn:
         per_token += 4 * q_dim
         scores = 0
-        mask_elt = 2
     else:
         scores = n_tokens * info.head_count * max(n_kv_full, n_kv_swa) * _F32
-        mask_elt = _F32
-    masks = n_tokens * (n_kv_full + n_kv_swa) * mask_elt
+    masks = _masks(n_tokens=n_tokens, n_kv_full=n_kv_full, n_kv_swa=n_kv_swa, flash_attn=flash_attn)
     return n_tokens * per_token * _F32 + scores + masks
+
+
+def _masks(*, n_tokens: int, n_kv_full: int, n_kv_swa: int, flash_attn: bool) -> int:
+    """The attention masks of one ubatch, one per attention kind: ubatch × cells, f16 with flash
+    attention, f32 without (both compute stages hold them)."""
+    return n_tokens * (n_kv_full + n_kv_swa) * (2 if flash_attn else _F32)
 
 
 def _every_token_output_stage(
@@ -315,8 +319,7 @@ def _every_token_output_stage(
     (-fa off, -np 1), 50.20 MiB (ub 256); gemma-3-270m 516.53, 525.27, 258.14 MiB; this gives
     104.5, 108.5, 50.8, 523.5, 527.0, 259.4 (all within 5 %).
     """
-    mask_elt = 2 if flash_attn else _F32
-    masks = n_tokens * (n_kv_full + n_kv_swa) * mask_elt
+    masks = _masks(n_tokens=n_tokens, n_kv_full=n_kv_full, n_kv_swa=n_kv_swa, flash_attn=flash_attn)
     return n_tokens * (info.vocab_size + 4 * info.embedding_length) * _F32 + masks
 
 
