@@ -13,8 +13,7 @@ import pytest
 
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.supervisor import EventKind, ModelState
-
-from .conftest import running
+from tests.support.supervised import running
 
 pytestmark = pytest.mark.anyio
 
