@@ -13,7 +13,8 @@ supervisor can behave differently):
 
 ``--fake-load-seconds S``   stay "loading" (503, no listening line yet) for S seconds
 ``--fake-crash-after S``    exit with status 1 S seconds after becoming ready
-``--fake-refuse``           print llama.cpp's "failed to load model" error and exit 1 at once
+``--fake-refuse``           print llama.cpp's "failed to load model" error and exit 1: at once, or
+                           after ``--fake-load-seconds`` when given (a load that fails midway)
 ``--fake-token-delay S``    wait S seconds between streamed chunks (a slow, held stream)
 ``--fake-chunks N``         stream N chunks (default 3)
 ``--fake-die SIG``          die of signal SIG (``SIGILL``…) at start, before listening (a build
@@ -124,6 +125,7 @@ def main() -> None:
     if works_with and works_with in sys.argv:
         die_on_request = None
     if "--fake-refuse" in opts:
+        time.sleep(float(opts.get("--fake-load-seconds", "0")))
         print(
             "llama_model_load: error loading model: failed to load model (fake refusal)",
             file=sys.stderr,
