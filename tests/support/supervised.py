@@ -53,11 +53,17 @@ def fake_config(
     server: dict[str, Any] | None = None,
     **supervisor: Any,
 ) -> ForgeConfig:
-    """``folder/forge.toml`` with ``[server]`` (its state in ``folder/state``, plus ``server``),
+    """``folder/forge.toml`` with ``[server]`` (its state in ``folder/state``, plus ``server``; a
+    list of tables, such as ``keys``, as ``[[server.keys]]``),
     ``[supervisor]`` (:data:`FAST`, plus ``supervisor``) and one ``[models.NAME]`` per entry
     (``path`` defaults to ``default_model``), loaded on the ``machine`` fixture's hardware."""
+    server = server or {}
+    tables = {k: v for k, v in server.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
     lines = ["[server]", f'state_dir = "{folder / "state"}"']
-    lines += [f"{k} = {_toml(v)}" for k, v in (server or {}).items()]
+    lines += [f"{k} = {_toml(v)}" for k, v in server.items() if k not in tables]
+    for key, rows in tables.items():  # [[server.keys]] and the like, after the plain keys
+        for row in rows:
+            lines += [f"[[server.{key}]]", *(f"{k} = {_toml(v)}" for k, v in row.items())]
     lines += ["", "[supervisor]"]
     lines += [f"{k} = {_toml(v)}" for k, v in {**FAST, **supervisor}.items()]
     for name, keys in models.items():
