@@ -113,6 +113,8 @@ class Supervisor:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.ledger.reap_stale()
+        # What status() shows of the saved contexts, read here once (then after each save/restore).
+        await anyio.to_thread.run_sync(self.context_store.refresh, list(self.models))
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -291,6 +293,7 @@ class Supervisor:
                     self._start(m)
             for name in sorted(old_names & new_names):
                 await self._reload_one(self.models[name], new_config, summary)
+            await anyio.to_thread.run_sync(self.context_store.refresh, summary["added"])
             self.events.publish("*", EventKind.CONFIG, changes=summary)
             return summary
 
