@@ -272,6 +272,8 @@ class Supervisor:
         async with self._reload_lock:
             self.config = new_config
             self.policy = new_config.supervisor
+            # The disk budget of kept contexts, from the next save on (a new context_dir: a restart).
+            self.context_store.max_bytes = new_config.server.context_max_bytes
             summary: ReloadSummary = {
                 "unchanged": [],
                 "changed": [],

@@ -20,7 +20,7 @@ import httpx
 
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.service import GatewayState
-from rocmforge_supervisor.service._server import _bind, _gateway
+from rocmforge_supervisor.service._server import _bind, _gateway, _reloader
 from rocmforge_supervisor.supervisor import ManagedModel, Supervisor
 from tests.support.supervised import running
 
@@ -54,11 +54,20 @@ async def poll(cond: Callable[[], object], *, timeout: float = 5.0, what: str = 
 
 
 @asynccontextmanager
-async def serving(config: ForgeConfig, fake_bin: Path, *, timeout: float = 20) -> AsyncIterator[Gateway]:
+async def serving(
+    config: ForgeConfig,
+    fake_bin: Path,
+    *,
+    reload_to: Callable[[], ForgeConfig] | None = None,
+    timeout: float = 20,
+) -> AsyncIterator[Gateway]:
     """The supervisor and its gateway, serving until the block ends; then the gateway is shut
-    down (uvicorn's own shutdown), the upstream pool and activity store closed, every child stopped."""
+    down (uvicorn's own shutdown), the upstream pool and activity store closed, every child stopped.
+    ``reload_to``: what ``POST /api/reload`` loads (the service's reloader, as SIGHUP runs it)."""
     async with running(config, fake_bin, timeout=timeout) as sup:
         state, uv = _gateway(config, sup, None, None)
+        if reload_to is not None:
+            state.reload = _reloader(sup, state, reload_to, None)
         sock = _bind("127.0.0.1", 0)
         host, port = sock.getsockname()[:2]
         url = f"http://{host}:{port}"
