@@ -47,6 +47,28 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_and_frees_th
 
 
 @pytest.mark.parametrize("dialect", ["openai", "anthropic"])
+async def test_a_client_that_leaves_during_the_keep_alive_wait_frees_its_slot_at_once(
+    serve: Serve, dialect: Dialect
+) -> None:
+    """The stream is committed by its first comment while the child has not answered yet (a
+    first token 30 s away); the client leaves then: the wait for the child is cancelled — the
+    slot comes back long before the child would have answered — and no task is left."""
+    models = {"m": {"preload": True, "args": ["--fake-first-token-delay", "30"]}}
+    async with serve(models, server={"sse_keepalive": 0.05}) as gw:
+        m = gw.model("m")
+        path, body = chat(dialect, "m", stream=True)
+        before = tasks()
+        async with gw.client.stream("POST", path, json=body) as r:
+            assert r.status_code == 200
+            async for chunk in r.aiter_raw():
+                assert chunk.startswith(KEEPALIVE)
+                break
+            assert m.in_flight == 1
+        await poll(lambda: m.in_flight == 0, timeout=5, what="the slot back after the client left")
+        await poll(lambda: not (tasks() - before), what=f"the request's tasks to end: {tasks() - before}")
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])
 async def test_a_late_first_token_gets_keep_alive_comments_then_the_whole_stream(
     serve: Serve, dialect: Dialect
 ) -> None:
