@@ -4,16 +4,33 @@ mid-stream (the upstream request is cancelled, the slot freed, no task left behi
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import anyio
 import pytest
 
 from tests.gateway_fast.conftest import Serve
 from tests.gateway_fast.dialects import Dialect, chat, error_of
-from tests.support.gateway import poll, tasks
+from tests.support.gateway import Gateway, poll, tasks
 
 pytestmark = pytest.mark.anyio
 
 KEEPALIVE = b": keep-alive\n\n"
+
+
+async def _read_then_leave(gw: Gateway, path: str, body: dict[str, Any], until: bytes) -> None:
+    """Stream the request until a chunk holds ``until``, then hang up (the connection closes)."""
+    async with gw.client.stream("POST", path, json=body) as r:
+        assert r.status_code == 200
+        async for chunk in r.aiter_raw():
+            if until in chunk:
+                return
+    raise AssertionError(f"the stream ended without {until!r}")
+
+
+async def _no_task_left(before: set[asyncio.Task[object]]) -> None:
+    await poll(lambda: not (tasks() - before), what=f"the request's tasks to end: {tasks() - before}")
 
 
 @pytest.mark.parametrize(
@@ -32,14 +49,10 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_and_frees_th
         m = gw.model("m")
         path, body = chat(dialect, "m", stream=True)
         before = tasks()
-        async with gw.client.stream("POST", path, json=body) as r:
-            assert r.status_code == 200
-            async for chunk in r.aiter_raw():
-                if b"tok0" in chunk:
-                    break  # leaving the block closes the connection mid-stream
+        await _read_then_leave(gw, path, body, b"tok0")
         await poll(lambda: "client closed the stream" in gw.child_log("m"), what="the child to see it")
         assert m.in_flight == 0 and m.waiting == 0
-        await poll(lambda: not (tasks() - before), what=f"the request's tasks to end: {tasks() - before}")
+        await _no_task_left(before)
         assert m.requests_total == 1
         with anyio.fail_after(5):
             again = await gw.client.post(path, json={**body, "stream": False})
@@ -58,14 +71,9 @@ async def test_a_client_that_leaves_during_the_keep_alive_wait_frees_its_slot_at
         m = gw.model("m")
         path, body = chat(dialect, "m", stream=True)
         before = tasks()
-        async with gw.client.stream("POST", path, json=body) as r:
-            assert r.status_code == 200
-            async for chunk in r.aiter_raw():
-                assert chunk.startswith(KEEPALIVE)
-                break
-            assert m.in_flight == 1
+        await _read_then_leave(gw, path, body, KEEPALIVE)
         await poll(lambda: m.in_flight == 0, timeout=5, what="the slot back after the client left")
-        await poll(lambda: not (tasks() - before), what=f"the request's tasks to end: {tasks() - before}")
+        await _no_task_left(before)
 
 
 @pytest.mark.parametrize("dialect", ["openai", "anthropic"])
