@@ -214,14 +214,29 @@ def main() -> None:
             if not body.get("stream"):
                 text = " ".join("tok" for _ in range(chunks))
                 choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+                usage = {
+                    "completion_tokens": chunks,
+                    "prompt_tokens": 2,
+                    "total_tokens": chunks + 2,
+                    "prompt_tokens_details": {"cached_tokens": 0},
+                }
                 self._send(
-                    200, {"object": "fake", "choices": [{"index": 0, "finish_reason": "length", **choice}]}
+                    200,
+                    {
+                        "object": "fake",
+                        "choices": [{"index": 0, "finish_reason": "length", **choice}],
+                        "usage": usage,
+                    },
                 )
                 return
             events = []
             for i in range(chunks):
                 delta = {"delta": {"content": f"tok{i} "}} if chat else {"text": f"tok{i} "}
-                events.append(f"data: {json.dumps({'choices': [{'index': 0, **delta}]})}\n\n")
+                choice = {"index": 0, "finish_reason": None, **delta}
+                events.append(f"data: {json.dumps({'choices': [choice]})}\n\n")
+            # As the real one ends: a last chunk with the finish reason and nothing else, then [DONE].
+            last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
+            events.append(f"data: {json.dumps({'choices': [last]})}\n\n")
             self._stream(events, "data: [DONE]\n\n")
 
         def _messages(self, stream: bool) -> None:
@@ -229,7 +244,7 @@ def main() -> None:
             text = " ".join("tok" for _ in range(chunks))
             if not stream:
                 content = [{"type": "text", "text": text}]
-                usage = {"input_tokens": 2, "output_tokens": chunks}
+                usage = {"cache_read_input_tokens": 0, "input_tokens": 2, "output_tokens": chunks}
                 self._send(
                     200,
                     {

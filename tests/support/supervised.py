@@ -70,6 +70,7 @@ def fake_config(
         lines += ["", f"[models.{name}]", f'path = "{keys.get("path", default_model)}"']
         lines += [f"{k} = {_toml(v)}" for k, v in keys.items() if k != "path"]
     path = folder / "forge.toml"
+    folder.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     settings: ForgeSettings = machine_settings(FIXTURES / machine, state_dir=folder / "state")
     return load_config(path, settings, env={})
