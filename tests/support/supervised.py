@@ -18,10 +18,11 @@ from rocmforge_supervisor.config import ForgeConfig, ForgeSettings, load_config
 from rocmforge_supervisor.supervisor import ManagedModel, ModelState, Supervisor
 from tests.hardware.conftest import FIXTURES, machine_settings
 
-__all__ = ["FAST", "alive", "fake_config", "running", "wait_state"]
+__all__ = ["FAKE_TIMERS", "alive", "fake_config", "running", "wait_state"]
 
-#: Fast supervision for tests: every timer in tenths of a second.
-FAST: dict[str, Any] = {
+#: Supervision timers for a fake child (it starts in milliseconds): every timer in tenths of a
+#: second. A real `forge serve` in tests takes ``tests.support.service.FAST`` instead.
+FAKE_TIMERS: dict[str, Any] = {
     "restart_backoff_initial": 0.05,
     "restart_backoff_max": 0.2,
     "crash_loop_max": 20,
@@ -55,7 +56,7 @@ def fake_config(
 ) -> ForgeConfig:
     """``folder/forge.toml`` with ``[server]`` (its state in ``folder/state``, plus ``server``; a
     list of tables, such as ``keys``, as ``[[server.keys]]``),
-    ``[supervisor]`` (:data:`FAST`, plus ``supervisor``) and one ``[models.NAME]`` per entry
+    ``[supervisor]`` (:data:`FAKE_TIMERS`, plus ``supervisor``) and one ``[models.NAME]`` per entry
     (``path`` defaults to ``default_model``), loaded on the ``machine`` fixture's hardware."""
     server = server or {}
     tables = {k: v for k, v in server.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
@@ -65,7 +66,7 @@ def fake_config(
         for row in rows:
             lines += [f"[[server.{key}]]", *(f"{k} = {_toml(v)}" for k, v in row.items())]
     lines += ["", "[supervisor]"]
-    lines += [f"{k} = {_toml(v)}" for k, v in {**FAST, **supervisor}.items()]
+    lines += [f"{k} = {_toml(v)}" for k, v in {**FAKE_TIMERS, **supervisor}.items()]
     for name, keys in models.items():
         lines += ["", f"[models.{name}]", f'path = "{keys.get("path", default_model)}"']
         lines += [f"{k} = {_toml(v)}" for k, v in keys.items() if k != "path"]
