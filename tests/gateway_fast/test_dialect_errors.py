@@ -9,6 +9,7 @@ import pytest
 from rocmforge_supervisor.supervisor import ModelState
 from tests.gateway_fast.conftest import Serve
 from tests.gateway_fast.dialects import DIALECTS, Dialect, chat, error_of, stream_error
+from tests.support.gateway import poll
 
 pytestmark = pytest.mark.anyio
 
@@ -47,6 +48,9 @@ async def test_a_child_that_dies_mid_stream_ends_the_stream_with_an_error_in_the
         assert b"[DONE]" not in r.content and b"message_stop" not in r.content
         assert "model 'm' stopped mid-stream" in stream_error(dialect, r.content)
         assert "dying mid-stream on command" in gw.child_log("m")
+        # And it is replaced (waited for here, too: a stop that lands on the replacement's spawn
+        # leaves asyncio a child it cannot reap, a ResourceWarning in whichever test comes next).
+        await poll(lambda: (s := gw.model("m").status()).restarts >= 1 and s.state == ModelState.READY)
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

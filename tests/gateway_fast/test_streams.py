@@ -107,9 +107,10 @@ async def test_an_error_within_the_interval_keeps_its_status_and_one_after_it_is
 ) -> None:
     """The upstream's error before the first comment goes out as itself (a 500); after the
     stream was committed to 200 by a comment, it can only be the dialect's SSE error event."""
+    # A whole second for the quick error to come back within, on a busy machine too.
     quick = {"preload": True, "args": ["--fake-error", "500"]}
-    late = {"preload": True, "args": ["--fake-error", "500", "--fake-first-token-delay", "0.35"]}
-    async with serve({"quick": quick, "late": late}, server={"sse_keepalive": 0.1}) as gw:
+    late = {"preload": True, "args": ["--fake-error", "500", "--fake-first-token-delay", "1.5"]}
+    async with serve({"quick": quick, "late": late}, server={"sse_keepalive": 1.0}) as gw:
         path, body = chat("openai", "quick", stream=True)
         r = await gw.client.post(path, json=body)
         assert r.status_code == 500 and "fake failure" in error_of("openai", r.json())[0]
