@@ -304,7 +304,9 @@ def _reload_summary(summary: dict[str, Any]) -> str:
         parts.append(
             f"{len(names)} {key}" + (f" ({', '.join(names)})" if names and key != "unchanged" else "")
         )
-    return "config reloaded: " + ", ".join(parts)
+    pending = [str(k) for k in summary.get("restart_required") or []]
+    restart = f"; {', '.join(pending)}: applied at the next restart of forge serve" if pending else ""
+    return "config reloaded: " + ", ".join(parts) + restart
 
 
 def reload(

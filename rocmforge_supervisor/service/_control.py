@@ -149,7 +149,7 @@ async def api_reload(request: Request) -> Response:
     """
     summary: Re-read the config file; unchanged models keep running, changed ones are replaced.
     responses:
-      200: {description: '{unchanged, changed, added, removed}'}
+      200: {description: '{unchanged, changed, added, removed, failed}; restart_required: the [server] settings that apply at the next restart'}
       400: {description: the new config is invalid; the old one keeps running}
     """
 

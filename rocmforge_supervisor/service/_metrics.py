@@ -234,5 +234,28 @@ class Metrics:
         """The inference-routing gauges' inputs, read at scrape time (see ``_pool_metrics``)."""
         self._collector.pool = samples
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, *, only_key: str | None = None) -> bytes:
+        """The exposition text. ``only_key``: of the per-key families (``forge_key_*``), only that
+        key's series — what a key that is not an admin may see, as in the activity API (its own
+        rows, its own usage); the other families name no key and are the same for every caller."""
+        if only_key is None:
+            return generate_latest(self.registry)
+        return generate_latest(_OneKey(self.registry, only_key))
+
+
+#: The families labelled by API key name (their ``Metric.name``: without ``_total``).
+_KEY_FAMILIES = frozenset({"forge_key_requests", "forge_key_tokens"})
+
+
+class _OneKey(Collector):
+    """The registry as one key sees it: every family, the per-key ones cut to that key's series."""
+
+    def __init__(self, registry: CollectorRegistry, key: str) -> None:
+        self._registry = registry
+        self._key = key
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self._registry.collect():  # fresh objects on each collect: ours to trim
+            if metric.name in _KEY_FAMILIES:
+                metric.samples = [s for s in metric.samples if s.labels.get("key") == self._key]
+            yield metric

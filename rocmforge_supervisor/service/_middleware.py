@@ -61,7 +61,6 @@ class RequestContext:
         self.app = app
         self.state = state
         self._follows = state.follows_config
-        self._public = _PUBLIC_PATHS | ({"/metrics"} if state.metrics_public else set())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -146,7 +145,8 @@ class RequestContext:
         method = scope["method"]
         path = scope["path"]
         keys = self.state.recorder.keys
-        if keys and path not in self._public and method != "OPTIONS":
+        public = path in _PUBLIC_PATHS or (path == "/metrics" and self.state.metrics_public)  # reloadable
+        if keys and not public and method != "OPTIONS":
             auth = headers.get(b"authorization", b"")
             token = auth[7:] if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
             key = keys.identify(token)

@@ -14,6 +14,7 @@ from ..hardware import refresh_usage
 from ..supervisor import ChildEndpoint
 from ._metrics import DeviceRow
 from ._pool_metrics import sample_model
+from ._recording import request_key
 from ._state import GatewayState, state_of
 
 __all__ = ["MetricsPort", "routes"]
@@ -82,7 +83,9 @@ async def _metrics(request: Request) -> Response:
             for v in views
         ]
     )
-    return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    key = request_key(request.scope)
+    own = key.name if key is not None and not key.admin else None  # a non-admin key: its own usage
+    return Response(st.metrics.render(only_key=own), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 async def _slots(st: GatewayState, out: dict[str, object], name: str, child: ChildEndpoint) -> None:

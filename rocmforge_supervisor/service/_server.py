@@ -157,9 +157,9 @@ async def _run_locked(
     base_url = _url(sock)
     ollama_url = _url(sockets[1]) if config.server.ollama_port is not None else None
     info_path = service_info_path(supervisor.state_dir)
-    reload = _reloader(supervisor, load_config, notifier) if load_config is not None else None
     metrics_port = sockets[-1].getsockname()[1] if config.server.metrics_port is not None else None
-    state, uv = _gateway(config, supervisor, reload, metrics_port)
+    state, uv = _gateway(config, supervisor, None, metrics_port)
+    reload = state.reload = _reloader(supervisor, state, load_config, notifier) if load_config else None
     forced: int | None = None
     try:
         async with anyio.create_task_group() as tg:
@@ -273,10 +273,38 @@ def _gateway(
     return state, uv
 
 
+#: ``[server]`` keys read once, at start: the listening sockets, the log format, where state
+#: lives, the CORS middleware, whether the activity log is open. A reload that changes one says so
+#: (``restart_required`` in its answer, a warning in the log); every other key applies live.
+_RESTART_ONLY = (
+    "host",
+    "port",
+    "ollama_port",
+    "metrics_port",
+    "metrics_host",
+    "cors_origins",
+    "log_format",
+    "state_dir",
+    "log_dir",
+    "context_dir",
+    "activity",
+)
+
+
+def _restart_required(running: ServerConfig, new: ServerConfig) -> list[str]:
+    """The ``server.*`` settings of ``new`` that differ from those the service started with
+    (``running``) and that only a restart applies."""
+    return [f"server.{k}" for k in _RESTART_ONLY if getattr(running, k) != getattr(new, k)]
+
+
 def _reloader(
-    supervisor: Supervisor, load_config: Callable[[], ForgeConfig], notifier: SdNotifier | None
+    supervisor: Supervisor,
+    state: GatewayState,
+    load_config: Callable[[], ForgeConfig],
+    notifier: SdNotifier | None,
 ) -> Callable[[], Awaitable[dict[str, list[str]]]]:
     lock = anyio.Lock()
+    started = supervisor.config.server  # what the restart-only settings still are, reload after reload
 
     async def reload() -> dict[str, list[str]]:
         async with lock:
@@ -285,7 +313,14 @@ def _reloader(
             try:
                 new = await anyio.to_thread.run_sync(load_config)
                 summary = await supervisor.reload(new)
+                state.apply(new)
                 log.info("config reloaded: %s", summary)
+                if pending := _restart_required(started, new.server):
+                    summary["restart_required"] = pending
+                    log.warning(
+                        "config reloaded, but %s take effect only when forge serve restarts",
+                        ", ".join(pending),
+                    )
                 return summary
             except ConfigError as exc:
                 log.error("reload refused, the running config stays: %s", exc)

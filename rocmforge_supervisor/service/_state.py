@@ -13,7 +13,7 @@ from starlette.requests import Request
 from ..access import ADMIN_KEY_NAME, Key, KeyRing, Limiter
 from ..activity import ActivityStore
 from ..client import async_pool
-from ..config import ForgeSettings
+from ..config import ForgeConfig, ForgeSettings
 from ..supervisor import Supervisor
 from ._metrics import Metrics
 from ._recording import Recorder
@@ -76,6 +76,23 @@ class GatewayState:
         #: Set when the service starts stopping: endless responses (events, log follow) end then.
         self.closing = anyio.Event()
         self.upstream: httpx.AsyncClient = async_pool(httpx.Timeout(None, connect=5.0), max_keepalive=512)
+
+    def apply(self, config: ForgeConfig) -> None:
+        """A reloaded config's ``[server]`` settings that the gateway reads per request, from the
+        next request on. Keys and capture follow the config by themselves (``Recorder.follow``);
+        what only a restart applies is named by the reload (``service._server``)."""
+        server = config.server
+        self.max_body_bytes = server.max_body_bytes
+        self.model_dirs = [p.resolve() for p in config.model_dirs]
+        self.sse_keepalive = server.sse_keepalive
+        self.metrics_public = server.metrics_public
+        self.allow_remote_media = server.allow_remote_media
+        self.recorder.capture_max_bytes = server.capture_max_bytes
+        store = self.recorder.store
+        if store is not None:  # read by its writer thread at each trim and each captured body
+            store.keep_days = server.activity_keep_days
+            store.max_rows = server.activity_max_rows
+            store.capture_max_bytes = server.capture_max_bytes
 
 
 def state_of(request: Request) -> GatewayState:

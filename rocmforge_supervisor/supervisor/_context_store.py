@@ -184,6 +184,9 @@ class ContextStore:
     root: Path
     max_bytes: int
     _dirs: dict[str, Path] = field(default_factory=dict)
+    #: Each model's summary as last read from disk: what ``status()`` shows, read on the event
+    #: loop, so it never touches the disk there (:meth:`refresh` re-reads, from a thread).
+    _summaries: dict[str, ContextSummary] = field(default_factory=dict)
 
     # -- places ----------------------------------------------------------------------------------
 
@@ -283,6 +286,7 @@ class ContextStore:
         for e in entries:
             self.delete(e)
         self.sweep(model)
+        self._summaries[model] = ContextSummary()
         return len(entries)
 
     def replace_older(self, model: str, keep: Iterable[SavedContext]) -> list[SavedContext]:
@@ -323,13 +327,26 @@ class ContextStore:
         return sorted(out, key=lambda e: e.used_at, reverse=True)
 
     def summary(self, model: str) -> ContextSummary:
+        """The model's saves as the disk has them now (a thread's work), remembered for
+        :meth:`known_summary`."""
         good = [e for e in self.entries(model) if e.problem is None]
-        return ContextSummary(
+        summary = self._summaries[model] = ContextSummary(
             count=len(good),
             tokens=sum(e.tokens for e in good),
             bytes=sum(e.bytes for e in good),
             newest=max((e.saved_at for e in good), default=None),
         )
+        return summary
+
+    def known_summary(self, model: str) -> ContextSummary:
+        """The summary last read (an empty one before the first): no disk, for the event loop."""
+        return self._summaries.get(model) or ContextSummary()
+
+    def refresh(self, models: Iterable[str] = ()) -> None:
+        """Re-read the summaries of ``models`` and of every model read before (a save's budget
+        may have removed another model's saves). Reads the disk: call it from a thread."""
+        for name in {*models, *list(self._summaries)}:
+            self.summary(name)
 
     def _models(self) -> list[str]:
         """Every model with a directory here (names from the manifests, which keep the real name)."""

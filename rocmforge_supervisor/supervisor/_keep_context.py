@@ -76,7 +76,13 @@ class ContextKeeper:
             return None
 
     def summary(self) -> ContextSummary:
-        return self.store.summary(self.name)
+        """As last read (``status()`` runs on the event loop: no disk there); see :meth:`refresh`."""
+        return self.store.known_summary(self.name)
+
+    async def refresh(self) -> None:
+        """Re-read the saved contexts' summaries in a thread, after this keeper changed them."""
+        with anyio.CancelScope(shield=True):  # quick, and a stop must not leave it stale
+            await anyio.to_thread.run_sync(self.store.refresh, [self.name])
 
     def forget(self) -> int:
         n = self.store.forget(self.name)
@@ -109,6 +115,7 @@ class ContextKeeper:
             for old in self.store.replace_older(self.name, saved):
                 self._deleted(old, "replaced by a newer save")
             self._apply_budget()
+        await self.refresh()
         return saved
 
     async def _save_one(
@@ -172,6 +179,7 @@ class ContextKeeper:
                     restored += 1
         if scope.cancelled_caught:
             self._warn(f"restoring took longer than {RESTORE_TIMEOUT:g} s: the rest starts cold")
+        await self.refresh()
         return restored
 
     async def _restore_one(self, server: LlamaServer, slot: int, entry: SavedContext) -> bool | None:

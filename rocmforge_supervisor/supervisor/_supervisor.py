@@ -131,6 +131,8 @@ class Supervisor:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.ledger.reap_stale()
+        # What status() shows of the saved contexts, read here once (then after each save/restore).
+        await anyio.to_thread.run_sync(self.context_store.refresh, list(self.models))
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -288,6 +290,8 @@ class Supervisor:
         async with self._reload_lock:
             self.config = new_config
             self.policy = new_config.supervisor
+            # The disk budget of kept contexts, from the next save on (a new context_dir: a restart).
+            self.context_store.max_bytes = new_config.server.context_max_bytes
             summary: ReloadSummary = {
                 "unchanged": [],
                 "changed": [],
@@ -309,6 +313,7 @@ class Supervisor:
                     self._start(m)
             for name in sorted(old_names & new_names):
                 await self._reload_one(self.models[name], new_config, summary)
+            await anyio.to_thread.run_sync(self.context_store.refresh, summary["added"])
             self.events.publish("*", EventKind.CONFIG, changes=summary)
             return summary
 

@@ -14,8 +14,7 @@ import pytest
 from rocmforge_supervisor._errors import ServiceError
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.supervisor import ModelState
-
-from .conftest import running, wait_state
+from tests.support.supervised import running, wait_state
 
 pytestmark = pytest.mark.anyio
 

@@ -13,8 +13,7 @@ import pytest
 
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.supervisor import EventKind, ModelState
-
-from .conftest import running
+from tests.support.supervised import running
 
 pytestmark = pytest.mark.anyio
 
@@ -87,3 +86,29 @@ async def test_a_reload_snapshots_the_context_and_a_broken_new_config_keeps_the_
         assert sup.get("a").status().pid != pid and sup.get("a").state == ModelState.READY
         restored = [e for e in sup.events.history() if e.kind == EventKind.CONTEXT_RESTORED]
         assert [e.model for e in restored] == ["a"]
+
+
+async def test_status_reads_no_file_on_the_event_loop_and_follows_saves_and_forget(
+    make_config: MakeConfig, fake_bin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``status()`` runs on the event loop (every page refresh, every scrape): what it shows of the
+    saved contexts is the summary read in a thread after each save or restore, never the disk."""
+    from rocmforge_supervisor.supervisor._context_store import ContextStore
+
+    kept = {"keep_context": True, "parallel": 1, "preload": True}
+    async with running(make_config({"a": kept, "b": kept}), fake_bin) as sup:
+        await sup.unload("a")  # saves a's slot
+
+        def no_disk(self: ContextStore, model: str) -> list[object]:
+            raise AssertionError(f"status() read {model!r}'s saved contexts from the disk")
+
+        with monkeypatch.context() as mp:
+            mp.setattr(ContextStore, "entries", no_disk)
+            rows = {r.name: r for r in sup.status()}
+            assert sup.get("a").status().contexts["count"] == 1
+        assert rows["a"].contexts["count"] == 1 and rows["a"].contexts["bytes"] > 0
+        assert rows["b"].contexts["count"] == 0
+        await sup.load("a")  # restored (the save stays until the next one replaces it)
+        assert sup.get("a").status().contexts["restores"] == 1
+        await sup.unload("a", forget=True)
+        assert sup.get("a").status().contexts["count"] == 0

@@ -16,8 +16,7 @@ import pytest
 from rocmforge_supervisor._errors import ServiceError
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.supervisor import EventKind, ModelState
-
-from .conftest import alive, running, wait_state
+from tests.support.supervised import alive, running, wait_state
 
 pytestmark = pytest.mark.anyio
 
@@ -41,7 +40,7 @@ async def test_a_request_starts_the_model_and_streams(make_config: MakeConfig, f
         async with sup.acquire("m") as upstream:
             assert m.state == ModelState.READY and m.in_flight == 1 and upstream.alive()
             lines = await _stream(upstream.base_url, upstream.api_key)
-            assert lines[-1] == "data: [DONE]" and len(lines) == 4
+            assert lines[-1] == "data: [DONE]" and len(lines) == 5  # 3 chunks, the finish chunk, [DONE]
             assert m.server is not None
             pid = m.server.pid
         status = m.status()
@@ -179,7 +178,7 @@ async def test_unload_drains_the_request_in_flight_first(make_config: MakeConfig
                 lines = await _stream(upstream.base_url, upstream.api_key)  # served in full meanwhile
                 assert m.state == ModelState.DRAINING and upstream.alive()
             await wait_state(m, ModelState.STOPPED)
-        assert lines[-1] == "data: [DONE]" and len(lines) == 9
+        assert lines[-1] == "data: [DONE]" and len(lines) == 10  # 8 chunks, the finish chunk, [DONE]
         assert not upstream.alive()
 
 

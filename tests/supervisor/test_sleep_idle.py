@@ -14,8 +14,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.supervisor import Event, EventKind, Supervisor
-
-from .conftest import running
+from tests.support.supervised import running
 
 pytestmark = pytest.mark.anyio
 

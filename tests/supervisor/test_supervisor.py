@@ -14,8 +14,7 @@ import pytest
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.process import ChildLedger
 from rocmforge_supervisor.supervisor import EventKind, ModelState
-
-from .conftest import alive, running, wait_state
+from tests.support.supervised import alive, running, wait_state
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,7 @@ import pytest
 from rocmforge_supervisor._errors import ModelNotFound
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.supervisor import ModelState
-
-from .conftest import running
+from tests.support.supervised import running
 
 pytestmark = pytest.mark.anyio
 

@@ -18,8 +18,7 @@ import pytest
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.supervisor import EventKind, ModelState
 from rocmforge_supervisor.supervisor._watchdog import ProgressWatch, poll_interval, slots_signature
-
-from .conftest import running
+from tests.support.supervised import running
 
 MakeConfig = Callable[..., ForgeConfig]
 REPO = Path(__file__).resolve().parents[2]

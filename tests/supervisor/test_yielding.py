@@ -27,8 +27,7 @@ from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.supervisor import EventKind, ModelState, Supervisor
 from tests.hardware.conftest import FIXTURES
 from tests.support.gpu_procs import fdinfo_text, set_vram_used, write_comm, write_fdinfo, write_kfd
-
-from .conftest import running
+from tests.support.supervised import running
 
 pytestmark = pytest.mark.anyio
 

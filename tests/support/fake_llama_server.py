@@ -5,20 +5,32 @@ It is not llama.cpp and computes nothing. It speaks just enough of llama-server'
 supervisor: it takes llama-server's command line (``--host``, ``--port``, ``--api-key-file``, the
 rest ignored), prints the ``main: server is listening on http://H:P - starting the main loop``
 line, answers ``/health`` (503 while "loading", then 200), and streams SSE for
-``/v1/chat/completions`` and ``/v1/completions`` (a few ``data:`` chunks, then ``[DONE]``).
+``/v1/chat/completions`` and ``/v1/completions`` (a few ``data:`` chunks, then ``[DONE]``), and
+``/v1/messages`` in Anthropic's shape (``message_start`` … ``message_stop`` events when streamed).
 
 Faults on command, through extra arguments a test puts in a model's ``args`` (so each model of one
 supervisor can behave differently):
 
 ``--fake-load-seconds S``   stay "loading" (503, no listening line yet) for S seconds
 ``--fake-crash-after S``    exit with status 1 S seconds after becoming ready
-``--fake-refuse``           print llama.cpp's "failed to load model" error and exit 1 at once
+``--fake-refuse``           print llama.cpp's "failed to load model" error and exit 1: at once, or
+                           after ``--fake-load-seconds`` when given (a load that fails midway)
 ``--fake-token-delay S``    wait S seconds between streamed chunks (a slow, held stream)
 ``--fake-chunks N``         stream N chunks (default 3)
 ``--fake-die SIG``          die of signal SIG (``SIGILL``…) at start, before listening (a build
                            that uses an instruction this CPU lacks dies like this while loading)
 ``--fake-die-on-request SIG``  die of SIG on the first completion request (the AMX crash at the
                            pinned llama.cpp: a fault in the first matrix multiply of a token)
+``--fake-first-token-delay S``  wait S seconds before answering a completion request at all: the
+                           real server sends its response head with the first result (a long
+                           prompt's evaluation, a slot still busy), so the gateway sees silence
+``--fake-error STATUS``     answer every completion request with llama-server's error body
+                           (``{"error": {"code", "message", "type"}}``) and that status
+``--fake-die-mid-stream N``  SIGKILL itself after sending N chunks of a stream (a crash while
+                           generating: the client's stream breaks without its last event)
+
+A stream the client closes is noticed at the next write: the fake prints ``fake llama-server:
+client closed the stream after N chunks`` and stops generating, as the real one cancels its task.
 
 ``--sleep-idle-seconds N`` (llama-server's own flag) makes ``/props`` say ``"is_sleeping": true``
 after N seconds without a completion request, as the real one does once it freed the model.
@@ -122,6 +134,7 @@ def main() -> None:
     if works_with and works_with in sys.argv:
         die_on_request = None
     if "--fake-refuse" in opts:
+        time.sleep(float(opts.get("--fake-load-seconds", "0")))
         print(
             "llama_model_load: error loading model: failed to load model (fake refusal)",
             file=sys.stderr,
@@ -136,6 +149,9 @@ def main() -> None:
     load_s = float(opts.get("--fake-load-seconds", "0"))
     token_delay = float(opts.get("--fake-token-delay", "0"))
     chunks = int(opts.get("--fake-chunks", "3"))
+    first_token_delay = float(opts.get("--fake-first-token-delay", "0"))
+    error_status = int(opts.get("--fake-error", "0"))
+    die_mid_stream = int(opts.get("--fake-die-mid-stream", "-1"))
     sleep_idle = float(opts.get("--sleep-idle-seconds", "-1"))
     last_task = [time.monotonic()]
     ready = threading.Event()
@@ -177,12 +193,20 @@ def main() -> None:
             if self.path.startswith("/slots/"):
                 self._slots(body)
                 return
-            if self.path not in ("/v1/chat/completions", "/v1/completions", "/completion"):
+            if self.path not in ("/v1/chat/completions", "/v1/completions", "/completion", "/v1/messages"):
                 self._send(404, {"error": {"code": 404, "message": "File Not Found"}})
                 return
             if die_on_request:
                 _die(die_on_request)
             last_task[0] = time.monotonic()  # a task wakes a sleeping server (and restarts the idle clock)
+            time.sleep(first_token_delay)
+            if error_status:
+                message = f"fake failure ({error_status} on command)"
+                self._send(
+                    error_status,
+                    {"error": {"code": error_status, "message": message, "type": "server_error"}},
+                )
+                return
             print(
                 "slot print_timing: id  0 | task 0 | prompt eval time =       1.00 ms /     2 tokens",
                 file=sys.stderr,
@@ -192,24 +216,111 @@ def main() -> None:
                 n = int(body.get("n_predict") or chunks)
                 self._send(200, {"content": " ".join("tok" for _ in range(n)), "tokens_predicted": n})
                 return
+            if self.path == "/v1/messages":
+                self._messages(bool(body.get("stream")))
+                return
             chat = self.path == "/v1/chat/completions"
             if not body.get("stream"):
                 text = " ".join("tok" for _ in range(chunks))
                 choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+                usage = {
+                    "completion_tokens": chunks,
+                    "prompt_tokens": 2,
+                    "total_tokens": chunks + 2,
+                    "prompt_tokens_details": {"cached_tokens": 0},
+                }
                 self._send(
-                    200, {"object": "fake", "choices": [{"index": 0, "finish_reason": "length", **choice}]}
+                    200,
+                    {
+                        "object": "fake",
+                        "choices": [{"index": 0, "finish_reason": "length", **choice}],
+                        "usage": usage,
+                    },
                 )
                 return
+            events = []
+            for i in range(chunks):
+                delta = {"delta": {"content": f"tok{i} "}} if chat else {"text": f"tok{i} "}
+                choice = {"index": 0, "finish_reason": None, **delta}
+                events.append(f"data: {json.dumps({'choices': [choice]})}\n\n")
+            # As the real one ends: a last chunk with the finish reason and nothing else, then [DONE].
+            last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
+            events.append(f"data: {json.dumps({'choices': [last]})}\n\n")
+            self._stream(events, "data: [DONE]\n\n")
+
+        def _messages(self, stream: bool) -> None:
+            """``/v1/messages`` as llama-server answers it (Anthropic's shape)."""
+            text = " ".join("tok" for _ in range(chunks))
+            if not stream:
+                content = [{"type": "text", "text": text}]
+                usage = {"cache_read_input_tokens": 0, "input_tokens": 2, "output_tokens": chunks}
+                self._send(
+                    200,
+                    {
+                        "id": "msg_fake",
+                        "type": "message",
+                        "role": "assistant",
+                        "content": content,
+                        "model": "fake",
+                        "stop_reason": "max_tokens",
+                        "usage": usage,
+                    },
+                )
+                return
+
+            def event(kind: str, data: dict[str, object]) -> str:
+                return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+
+            message = {
+                "id": "msg_fake",
+                "type": "message",
+                "role": "assistant",
+                "content": [],
+                "model": "fake",
+                "usage": {"input_tokens": 2, "output_tokens": 0},
+            }
+            events = [
+                event("message_start", {"message": message}),
+                event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+            ]
+            events += [
+                event(
+                    "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": f"tok{i} "}}
+                )
+                for i in range(chunks)
+            ]
+            events += [
+                event("content_block_stop", {"index": 0}),
+                event(
+                    "message_delta",
+                    {"delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": chunks}},
+                ),
+            ]
+            self._stream(events, event("message_stop", {}))
+
+        def _stream(self, events: list[str], last: str) -> None:
+            """Send ``events`` one by one (``--fake-token-delay`` apart), then ``last``; die midway
+            on command; stop when the client has gone, as the real server cancels its task."""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for i in range(chunks):
-                delta = {"delta": {"content": f"tok{i} "}} if chat else {"text": f"tok{i} "}
-                self._chunk(f"data: {json.dumps({'choices': [{'index': 0, **delta}]})}\n\n")
-                time.sleep(token_delay)
-            self._chunk("data: [DONE]\n\n")
-            self.wfile.write(b"0\r\n\r\n")
+            try:
+                for i, text in enumerate(events):
+                    if i == die_mid_stream:
+                        print("fake llama-server: dying mid-stream on command", file=sys.stderr, flush=True)
+                        _die("SIGKILL")
+                    self._chunk(text)
+                    time.sleep(token_delay)
+                self._chunk(last)
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                print(
+                    f"fake llama-server: client closed the stream after {i} chunks",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         def _slots(self, body: dict[str, object]) -> None:
             """``POST /slots/N?action=save|restore`` as llama-server answers it: a small file of

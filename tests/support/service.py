@@ -92,6 +92,39 @@ def write_config(path: Path, text: str) -> Path:
 
 
 @contextmanager
+def forge_process(
+    args: list[str],
+    state_dir: Path,
+    stderr: Path,
+    *,
+    extra_env: dict[str, str] | None = None,
+    stop_timeout: float = 30,
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``forge ARGS`` with its state in ``state_dir`` and its stderr in the file ``stderr``; yields
+    the process and the first line it printed (where it listens). However the block ends, it is
+    sent SIGTERM, and SIGKILL if it has not exited ``stop_timeout`` seconds later."""
+    env = {**os.environ, "FORGE_STATE_DIR": str(state_dir), "PYTHONUNBUFFERED": "1"}
+    env.pop("NOTIFY_SOCKET", None)
+    env.update(extra_env or {})
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with stderr.open("w") as err:
+        proc = subprocess.Popen([*FORGE, *args], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        yield proc, proc.stdout.readline().strip()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=stop_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@contextmanager
 def running_service(
     config: Path,
     state_dir: Path,
@@ -101,48 +134,18 @@ def running_service(
     extra_env: dict[str, str] | None = None,
     wait_ready: bool = True,
 ) -> Iterator[Service]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "FORGE_STATE_DIR": str(state_dir),
-            "FORGE_LLAMA_SERVER": str(llama_server_bin),
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    env.pop("NOTIFY_SOCKET", None)
-    env.update(extra_env or {})
-    state_dir.mkdir(parents=True, exist_ok=True)
-    log_file = (state_dir / "serve.stderr").open("w")
-    proc = subprocess.Popen(
-        [*FORGE, "serve", "--config", str(config), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=log_file,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
+    env = {"FORGE_LLAMA_SERVER": str(llama_server_bin), **(extra_env or {})}
+    stderr = state_dir / "serve.stderr"
+    with forge_process(
+        ["serve", "--config", str(config), "--port", "0"], state_dir, stderr, extra_env=env
+    ) as (proc, url):
         if not url.startswith("http"):
             proc.wait(timeout=10)
-            raise AssertionError(
-                f"forge serve did not start (exit {proc.returncode}): {(state_dir / 'serve.stderr').read_text()}"
-            )
+            raise AssertionError(f"forge serve did not start (exit {proc.returncode}): {stderr.read_text()}")
         svc = Service(proc, url, state_dir, config, api_key)
         if wait_ready:
             wait_for(lambda: _ready(svc), timeout=60, what="/ready")
         yield svc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        log_file.close()
 
 
 def _ready(svc: Service) -> bool:

@@ -51,41 +51,80 @@ _N_LAYER = 2
 _PROJ_HIDDEN = 64
 
 
+class _Weights:
+    """Seeded random weights (same seed, same bytes), scaled by fan-in, and the constant ones."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def mat(self, *shape: int) -> np.ndarray:
+        weights: np.ndarray = self._rng.standard_normal(shape, dtype=np.float32) / np.float32(
+            np.sqrt(shape[-1])
+        )
+        return weights
+
+    def zeros(self, *shape: int) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32)
+
+    def ones(self, n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+
+def _clip_writer(path: Path, name: str, projector: str, *, vision: bool) -> gguf.GGUFWriter:
+    """A projector GGUF's writer with the keys every projector has (its kind, which encoder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_name(name)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_string("clip.projector_type", projector)
+    writer.add_bool("clip.has_vision_encoder", vision)
+    writer.add_bool("clip.has_audio_encoder", not vision)
+    return writer
+
+
+def _encoder_keys(writer: gguf.GGUFWriter, encoder: str, text_n_embd: int) -> None:
+    """The encoder's size keys (``clip.vision.*`` or ``clip.audio.*``): the same tiny ViT widths."""
+    writer.add_uint32(f"clip.{encoder}.embedding_length", _N_EMBD)
+    writer.add_uint32(f"clip.{encoder}.feed_forward_length", _N_FF)
+    writer.add_uint32(f"clip.{encoder}.block_count", _N_LAYER)
+    writer.add_uint32(f"clip.{encoder}.attention.head_count", _N_HEAD)
+    writer.add_float32(f"clip.{encoder}.attention.layer_norm_epsilon", 1e-5)
+    writer.add_uint32(f"clip.{encoder}.projection_dim", text_n_embd)
+
+
+def _norms_and_ffn(writer: gguf.GGUFWriter, w: _Weights, block: str) -> None:
+    """A block's two layer norms and its feed-forward pair (both encoders lay them out alike)."""
+    for norm in ("ln1", "ln2"):
+        writer.add_tensor(f"{block}.{norm}.weight", w.ones(_N_EMBD))
+        writer.add_tensor(f"{block}.{norm}.bias", w.zeros(_N_EMBD))
+    writer.add_tensor(f"{block}.ffn_up.weight", w.mat(_N_FF, _N_EMBD))
+    writer.add_tensor(f"{block}.ffn_up.bias", w.zeros(_N_FF))
+    writer.add_tensor(f"{block}.ffn_down.weight", w.mat(_N_EMBD, _N_FF))
+    writer.add_tensor(f"{block}.ffn_down.bias", w.zeros(_N_EMBD))
+
+
+def _finish(writer: gguf.GGUFWriter, path: Path) -> Path:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def write_tiny_clip(path: Path, *, seed: int = 0, text_n_embd: int = TINY_N_EMBD) -> Path:
     """Write the projector to ``path`` (same arguments, same bytes) and return ``path``.
 
     ``text_n_embd``: the embedding width of the text model it is meant for (the tiny llama's by
     default); another width makes a projector that llama-server refuses for that model.
     """
-    rng = np.random.default_rng(seed)
-
-    def mat(*shape: int) -> np.ndarray:
-        weights: np.ndarray = rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
-        return weights
-
-    def zeros(n: int) -> np.ndarray:
-        return np.zeros(n, dtype=np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
-
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(path, "clip")
-    writer.add_name("tiny-clip-test")
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_string("clip.projector_type", "mlp")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_bool("clip.has_audio_encoder", False)
+    w = _Weights(seed)
+    mat, zeros, ones = w.mat, w.zeros, w.ones
+    writer = _clip_writer(path, "tiny-clip-test", "mlp", vision=True)
     writer.add_bool("clip.use_gelu", True)
     writer.add_uint32("clip.vision.image_size", IMAGE_SIZE)
     writer.add_uint32("clip.vision.patch_size", PATCH_SIZE)
-    writer.add_uint32("clip.vision.embedding_length", _N_EMBD)
-    writer.add_uint32("clip.vision.feed_forward_length", _N_FF)
-    writer.add_uint32("clip.vision.block_count", _N_LAYER)
-    writer.add_uint32("clip.vision.attention.head_count", _N_HEAD)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
-    writer.add_uint32("clip.vision.projection_dim", text_n_embd)
+    _encoder_keys(writer, "vision", text_n_embd)
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 
@@ -100,23 +139,13 @@ def write_tiny_clip(path: Path, *, seed: int = 0, text_n_embd: int = TINY_N_EMBD
         for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
             writer.add_tensor(f"v.blk.{i}.{part}.weight", mat(_N_EMBD, _N_EMBD))
             writer.add_tensor(f"v.blk.{i}.{part}.bias", zeros(_N_EMBD))
-        for norm in ("ln1", "ln2"):
-            writer.add_tensor(f"v.blk.{i}.{norm}.weight", ones(_N_EMBD))
-            writer.add_tensor(f"v.blk.{i}.{norm}.bias", zeros(_N_EMBD))
-        writer.add_tensor(f"v.blk.{i}.ffn_up.weight", mat(_N_FF, _N_EMBD))
-        writer.add_tensor(f"v.blk.{i}.ffn_up.bias", zeros(_N_FF))
-        writer.add_tensor(f"v.blk.{i}.ffn_down.weight", mat(_N_EMBD, _N_FF))
-        writer.add_tensor(f"v.blk.{i}.ffn_down.bias", zeros(_N_EMBD))
+        _norms_and_ffn(writer, w, f"v.blk.{i}")
     writer.add_tensor("mm.0.weight", mat(_PROJ_HIDDEN, _N_EMBD))
     writer.add_tensor("mm.0.bias", zeros(_PROJ_HIDDEN))
     writer.add_tensor("mm.2.weight", mat(text_n_embd, _PROJ_HIDDEN))
     writer.add_tensor("mm.2.bias", zeros(text_n_embd))
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return _finish(writer, path)
 
 
 def png_bytes(width: int = 40, height: int = 40) -> bytes:
@@ -163,33 +192,12 @@ def write_tiny_audio_clip(
     ``stack=8`` makes one that loads but aborts the child on the first audio (mtmd expects 187
     tokens of 1500 positions and its graph makes 188: ``clip_encode: expected output … tokens``):
     a real input-triggered crash, for the supervisor's handling of one."""
-    rng = np.random.default_rng(seed)
-
-    def mat(*shape: int) -> np.ndarray:
-        weights: np.ndarray = rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
-        return weights
-
-    def zeros(*shape: int) -> np.ndarray:
-        return np.zeros(shape, dtype=np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
-
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(path, "clip")
-    writer.add_name("tiny-audio-test")
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_string("clip.projector_type", "ultravox")
-    writer.add_bool("clip.has_vision_encoder", False)
-    writer.add_bool("clip.has_audio_encoder", True)
+    w = _Weights(seed)
+    mat, zeros, ones = w.mat, w.zeros, w.ones
+    writer = _clip_writer(path, "tiny-audio-test", "ultravox", vision=False)
     writer.add_uint32("clip.audio.num_mel_bins", _N_MEL)
-    writer.add_uint32("clip.audio.embedding_length", _N_EMBD)
-    writer.add_uint32("clip.audio.feed_forward_length", _N_FF)
-    writer.add_uint32("clip.audio.block_count", _N_LAYER)
-    writer.add_uint32("clip.audio.attention.head_count", _N_HEAD)
-    writer.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
-    writer.add_uint32("clip.audio.projection_dim", text_n_embd)
+    _encoder_keys(writer, "audio", text_n_embd)
     writer.add_uint32("clip.audio.projector.stack_factor", stack)
 
     # conv kernels: numpy (out, in, k) = GGUF {k, in, out}; conv biases (out, 1).
@@ -206,13 +214,7 @@ def write_tiny_audio_clip(
         writer.add_tensor(f"a.blk.{i}.attn_v.bias", zeros(_N_EMBD))
         writer.add_tensor(f"a.blk.{i}.attn_out.weight", mat(_N_EMBD, _N_EMBD))
         writer.add_tensor(f"a.blk.{i}.attn_out.bias", zeros(_N_EMBD))
-        for norm in ("ln1", "ln2"):
-            writer.add_tensor(f"a.blk.{i}.{norm}.weight", ones(_N_EMBD))
-            writer.add_tensor(f"a.blk.{i}.{norm}.bias", zeros(_N_EMBD))
-        writer.add_tensor(f"a.blk.{i}.ffn_up.weight", mat(_N_FF, _N_EMBD))
-        writer.add_tensor(f"a.blk.{i}.ffn_up.bias", zeros(_N_FF))
-        writer.add_tensor(f"a.blk.{i}.ffn_down.weight", mat(_N_EMBD, _N_FF))
-        writer.add_tensor(f"a.blk.{i}.ffn_down.bias", zeros(_N_EMBD))
+        _norms_and_ffn(writer, w, f"a.blk.{i}")
     writer.add_tensor("a.post_ln.weight", ones(_N_EMBD))
     writer.add_tensor("a.post_ln.bias", zeros(_N_EMBD))
     stacked = _N_EMBD * stack
@@ -221,11 +223,7 @@ def write_tiny_audio_clip(
     writer.add_tensor("mm.a.norm_mid.weight", ones(_PROJ_HIDDEN))
     writer.add_tensor("mm.a.mlp.2.weight", mat(text_n_embd, _PROJ_HIDDEN))
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return _finish(writer, path)
 
 
 def wav_bytes(seconds: float = 1.0, rate: int = 16000) -> bytes:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,9 +12,7 @@ import psutil
 
 from rocmforge_supervisor.process import free_port
 
-from .service import wait_for
-
-FORGE = [sys.executable, "-m", "rocmforge_supervisor.cli"]
+from .service import forge_process, wait_for
 
 
 @dataclass
@@ -62,41 +57,11 @@ def running_worker(
 ) -> Iterator[Worker]:
     """`forge worker --cpu` on loopback; yields once it printed its address (it is listening)."""
     port = port or free_port()
-    state_dir.mkdir(parents=True, exist_ok=True)
     log = state_dir / f"worker-{port}.stderr"
-    env = {**os.environ, "FORGE_STATE_DIR": str(state_dir), "PYTHONUNBUFFERED": "1"}
-    env.pop("NOTIFY_SOCKET", None)
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [
-                *FORGE,
-                "worker",
-                "--cpu",
-                "-t",
-                str(threads),
-                "--port",
-                str(port),
-                "--rpc-server",
-                str(rpc_server_bin),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=env,
-        )
+    args = ["worker", "--cpu", "-t", str(threads), "--port", str(port), "--rpc-server", str(rpc_server_bin)]
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        assert line == f"127.0.0.1:{port}", f"forge worker did not start: {line!r} {log.read_text()}"
-        yield Worker(proc, line, port, log)
+        with forge_process(args, state_dir, log, stop_timeout=20) as (proc, line):
+            assert line == f"127.0.0.1:{port}", f"forge worker did not start: {line!r} {log.read_text()}"
+            yield Worker(proc, line, port, log)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
         wait_for(lambda: not all_rpc_servers_named(port), timeout=10, what=f"rpc-server on {port} gone")
