@@ -269,6 +269,21 @@ def test_max_tokens_default_applies_only_when_none_is_sent(svc: Service) -> None
     assert chat.usage is not None and chat.usage.completion_tokens == 5
 
 
+def test_max_tokens_default_applies_to_ollama_too_unless_num_predict_is_sent(svc: Service) -> None:
+    """The model's ``max_tokens`` default is the model's, whatever the dialect: Ollama's chat and
+    generate get it when ``options.num_predict`` is absent (it used to reach only the OpenAI
+    routes: a model with a default of 3 generated hundreds of tokens through ``/api/chat``)."""
+    import ollama
+
+    with ollama.Client(host=svc.url) as client:
+        chat = client.chat(model="tiny", messages=[{"role": "user", "content": "Hi"}])
+        assert chat.eval_count == 3
+        gen = client.generate(model="tiny", prompt="Once")
+        assert gen.eval_count == 3
+        gen = client.generate(model="tiny", prompt="Once", options={"num_predict": 5})
+        assert gen.eval_count == 5
+
+
 def test_embeddings_with_openai_and_langchain(svc: Service) -> None:
     client = openai.OpenAI(base_url=f"{svc.url}/v1", api_key="unused", max_retries=0)
     out = client.embeddings.create(model="emb", input=["hello", "world"])

@@ -186,6 +186,7 @@ async def _generation(
             target = chat_target(body, name)
         if not embed:  # Ollama sends images as base64 only: the translated parts are checked
             check_media(b.supervisor, name, target.payload, allow_remote=False)
+            _default_length(b, name, body, target)
         _keep_alive(b, name, target.keep_alive)
         empty = not embed and not (
             body.get("messages") if not generate else (body.get("prompt") or body.get("suffix"))
@@ -202,6 +203,18 @@ async def _generation(
     except ForgeError as exc:
         return error_response(exc, rid, "ollama")
     return await _send(b, name, target, rid, generate=generate)
+
+
+def _default_length(b: OllamaBackend, name: str, body: dict[str, Any], target: Target) -> None:
+    """The model's ``max_tokens`` default from forge.toml applies here as on the OpenAI routes,
+    when the request names no ``options.num_predict`` (an explicit -1, "no limit", is kept)."""
+    options = body.get("options")
+    if isinstance(options, dict) and "num_predict" in options:
+        return
+    default = b.supervisor.view(name).config.max_tokens
+    if default is None or any(k in target.payload for k in ("max_tokens", "n_predict")):
+        return
+    target.payload["n_predict" if target.kind == "native" else "max_tokens"] = default
 
 
 def _keep_alive(b: OllamaBackend, name: str, seconds: float | None) -> None:
