@@ -239,7 +239,7 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
             if rc != 0:
                 what = "configure" if step is plan.configure else "build"
                 raise BuildError(
-                    f"llama-server {what} failed (cmake exited {rc})",
+                    f"{plan.program} {what} failed (cmake exited {rc})",
                     hint=f"see the log for the first error; retry with `forge build -v`: {log_path}",
                     log_path=str(log_path),
                     log_tail=list(tail)[-15:],
