@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._gguf import GGUFInfo, inspect_gguf
     from ._hub import HubRef, PulledModel, parse_hf_reference, pull, pull_with_projector, resolve_hf_reference
     from ._projector import ProjectorInfo, choose_projector, inspect_projector
+    from ._whisper import WhisperLedgerFeed, inspect_whisper, whisper_state_bytes
 else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
@@ -54,6 +55,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "resolve_hf_reference",
             ),
             "._projector": ("ProjectorInfo", "choose_projector", "inspect_projector"),
+            "._whisper": ("WhisperLedgerFeed", "inspect_whisper", "whisper_state_bytes"),
         },
     )
 
@@ -69,12 +71,14 @@ __all__ = [
     "MemoryEstimate",
     "ProjectorInfo",
     "PulledModel",
+    "WhisperLedgerFeed",
     "choose_projector",
     "embedded_models",
     "ensure_embedded",
     "estimate_memory",
     "inspect_gguf",
     "inspect_projector",
+    "inspect_whisper",
     "kv_bytes_per_token",
     "parse_allocation_line",
     "parse_hf_reference",
@@ -84,4 +88,5 @@ __all__ = [
     "resolve_model_path",
     "resolve_projector_path",
     "unknown_name",
+    "whisper_state_bytes",
 ]

@@ -229,6 +229,7 @@ async def model_list(b: OllamaBackend, created: float) -> list[dict[str, Any]]:
             "created": int(created),
             "owned_by": "rocmforge",
             "state": v.state.value,
+            "backend": v.config.backend,
         }
         ctx = await _served_ctx(b, name, None)
         if card is not None:
