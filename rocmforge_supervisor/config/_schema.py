@@ -167,6 +167,9 @@ class ServerConfig(_Section):
     """Needed to bind a non-loopback host without an api_key: an explicit "yes, open to the network"."""
     cors_origins: list[str] = Field(default_factory=list)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    audio_max_bytes: int = Field(default=25 * 1024 * 1024, gt=0)
+    """The largest audio file a whisper model takes on ``/v1/audio/transcriptions`` and
+    ``/v1/audio/translations`` (OpenAI's limit is 25 MB); these uploads may exceed max_body_bytes."""
     log_format: Literal["text", "json"] = "text"
     state_dir: Path | None = None
     """Default: ``ForgeSettings.state_dir``; see :attr:`ForgeConfig.state_dir`."""
