@@ -128,6 +128,7 @@ async def parse_form(request: Request, body: bytes, limit: int) -> AudioForm:
     if len(data) > limit:
         raise PayloadTooLarge(
             f"file: the audio file is over {limit} bytes",
+            param="file",
             hint="send a smaller file (server.audio_max_bytes sets the limit)",
         )
     kind = sniff_audio(data[:16])

@@ -216,6 +216,7 @@ def _too_large(limit: int, path: str = "") -> PayloadTooLarge:
     if path in AUDIO_PATHS:
         return PayloadTooLarge(
             f"file: the upload is over {limit} bytes",
+            param="file",
             hint="send a smaller audio file (server.audio_max_bytes sets the limit)",
         )
     return PayloadTooLarge(f"request body over {limit} bytes", hint="send a smaller request")
