@@ -211,8 +211,10 @@ def _segments(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def render(result: dict[str, Any], fmt: str) -> Response:
-    """whisper-server's ``verbose_json`` as OpenAI answers ``response_format=fmt``."""
+def render(result: dict[str, Any], fmt: str, task: str = "transcribe") -> Response:
+    """whisper-server's ``verbose_json`` as OpenAI answers ``response_format=fmt``. ``task`` is the
+    route's: an English-only model asked to translate transcribes (its audio is English already),
+    and whisper-server then says ``transcribe``."""
     segments = _segments(result)
     text = str(result.get("text") or "").strip()
     if fmt == "json":
@@ -232,7 +234,7 @@ def render(result: dict[str, Any], fmt: str) -> Response:
         return Response("WEBVTT\n\n" + "\n".join(cues), media_type="text/vtt; charset=utf-8")
     return JSONResponse(
         {
-            "task": str(result.get("task") or "transcribe"),
+            "task": task,
             "language": str(result.get("language") or ""),
             "duration": float(result.get("duration") or 0.0),
             "text": text,
@@ -257,7 +259,7 @@ async def relay(opened: Opened, form: AudioForm, route: ForwardRoute, rid: str |
     except ValueError:
         exc = ServerError("whisper-server answered something that is not its verbose_json", status_code=502)
         return error_response(exc, rid, route.dialect)
-    resp = render(result, form.response_format)
+    resp = render(result, form.response_format, "translate" if is_translation(route.path) else "transcribe")
     if rid:
         resp.headers["X-Request-ID"] = rid
     return resp
