@@ -12,8 +12,9 @@ Processes (all real): the project's whisper-server (`forge build --whisper`) and
    through the gateway (which parses and checks the upload, queues for the child, renders the
    answer), interleaved round by round, medians.
 
-Usage: .venv/bin/python scripts/bench/bench_whisper.py [--model PATH] [--rounds 9]
-       (default model: whisper.cpp's weightless for-tests-ggml-tiny.bin from the pinned source)
+Usage: .venv/bin/python scripts/bench/bench_whisper.py [--model PATH] [--rounds 9] [--weightless]
+       (default model: whisper tiny.en, the tests' conversion of PyPI's CTranslate2 copy;
+       --weightless: whisper.cpp's for-tests-ggml-tiny.bin from the pinned source)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from rocmforge_supervisor.build import locate_whisper_server  # noqa: E402
 from rocmforge_supervisor.build._whisper import _source_tree  # noqa: E402
 from rocmforge_supervisor.config import ForgeSettings  # noqa: E402
 from rocmforge_supervisor.process import free_port  # noqa: E402
+from tests.support.whisper_ct2 import fetch_tiny_en  # noqa: E402
 
 
 def ms(xs: list[float]) -> str:
@@ -83,10 +85,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--weightless", action="store_true")
     a = ap.parse_args()
     settings = ForgeSettings()
     binary = locate_whisper_server(settings)
-    model = a.model or _source_tree(settings) / "models" / "for-tests-ggml-tiny.bin"
+    if a.weightless:
+        model = _source_tree(settings) / "models" / "for-tests-ggml-tiny.bin"
+    else:
+        model = a.model or fetch_tiny_en(settings.cache_dir / "test-models")
     espeak = shutil.which("espeak-ng")
     if espeak is None:
         raise SystemExit("espeak-ng is needed for the audio (apt-get install espeak-ng)")
