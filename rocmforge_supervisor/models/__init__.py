@@ -20,7 +20,15 @@ if TYPE_CHECKING:
     )
     from ._estimate import DeviceEstimate, MemoryEstimate, estimate_memory, kv_bytes_per_token
     from ._gguf import GGUFInfo, inspect_gguf
-    from ._hub import HubRef, PulledModel, parse_hf_reference, pull, pull_with_projector, resolve_hf_reference
+    from ._hub import (
+        HubRef,
+        PulledModel,
+        parse_hf_reference,
+        pull,
+        pull_with_projector,
+        resolve_hf_file,
+        resolve_hf_reference,
+    )
     from ._projector import ProjectorInfo, choose_projector, inspect_projector
     from ._whisper import WhisperLedgerFeed, inspect_whisper, whisper_state_bytes
 else:  # mypy sees the imports above (and flags a name that is not there)
@@ -52,6 +60,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "pull",
                 "pull_with_projector",
                 "pull_with_projector",
+                "resolve_hf_file",
                 "resolve_hf_reference",
             ),
             "._projector": ("ProjectorInfo", "choose_projector", "inspect_projector"),
@@ -84,6 +93,7 @@ __all__ = [
     "parse_hf_reference",
     "pull",
     "pull_with_projector",
+    "resolve_hf_file",
     "resolve_hf_reference",
     "resolve_model_path",
     "resolve_projector_path",

@@ -36,6 +36,7 @@ from ..models import (
     MemoryEstimate,
     WhisperLedgerFeed,
     inspect_whisper,
+    resolve_hf_file,
     resolve_model_path,
     whisper_state_bytes,
 )
@@ -146,7 +147,9 @@ def _resolve(ref: str, settings: ForgeSettings) -> tuple[Path, GGUFInfo, bool]:
     binary = locate_whisper_server(settings)
     meta = build_info_of(binary)
     gpu_capable = meta is None or meta.get("backend") not in ("cpu", None)
-    info = inspect_whisper(resolve_model_path(ref, settings))
+    # hf:org/repo:FILE names a file: a whisper model is no GGUF with quants to choose from.
+    path = resolve_hf_file(ref[3:], settings) if ref.startswith("hf:") else resolve_model_path(ref, settings)
+    info = inspect_whisper(path)
     return binary, info, gpu_capable
 
 

@@ -347,3 +347,23 @@ def test_verbose_json_renders_openai_shapes() -> None:
     )
     verbose = json.loads(bytes(render(result, "verbose_json").body))
     assert verbose["segments"][0]["end"] == 3.5 and verbose["text"] == "Hello there."
+
+
+def test_an_hf_file_reference_resolves_from_the_hub_cache(tmp_path: Path) -> None:
+    """``hf:org/repo:FILE`` for a whisper model (not a GGUF): the file by its name, here from a
+    Hugging Face cache laid out as huggingface-hub writes it, offline."""
+    from rocmforge_supervisor.models import resolve_hf_file
+
+    snapshot = tmp_path / "hub" / "models--ggerganov--whisper.cpp" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "ggml-tiny.en.bin").write_bytes(b"lmgg" + bytes(60))
+    (tmp_path / "hub" / "models--ggerganov--whisper.cpp" / "refs").mkdir()
+    (tmp_path / "hub" / "models--ggerganov--whisper.cpp" / "refs" / "main").write_text("0123abc")
+    settings = ForgeSettings(hf_cache_dir=tmp_path / "hub", hf_offline=True)
+    path = resolve_hf_file("ggerganov/whisper.cpp:ggml-tiny.en.bin", settings)
+    assert path.read_bytes()[:4] == b"lmgg"
+    from rocmforge_supervisor._errors import ForgeError
+
+    with pytest.raises(ForgeError) as err:
+        resolve_hf_file("ggerganov/whisper.cpp:ggml-base.en.bin", settings)
+    assert "not in the Hugging Face cache" in str(err.value)
