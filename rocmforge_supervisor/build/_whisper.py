@@ -42,7 +42,7 @@ from .._version import WHISPER_CPP_COMMIT, WHISPER_CPP_SDIST, WHISPER_CPP_SDIST_
 from ..config import ForgeSettings
 from ..hardware import cpu_flags
 from ..process import describe_returncode, free_port, with_parent_death
-from ._builder import ProgressFn, _remove_leftovers, _run_plan, detected_gpu_targets
+from ._builder import ProgressFn, _remove_leftovers, _run_plan, detected_gpu_targets, install_staged
 from ._plan import Backend, cache_key, choose_backend, isa_fingerprint, make_plan
 from ._source import _download_sdist, _unpack_vendor
 
@@ -155,21 +155,21 @@ def build_whisper_server(
                 hint="remove the work directory and rebuild: forge build --whisper --force",
                 log_path=str(work / "build.log"),
             )
-        staging = Path(tempfile.mkdtemp(prefix=f".staging-{key}-", dir=builds))
-        staging.chmod(0o755)
-        try:
-            (staging / "bin").mkdir()
+        detail = "self-test skipped (FORGE_SELFTEST=0)"
+
+        def fill(staging: Path) -> dict[str, object]:
+            nonlocal detail
             shutil.copy2(built, staging / "bin" / WHISPER_SERVER)
-            model = tree / "models" / _SELFTEST_MODEL
-            detail = "self-test skipped (FORGE_SELFTEST=0)"
             if settings.selftest:
-                ok, detail = whisper_selftest(staging / "bin" / WHISPER_SERVER, model)
+                ok, detail = whisper_selftest(
+                    staging / "bin" / WHISPER_SERVER, tree / "models" / _SELFTEST_MODEL
+                )
                 if not ok:
                     raise SelfTestFailed(
                         f"the new whisper-server failed its self-test: {detail}",
                         hint="nothing was installed; the build log is in " + str(work / "build.log"),
                     )
-            meta = {
+            return {
                 "program": WHISPER_SERVER,
                 "commit": WHISPER_CPP_COMMIT,
                 "source": "sdist",
@@ -182,23 +182,8 @@ def build_whisper_server(
                 "env": plan.env,
                 "built_at": time.time(),
             }
-            (staging / "build-info.json").write_text(json.dumps(meta, indent=2) + "\n")
-            if final.exists():  # a forced rebuild: replace it whole
-                old = Path(tempfile.mkdtemp(prefix=f".old-{key}-", dir=builds))
-                final.rename(old / "tree")
-                staging.rename(final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                staging.rename(final)
-        except OSError as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise BuildError(
-                f"could not install the build into {final}: {exc.strerror or exc}",
-                hint="free disk space in the cache directory (FORGE_CACHE_DIR) and retry",
-            ) from exc
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+
+        install_staged(builds, key, final, fill)
     return WhisperBuild(
         final / "bin" / WHISPER_SERVER, key, False, time.monotonic() - started, WHISPER_CPP_COMMIT, detail
     )

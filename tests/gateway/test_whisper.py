@@ -367,3 +367,27 @@ def test_an_hf_file_reference_resolves_from_the_hub_cache(tmp_path: Path) -> Non
     with pytest.raises(ForgeError) as err:
         resolve_hf_file("ggerganov/whisper.cpp:ggml-base.en.bin", settings)
     assert "not in the Hugging Face cache" in str(err.value)
+
+
+def test_a_refused_build_leaves_no_cache_entry(tmp_path: Path) -> None:
+    """The one install step of both builders: a self-test that refuses the build (here: raises)
+    leaves neither the entry nor a staging directory; a passing one appears whole, metadata last."""
+    from rocmforge_supervisor._errors import SelfTestFailed
+    from rocmforge_supervisor.build._builder import install_staged
+
+    def refuse(staging: Path) -> dict[str, object]:
+        (staging / "bin" / "whisper-server").write_text("built")
+        raise SelfTestFailed("the new whisper-server failed its self-test: exited with code 1")
+
+    final = tmp_path / "whisper-key"
+    with pytest.raises(SelfTestFailed):
+        install_staged(tmp_path, "whisper-key", final, refuse)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+    def accept(staging: Path) -> dict[str, object]:
+        (staging / "bin" / "whisper-server").write_text("built")
+        return {"commit": "f24588a"}
+
+    install_staged(tmp_path, "whisper-key", final, accept)
+    assert json.loads((final / "build-info.json").read_text()) == {"commit": "f24588a"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["whisper-key"]
