@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from .. import __version__
-from .._errors import ForgeError, ModelNotFound, RequestRejected, UsageError
+from .._errors import ForgeError, InvalidRequest, ModelNotFound, RequestRejected, UsageError
 from ..client import SSEDecoder
 from ..config import get_settings
 from ..models import ProjectorInfo, resolve_projector_path
@@ -263,6 +263,12 @@ async def api_show(request: Request) -> Response:
     try:
         name = _model(b, await _body(request))
         admit_model(request.scope, name)  # a key's models only
+        if b.supervisor.view(name).config.backend == "whisper":
+            raise InvalidRequest(
+                f"model {name!r} is a whisper (speech to text) model: /api/show describes GGUF models",
+                param="model",
+                hint="GET /api/models shows it (backend, state, memory)",
+            )
         card = await _card(b, name)
         if card is None:
             raise ModelNotFound(

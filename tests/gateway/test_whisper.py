@@ -220,11 +220,14 @@ def test_bad_input_is_a_4xx_naming_the_field(
 
 def test_a_llama_route_to_a_whisper_model_is_a_400(svc: Service) -> None:
     with svc.client() as c:
-        r = c.post(
-            "/v1/chat/completions", json={"model": "stt", "messages": [{"role": "user", "content": "hi"}]}
-        )
+        chat = {"model": "stt", "messages": [{"role": "user", "content": "hi"}]}
+        r = c.post("/v1/chat/completions", json=chat)
+        ollama = c.post("/api/chat", json={**chat, "stream": False})
+        show = c.post("/api/show", json={"model": "stt"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert "/v1/audio/transcriptions" in r.json()["error"]["message"]
+    assert ollama.status_code == 400 and "whisper" in ollama.json()["error"]
+    assert show.status_code == 400 and "whisper" in show.json()["error"]
 
 
 def test_no_orphan_after_sigkill_of_forge(
