@@ -230,6 +230,20 @@ def test_a_llama_route_to_a_whisper_model_is_a_400(svc: Service) -> None:
     assert show.status_code == 400 and "whisper" in show.json()["error"]
 
 
+def test_the_status_page_shows_the_backend(svc: Service, tmp_path: Path) -> None:
+    """In a real chromium: the whisper model's row says what runs it, and the page has no errors."""
+    from selenium.webdriver.common.by import By
+
+    from tests.support.browser import chromium, model_row, row_state, severe_console_errors, wait_until
+
+    with chromium(tmp_path / "profile") as driver:
+        driver.get(svc.url + "/")
+        wait_until(driver, lambda d: row_state(d, "stt") == "ready", "the stt row ready")
+        note = model_row(driver, "stt").find_element(By.CSS_SELECTOR, ".modalities")
+        assert note.get_attribute("textContent") == "whisper · speech to text"  # (CSS shows it upper-case)
+        assert severe_console_errors(driver) == []
+
+
 def test_no_orphan_after_sigkill_of_forge(
     whisper_parts: dict[str, Any], llama_server_bin: Path, tmp_path: Path
 ) -> None:
