@@ -42,12 +42,16 @@ def whisper_argv(
     threads: int | None = None,
 ) -> list[str]:
     """The whole command line of one whisper child; ``extra_args`` come last, so they win."""
+    import psutil  # on use only: the config imports this module (start-up time)
+
     a = [
         str(binary),
         "-m", str(model_path),
         "--host", host,
         "--port", str(port),
-        "-t", str(threads or os.cpu_count() or 1),
+        # llama.cpp's own default: one thread per physical core (whisper's, min(4, cores), leaves
+        # most of a big CPU idle for the one request it serves at a time).
+        "-t", str(threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1),
     ]  # fmt: skip
     if cpu_only:
         a.append("-ng")  # no GPU: whisper.cpp would otherwise pick the first one it sees

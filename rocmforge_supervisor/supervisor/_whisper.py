@@ -27,7 +27,7 @@ from .._errors import PlacementError
 from .._units import format_bytes
 from ..build import locate_whisper_server
 from ..build._locate import build_info_of
-from ..config import ForgeSettings
+from ..config import ForgeSettings, GpuChoice
 from ..hardware import Device, Inventory, child_env
 from ..models import (
     AllocationLedger,
@@ -55,7 +55,7 @@ __all__ = ["decide_whisper", "plan_whisper"]
 def decide_whisper(
     name: str,
     info: GGUFInfo,
-    gpu: object,
+    gpu: GpuChoice,
     inventory: Inventory,
     loaded: Sequence[LoadedModel],
     *,
@@ -66,7 +66,7 @@ def decide_whisper(
     state = whisper_state_bytes(weights)
     need = weights + state
     free = free_memory(inventory, [m for m in loaded if m.name != name])
-    choice = _chosen(inventory, gpu) if gpu_capable else "cpu"  # type: ignore[arg-type]  # a GpuChoice
+    choice = _chosen(inventory, gpu) if gpu_capable else "cpu"
     candidates: list[Device]
     if choice == "cpu":
         candidates = [inventory.cpu]
