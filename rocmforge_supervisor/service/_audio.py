@@ -5,8 +5,8 @@
 ``model``, ``response_format``, ``language``, ``prompt``, ``temperature``). The form is checked
 here, before any queueing, so a bad upload is a 4xx naming its field: no ``file``, an empty one,
 one over ``server.audio_max_bytes`` (413), one that is not audio by its first bytes, or audio
-this whisper-server cannot decode (it reads WAV, MP3 and FLAC itself; other containers need
-ffmpeg, which it uses only when forge found ffmpeg and passed ``--convert``).
+this whisper-server cannot decode (it reads WAV, MP3, FLAC and Ogg Vorbis itself; M4A and WebM
+need ffmpeg, which it uses only when forge found ffmpeg and passed ``--convert``).
 
 The child is always asked for ``verbose_json`` (one shape to read) without language
 probabilities (an extra encoder pass), ``language=auto`` unless one is given (whisper-server's
@@ -53,9 +53,9 @@ __all__ = [
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 _TRANSLATION_PATHS = frozenset({"/v1/audio/translations", "/audio/translations"})
 
-#: Containers by their first bytes: (name, needs ffmpeg). whisper.cpp decodes WAV, MP3 and FLAC
-#: itself (miniaudio); the rest only through ``--convert``.
-_NATIVE = ("wav", "mp3", "flac")
+#: What whisper.cpp decodes itself (``examples/common-whisper.cpp``: miniaudio's WAV, MP3 and FLAC,
+#: stb_vorbis for Ogg Vorbis); M4A and WebM only through ffmpeg (``--convert``).
+_NATIVE = ("wav", "mp3", "flac", "ogg")
 
 
 def is_translation(path: str) -> bool:
@@ -142,7 +142,7 @@ async def parse_form(request: Request, body: bytes, limit: int) -> AudioForm:
         raise InvalidRequest(
             f"file: {filename!r} is {kind.upper()}, which whisper-server reads only through ffmpeg",
             param="file",
-            hint="send WAV, MP3 or FLAC, or install ffmpeg on the server (then reload the model)",
+            hint="send WAV, MP3, FLAC or Ogg Vorbis, or install ffmpeg on the server (then reload the model)",
         )
     fmt = fields["response_format"] or "json"
     if fmt not in FORMATS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,6 +217,15 @@ def test_bad_input_is_a_4xx_naming_the_field(
     error = r.json()["error"]
     assert words in error["message"] and (param is None or error["param"] == param), error
     assert svc.model("stt")["pid"] == pid  # the child never saw it: nothing crashed
+
+
+def test_a_container_that_needs_ffmpeg_is_refused_without_it(svc: Service) -> None:
+    if shutil.which("ffmpeg") is not None:
+        pytest.skip("ffmpeg is installed here: the child converts M4A (--convert)")
+    m4a = b"\x00\x00\x00\x20ftypM4A " + bytes(64)
+    r = _post(svc, {"model": "stt"}, {"file": ("talk.m4a", m4a)})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file"
+    assert "M4A" in r.json()["error"]["message"] and "ffmpeg" in r.json()["error"]["message"]
 
 
 def test_a_llama_route_to_a_whisper_model_is_a_400(svc: Service) -> None:
