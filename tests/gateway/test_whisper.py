@@ -418,3 +418,21 @@ def test_a_refused_build_leaves_no_cache_entry(tmp_path: Path) -> None:
     install_staged(tmp_path, "whisper-key", final, accept)
     assert json.loads((final / "build-info.json").read_text()) == {"commit": "f24588a"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["whisper-key"]
+
+
+def test_forge_build_whisper_locates_and_refuses_llama_only_flags(whisper_parts: dict[str, Any]) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FORGE_WHISPER_SERVER": str(whisper_parts["binary"])}
+    forge = [sys.executable, "-m", "rocmforge_supervisor.cli", "build", "--whisper"]
+    found = subprocess.run([*forge, "--print-path"], capture_output=True, text=True, env=env, timeout=60)
+    assert found.returncode == 0 and found.stdout.strip() == str(whisper_parts["binary"]), found.stderr
+    bad = subprocess.run([*forge, "--rpc"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --rpc does not apply to --whisper — drop --rpc: whisper-server builds from its pinned source"
+    ]
+    missing = {**env, "FORGE_WHISPER_SERVER": "/nonexistent/whisper-server"}
+    gone = subprocess.run([*forge, "--print-path"], capture_output=True, text=True, env=missing, timeout=60)
+    assert gone.returncode != 0 and len(gone.stderr.strip().splitlines()) == 1
+    assert "FORGE_WHISPER_SERVER" in gone.stderr
