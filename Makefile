@@ -7,7 +7,7 @@ FORGE  := $(BIN)/forge
 STAMP  := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.dev-stamp
 
-.PHONY: setup venv dev llama-server model browser run test test-fast lint bench clean
+.PHONY: setup venv dev llama-server whisper-server model browser speech run test test-fast lint bench clean
 
 setup: venv llama-server model ## venv + package, llama-server built (cached), default model fetched
 
@@ -29,6 +29,11 @@ $(DEV_STAMP): $(STAMP)
 # --rpc: llama-server with the RPC backend and llama.cpp's RPC worker (forge worker), one build.
 llama-server: venv
 	$(FORGE) build --rpc
+
+# whisper.cpp's whisper-server (backend = "whisper" models), from the pinned pywhispercpp sdist:
+# about 1.5 minutes on 2 cores, once (cached like llama-server, self-tested).
+whisper-server: venv
+	$(FORGE) build --whisper
 
 model: venv
 	$(BIN)/python -c "from rocmforge_supervisor.models import ensure_embedded, DEFAULT_MODEL; \
@@ -52,7 +57,15 @@ browser: ## chromium + chromedriver from apt, only when missing
 	  $$SUDO apt-get update -qq >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
-test: setup dev lint browser ## the whole suite, against the real llama-server
+# The whisper tests' spoken audio: Debian's espeak-ng, installed once (root, or through sudo).
+speech: ## espeak-ng from apt, only when missing
+	@command -v espeak-ng >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  echo "installing espeak-ng (apt-get) for the whisper tests' audio"; \
+	  $$SUDO apt-get update -qq >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq espeak-ng >/dev/null; }
+
+test: setup dev lint browser whisper-server speech ## the whole suite, against the real llama-server and whisper-server
 	$(BIN)/pytest -q
 
 bench: setup dev ## the benchmarks (numbers, not pass/fail): see scripts/bench/
@@ -64,6 +77,7 @@ bench: setup dev ## the benchmarks (numbers, not pass/fail): see scripts/bench/
 	$(BIN)/python scripts/bench/bench_repack.py
 	$(BIN)/python scripts/bench/bench_activity.py
 	$(BIN)/python scripts/bench/bench_keep_context.py
+	$(BIN)/python scripts/bench/bench_whisper.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

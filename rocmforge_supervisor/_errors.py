@@ -158,7 +158,12 @@ class InvalidRequest(UsageError):
 
 
 class PayloadTooLarge(UsageError):
-    """The HTTP edge: the request body is over the limit (declared or counted while read)."""
+    """The HTTP edge: the request body is over the limit (declared or counted while read);
+    ``param`` names the form field when one part is what is too big (an audio upload's ``file``)."""
+
+    def __init__(self, message: str, *, param: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.param = param
 
 
 class UnsupportedMediaType(UsageError):

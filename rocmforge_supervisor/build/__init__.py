@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     )
     from ._plan import BACKENDS, RPC_SERVER_TARGET, BuildPlan, cache_key, choose_backend, make_plan
     from ._source import SourceTree, resolve_source
+    from ._whisper import WhisperBuild, build_whisper_server, locate_whisper_server
 else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
@@ -43,6 +44,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "make_plan",
             ),
             "._source": ("SourceTree", "resolve_source"),
+            "._whisper": ("WhisperBuild", "build_whisper_server", "locate_whisper_server"),
         },
     )
 
@@ -54,13 +56,16 @@ __all__ = [
     "BuildResult",
     "ListedDevice",
     "SourceTree",
+    "WhisperBuild",
     "build_llama_server",
+    "build_whisper_server",
     "cache_key",
     "cached_builds",
     "choose_backend",
     "detected_gpu_targets",
     "locate_llama_server",
     "locate_rpc_server",
+    "locate_whisper_server",
     "make_plan",
     "parse_device_list",
     "probe_binary",

@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,10 +51,10 @@ from ._plan import (
     isa_flags,
     make_plan,
 )
-from ._selftest import cpu_variant, run_selftest
+from ._selftest import SelfTest, cpu_variant, run_selftest
 from ._source import SourceTree, resolve_source
 
-__all__ = ["BuildResult", "ProgressFn", "build_llama_server", "detected_gpu_targets"]
+__all__ = ["BuildResult", "ProgressFn", "build_llama_server", "detected_gpu_targets", "install_staged"]
 
 #: Called with (done, total, line): ``done``/``total`` from ninja's ``[n/m]`` (None when unknown).
 ProgressFn = Callable[[int | None, int | None, str], None]
@@ -239,7 +239,7 @@ def _run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> N
             if rc != 0:
                 what = "configure" if step is plan.configure else "build"
                 raise BuildError(
-                    f"llama-server {what} failed (cmake exited {rc})",
+                    f"{plan.program} {what} failed (cmake exited {rc})",
                     hint=f"see the log for the first error; retry with `forge build -v`: {log_path}",
                     log_path=str(log_path),
                     log_tail=list(tail)[-15:],
@@ -263,10 +263,10 @@ def _install(
                 hint="remove the work directory and rebuild: forge build --force",
                 log_path=str(work / "build.log"),
             )
-    staging = Path(tempfile.mkdtemp(prefix=f".staging-{key}-", dir=builds))
-    staging.chmod(0o755)  # mkdtemp makes it 0700: a service user must be able to run the build
-    try:
-        (staging / "bin").mkdir()
+    selftest: SelfTest | None = None
+
+    def fill(staging: Path) -> dict[str, object]:
+        nonlocal selftest
         for name in names:
             shutil.copy2(work / "bin" / name, staging / "bin" / name)
         libraries = sorted(p.name for p in (work / "bin").glob("*.so*")) if plan.portable else []
@@ -314,6 +314,23 @@ def _install(
             "env": plan.env,
             "built_at": time.time(),
         }
+        return meta
+
+    install_staged(builds, key, final, fill)
+    info = probe_binary(final / "bin" / "llama-server", list_devices=False, source="cache")
+    return BinaryInfo(**{**info.__dict__, "selftest": selftest})
+
+
+def install_staged(builds: Path, key: str, final: Path, fill: Callable[[Path], Mapping[str, object]]) -> None:
+    """Install a build into ``final`` by one ``rename``: ``fill`` puts the files into a staging
+    directory (and proves them: a self-test raises to refuse them) and returns the metadata, which
+    is written last as ``build-info.json``. Any failure leaves no cache entry and no staging
+    directory; an existing entry (a forced rebuild) is replaced whole."""
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{key}-", dir=builds))
+    staging.chmod(0o755)  # mkdtemp makes it 0700: a service user must be able to run the build
+    try:
+        (staging / "bin").mkdir()
+        meta = fill(staging)
         (staging / "build-info.json").write_text(json.dumps(meta, indent=2) + "\n")
         if final.exists():  # an older or forced build: replace it whole
             old = Path(tempfile.mkdtemp(prefix=f".old-{key}-", dir=builds))
@@ -331,5 +348,3 @@ def _install(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    info = probe_binary(final / "bin" / "llama-server", list_devices=False, source="cache")
-    return BinaryInfo(**{**info.__dict__, "selftest": selftest})

@@ -57,6 +57,7 @@ class BuildPlan:
     env: dict[str, str] = field(default_factory=dict)
     rpc: bool = False
     portable: bool = False
+    program: str = "llama-server"  # the cmake target (and binary) it builds
 
 
 #: The CPU features that decide which instructions a native (``-march=native``) ggml uses: a
@@ -185,6 +186,17 @@ def _require_common(which: Which) -> None:
         )
 
 
+#: whisper.cpp's own options for a ``whisper-server`` build (the ggml part is the same as llama's):
+#: the examples directory holds the server; no tests, no SDL2 (microphone examples), no curl.
+_WHISPER_OPTIONS = [
+    "-DWHISPER_BUILD_TESTS=OFF",
+    "-DWHISPER_BUILD_EXAMPLES=ON",
+    "-DWHISPER_BUILD_SERVER=ON",
+    "-DWHISPER_SDL2=OFF",
+    "-DWHISPER_CURL=OFF",
+]
+
+
 def make_plan(
     *,
     backend: Backend,
@@ -197,6 +209,7 @@ def make_plan(
     rocm: RocmToolchain | None = None,
     rpc: bool = False,
     portable: bool = False,
+    program: Literal["llama-server", "whisper-server"] = "llama-server",
 ) -> BuildPlan:
     """The cmake configure and build commands for ``backend``, following llama.cpp's docs/build.md.
 
@@ -225,7 +238,7 @@ def make_plan(
     else:
         # One self-contained binary: it can be moved into the cache atomically.
         configure.append("-DBUILD_SHARED_LIBS=OFF")
-    configure += [
+    configure += _WHISPER_OPTIONS if program == "whisper-server" else [
         "-DLLAMA_BUILD_TESTS=OFF",
         "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_BUILD_UI=OFF",  # children run with --no-webui: no npm build, no download
@@ -281,7 +294,7 @@ def make_plan(
         configure.append("-DGGML_RPC=ON")
     build = [
         "cmake", "--build", str(build_dir), "--config", "Release",
-        "--target", "llama-server", *([RPC_SERVER_TARGET] if rpc else []),
+        "--target", program, *([RPC_SERVER_TARGET] if rpc else []),
         "-j", str(jobs or os.cpu_count() or 1),
     ]  # fmt: skip
     return BuildPlan(
@@ -292,4 +305,5 @@ def make_plan(
         env=env,
         rpc=rpc,
         portable=portable,
+        program=program,
     )

@@ -105,10 +105,18 @@ def _sdist_tree(settings: ForgeSettings) -> Path:
     return final
 
 
-def _download_sdist(dest: Path) -> Path:
+def _download_sdist(
+    dest: Path,
+    spec: str = LLAMA_CPP_SDIST,
+    no_binary: str = ":all:",
+    pattern: str = "llama_cpp_python-*.tar.gz",
+) -> Path:
+    """``pip download`` of the pinned sdist. ``no_binary``: ``:all:`` for llama-cpp-python; the
+    project's own name where ``:all:`` would make pip compile the build dependencies (cmake)
+    from source just to read the sdist's metadata (pywhispercpp: minutes)."""
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-        "--disable-pip-version-check", "-d", str(dest), LLAMA_CPP_SDIST,
+        sys.executable, "-m", "pip", "download", "--no-binary", no_binary, "--no-deps",
+        "--disable-pip-version-check", "-d", str(dest), spec,
     ]  # fmt: skip
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -116,14 +124,14 @@ def _download_sdist(dest: Path) -> Path:
         raise ToolchainMissing("pip is not available", hint="install pip for this Python") from exc
     except subprocess.TimeoutExpired as exc:
         raise SourceError(
-            f"downloading {LLAMA_CPP_SDIST} timed out",
+            f"downloading {spec} timed out",
             hint="check the network, or pass a llama.cpp tree with --source",
         ) from exc
-    archives = sorted(dest.glob("llama_cpp_python-*.tar.gz"))
+    archives = sorted(dest.glob(pattern))
     if proc.returncode != 0 or not archives:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
         raise SourceError(
-            f"could not download {LLAMA_CPP_SDIST} with pip",
+            f"could not download {spec} with pip",
             hint="check network access to PyPI (or pip's index settings), "
             "or populate the llama.cpp submodule / pass --source",
             log_tail=tail,
@@ -131,19 +139,20 @@ def _download_sdist(dest: Path) -> Path:
     return archives[0]
 
 
-def _unpack_vendor(archive: Path, staging: Path) -> None:
-    """Extract only ``*/vendor/llama.cpp/`` from the sdist into ``staging``."""
+def _unpack_vendor(archive: Path, staging: Path, inner: tuple[str, ...] = ("vendor", "llama.cpp")) -> None:
+    """Extract only ``*/<inner>/`` (``vendor/llama.cpp``) from the sdist into ``staging``."""
     try:
         with tarfile.open(archive, "r:gz") as tar:
             members = []
             for m in tar.getmembers():
                 parts = Path(m.name).parts
-                if len(parts) > 3 and parts[1:3] == ("vendor", "llama.cpp"):
-                    m.name = str(Path(*parts[3:]))
+                depth = 1 + len(inner)
+                if len(parts) > depth and parts[1:depth] == inner:
+                    m.name = str(Path(*parts[depth:]))
                     members.append(m)
             if not members:
                 raise SourceError(
-                    f"{archive.name} has no vendor/llama.cpp tree",
+                    f"{archive.name} has no {'/'.join(inner)} tree",
                     hint="this is not the expected sdist; pass a llama.cpp tree with --source",
                 )
             staging.mkdir(parents=True)

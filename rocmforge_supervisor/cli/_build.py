@@ -49,11 +49,20 @@ def build(
         help="Build the CPU part for any x86-64 CPU (run-time ISA dispatch, as llama.cpp's release "
         "images): for container images and caches shared between machines.",
     ),
+    whisper: bool = typer.Option(
+        False,
+        "--whisper",
+        help='Build whisper.cpp\'s whisper-server (for backend = "whisper" models) instead of '
+        "llama-server, from the pinned whisper.cpp (cached, self-tested).",
+    ),
 ) -> None:
     """Build llama-server from the pinned llama.cpp (cached), or print the one in use."""
     from ..build import build_llama_server, locate_llama_server, locate_rpc_server  # start-up time
 
     settings = get_settings()
+    if whisper:
+        _build_whisper(backend, gpu_targets, jobs, verbose, force, print_path, as_json, source, rpc, portable)
+        return
     if print_path:
         info = locate_llama_server(settings, list_devices=True, rpc=rpc)
         if rpc:
@@ -119,6 +128,55 @@ def build(
         err_console.print(f"rpc worker: {result.info.path.parent / RPC_SERVER_TARGET}", markup=False)
     if result.info.selftest is not None:
         err_console.print(f"self-test: {result.info.selftest.detail}", markup=False)
+
+
+def _build_whisper(
+    backend: str,
+    gpu_targets: str | None,
+    jobs: int | None,
+    verbose: bool,
+    force: bool,
+    print_path: bool,
+    as_json: bool,
+    source: Path | None,
+    rpc: bool,
+    portable: bool,
+) -> None:
+    """``forge build --whisper``: whisper-server, or with ``--print-path`` the one models would use."""
+    from .._errors import UsageError
+    from ..build import build_whisper_server, locate_whisper_server
+
+    for name, given in (("--source", source is not None), ("--rpc", rpc), ("--portable", portable)):
+        if given:
+            raise UsageError(
+                f"{name} does not apply to --whisper",
+                hint=f"drop {name}: whisper-server builds from its pinned source",
+            )
+    settings = get_settings()
+    if print_path:
+        path = locate_whisper_server(settings)
+        if as_json:
+            console.print_json(json.dumps({"path": str(path)}))
+        else:
+            console.print(str(path), markup=False)
+        return
+    targets = [t for t in gpu_targets.replace(",", ";").split(";") if t] if gpu_targets else None
+    _sigterm_interrupts()
+
+    def on_line(done: int | None, total: int | None, line: str) -> None:
+        if verbose:
+            err_console.print(line, markup=False, highlight=False)
+
+    result = build_whisper_server(
+        settings, backend=backend, gpu_targets=targets, jobs=jobs, force=force, progress=on_line
+    )
+    console.print(str(result.path), markup=False)
+    what = "cached" if result.cached else f"built in {result.seconds:.0f} s"
+    err_console.print(
+        f"whisper-server (whisper.cpp commit {result.commit[:12]}), {result.key}, {what}", markup=False
+    )
+    if not result.cached:
+        err_console.print(f"self-test: {result.detail}", markup=False)
 
 
 def _sigterm_interrupts() -> None:

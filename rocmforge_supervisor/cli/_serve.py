@@ -197,6 +197,7 @@ def _fmt_bytes(n: int | None) -> str:
 _PS_COLUMNS = (
     "name",
     "state",
+    "backend",
     "pid",
     "devices",
     "port",
@@ -221,6 +222,7 @@ def _ps_cells(r: dict[str, Any]) -> list[str]:
     return [
         str(r["name"]),
         str(r["state"]) + (" (sleeping)" if r.get("sleeping") else ""),
+        str(r.get("backend") or "llama"),
         str(r.get("pid") or "-"),
         _devices(r),
         str(r.get("port") or "-"),

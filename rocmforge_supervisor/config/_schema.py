@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag
+from .._whisper_argv import whisper_owned_flag
 from ._explain import custom, translate
 from ._names import is_loopback
 from ._settings import ForgeSettings
@@ -166,6 +167,9 @@ class ServerConfig(_Section):
     """Needed to bind a non-loopback host without an api_key: an explicit "yes, open to the network"."""
     cors_origins: list[str] = Field(default_factory=list)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    audio_max_bytes: int = Field(default=25 * 1024 * 1024, gt=0)
+    """The largest audio file a whisper model takes on ``/v1/audio/transcriptions`` and
+    ``/v1/audio/translations`` (OpenAI's limit is 25 MB); these uploads may exceed max_body_bytes."""
     log_format: Literal["text", "json"] = "text"
     state_dir: Path | None = None
     """Default: ``ForgeSettings.state_dir``; see :attr:`ForgeConfig.state_dir`."""
@@ -307,11 +311,22 @@ _NOT_IN_FINGERPRINT = frozenset(
 )
 
 
+#: ``[models.NAME]`` keys that only mean something to llama-server.
+_LLAMA_ONLY = (
+    "ctx_size", "gpu_layers", "parallel", "max_concurrency", "sleep_idle", "embeddings",
+    "max_tokens", "keep_context", "mmproj", "mmproj_offload", "workers",
+)  # fmt: skip
+
+
 class ModelConfig(_Section):
     """``[models.NAME]``: one model the service can serve under ``NAME``."""
 
     path: str = Field(min_length=1)
     """A GGUF path, an embedded default's name (``gemma-3-270m``) or ``hf:org/repo:QUANT``."""
+    backend: Literal["llama", "whisper"] = "llama"
+    """The server that runs it: ``llama`` (llama-server) or ``whisper`` (whisper.cpp's
+    whisper-server, for a whisper GGML model: speech to text on ``/v1/audio/transcriptions`` and
+    ``/v1/audio/translations``; it serves one request at a time, so ``max_concurrency`` is 1)."""
     ctx_size: int | None = Field(default=None, ge=0)
     gpu_layers: GpuLayersField = None
     """None: forge decides from the memory estimate; or a number, ``"auto"`` (llama-server fits),
@@ -362,7 +377,33 @@ class ModelConfig(_Section):
 
     @property
     def effective_max_concurrency(self) -> int:
+        if self.backend == "whisper":
+            return 1  # whisper-server serves one request at a time (a global mutex): the rest queue
         return self.max_concurrency or self.parallel or 4
+
+    @model_validator(mode="after")
+    def _whisper_keys(self) -> ModelConfig:
+        """A whisper model has no context, slots, layers split or projector: a llama-only key set
+        on one would be silently ignored, so it is refused by name."""
+        if self.backend != "whisper":
+            return self
+        for arg in self.args:
+            if whisper_owned_flag(arg):
+                raise custom(
+                    "owned_flag",
+                    f"{arg!r} is set by forge itself on a whisper child and cannot be passed in args",
+                )
+        for key in _LLAMA_ONLY:
+            value = getattr(self, key)
+            if key == "max_concurrency" and value == 1:
+                continue
+            if value not in (None, False, "auto") and not (key == "workers" and value == "never"):
+                raise custom(
+                    "whisper_key",
+                    f'{key} does not apply to a backend = "whisper" model: remove it '
+                    "(whisper-server has no such setting; pass its own flags in args)",
+                )
+        return self
 
     @field_validator("mmproj")
     @classmethod

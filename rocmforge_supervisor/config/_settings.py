@@ -41,6 +41,8 @@ class ForgeSettings(BaseSettings):
     """An explicit llama-server binary: wins over every cached build and PATH."""
     llama_cpp_source: Path | None = None
     """An explicit llama.cpp source tree for ``forge build``."""
+    whisper_server: Path | None = None
+    """An explicit whisper.cpp ``whisper-server`` binary (``backend = "whisper"`` models)."""
     gpu_targets: str | None = None
     """``GPU_TARGETS`` for a HIP build (``gfx1100;gfx1030``), instead of the detected targets."""
     selftest: bool = True

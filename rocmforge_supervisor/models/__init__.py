@@ -28,8 +28,17 @@ if TYPE_CHECKING:
         kv_bytes_per_token,
     )
     from ._gguf import GGUFInfo, inspect_gguf
-    from ._hub import HubRef, PulledModel, parse_hf_reference, pull, pull_with_projector, resolve_hf_reference
+    from ._hub import (
+        HubRef,
+        PulledModel,
+        parse_hf_reference,
+        pull,
+        pull_with_projector,
+        resolve_hf_file,
+        resolve_hf_reference,
+    )
     from ._projector import ProjectorInfo, choose_projector, inspect_projector
+    from ._whisper import WhisperLedgerFeed, inspect_whisper, whisper_state_bytes
 else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
@@ -67,9 +76,11 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "pull",
                 "pull_with_projector",
                 "pull_with_projector",
+                "resolve_hf_file",
                 "resolve_hf_reference",
             ),
             "._projector": ("ProjectorInfo", "choose_projector", "inspect_projector"),
+            "._whisper": ("WhisperLedgerFeed", "inspect_whisper", "whisper_state_bytes"),
         },
     )
 
@@ -86,6 +97,7 @@ __all__ = [
     "MemoryEstimate",
     "ProjectorInfo",
     "PulledModel",
+    "WhisperLedgerFeed",
     "backend_of",
     "choose_projector",
     "default_device_context",
@@ -94,13 +106,16 @@ __all__ = [
     "estimate_memory",
     "inspect_gguf",
     "inspect_projector",
+    "inspect_whisper",
     "kv_bytes_per_token",
     "parse_allocation_line",
     "parse_hf_reference",
     "pull",
     "pull_with_projector",
+    "resolve_hf_file",
     "resolve_hf_reference",
     "resolve_model_path",
     "resolve_projector_path",
     "unknown_name",
+    "whisper_state_bytes",
 ]

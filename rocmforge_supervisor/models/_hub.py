@@ -38,6 +38,7 @@ __all__ = [
     "parse_hf_reference",
     "pull",
     "pull_with_projector",
+    "resolve_hf_file",
     "resolve_hf_reference",
     "select_gguf_files",
 ]
@@ -409,6 +410,19 @@ def resolve_hf_reference(ref: str, settings: ForgeSettings, *, progress: bool = 
         paths = cached
     _validate(paths[0])
     return paths[0]
+
+
+def resolve_hf_file(ref: str, settings: ForgeSettings) -> Path:
+    """One named file of a repo (``org/repo:FILE``, ``FILE`` with its extension): a model that is
+    not a GGUF (a whisper.cpp ``ggml-*.bin``). Cached, downloaded, offline and errors as above."""
+    hub_ref = parse_hf_reference(ref)
+    name = hub_ref.quant or hub_ref.filename
+    if name is None or "." not in name:
+        raise ModelNotFound(
+            f"hf:{ref} names no file",
+            hint="write hf:org/repo:FILE, e.g. hf:ggerganov/whisper.cpp:ggml-tiny.en.bin",
+        )
+    return _download(hub_ref, [name], settings, local_only=_offline(settings), progress=False)[0]
 
 
 def _resolve_offline(ref: HubRef, settings: ForgeSettings) -> list[Path]:

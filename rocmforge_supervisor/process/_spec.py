@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from .._argv import server_argv
+from .._whisper_argv import whisper_argv
 
 __all__ = [
     "START_HINTS",
@@ -103,8 +104,19 @@ class InstanceSpec:
     line_listeners: Sequence[Callable[[str], object]] = ()
     bind_retries: int = 3
     api_key: str | None = None  # None: a new random key per start; "": no key (loopback only)
+    backend: Literal["llama", "whisper"] = "llama"
+    """Which server ``binary`` is: the argv is built for it (readiness is ``/health`` 200 for both)."""
 
     def args(self, port: int, api_key_file: Path) -> list[str]:
+        if self.backend == "whisper":
+            return whisper_argv(
+                binary=self.binary,
+                model_path=self.model_path,
+                host=self.host,
+                port=port,
+                cpu_only=self.cpu_only,
+                extra_args=self.extra_args,
+            )
         return server_argv(
             binary=self.binary,
             model_path=self.model_path,

@@ -165,6 +165,7 @@ async def model_list(facts: ModelFacts, created: float) -> list[dict[str, Any]]:
             "created": int(created),
             "owned_by": "rocmforge",
             "state": v.state.value,
+            "backend": v.config.backend,
         }
         ctx = await facts.served_ctx(name)
         if card is not None:

@@ -37,7 +37,7 @@ from ._errors_http import error_response
 from ._logging import request_id_var
 from ._page import PAGE_PATHS, same_origin
 from ._routes import MODEL_PATHS, OLLAMA_MODEL_USE, dialect_for_path, takes_json
-from ._state import GatewayState
+from ._state import AUDIO_PATHS, GatewayState, body_limit
 
 __all__ = ["RequestContext", "read_body"]
 
@@ -164,8 +164,9 @@ class RequestContext:
                 "cross-origin request refused", hint="add the page's origin to server.cors_origins"
             )
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.state.max_body_bytes:
-            raise _too_large(self.state.max_body_bytes)
+        limit = body_limit(self.state, path)
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise _too_large(limit, path)
         key = scope.get("state", {}).get("key")
         if key is not None and path in MODEL_PATHS:  # last: a request refused above costs no budget
             self.state.recorder.limiter.admit(key)
@@ -219,7 +220,13 @@ async def _peek_first_byte(receive: Receive) -> tuple[bytes, Receive]:
     return first, replay
 
 
-def _too_large(limit: int) -> PayloadTooLarge:
+def _too_large(limit: int, path: str = "") -> PayloadTooLarge:
+    if path in AUDIO_PATHS:
+        return PayloadTooLarge(
+            f"file: the upload is over {limit} bytes",
+            param="file",
+            hint="send a smaller audio file (server.audio_max_bytes sets the limit)",
+        )
     return PayloadTooLarge(f"request body over {limit} bytes", hint="send a smaller request")
 
 
@@ -230,6 +237,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise _too_large(limit)
+            raise _too_large(limit, request.url.path)
         chunks.append(chunk)
     return b"".join(chunks)

@@ -31,13 +31,14 @@ from starlette.routing import BaseRoute, Route
 
 from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
 from ..client import asend
+from ._audio import is_translation, parse_form, relay, to_inference
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstream_error
 from ._keepalive import KeepAliveStream, Opened
 from ._listing import check_media, check_tools, model_list
 from ._middleware import read_body
 from ._recording import admit_model, note_finish, note_model, note_status, note_timing, note_usage
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
-from ._state import GatewayState, request_id, state_of
+from ._state import GatewayState, body_limit, request_id, state_of
 from ._tools import asks_for_tools
 from ._validate import check_fields, parse_object
 
@@ -121,6 +122,13 @@ async def open_upstream(
 ) -> AsyncIterator[httpx.Response]:
     """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
     streaming response to one request; both released on exit. Also the Ollama API's way in."""
+    if path != "/inference" and st.supervisor.view(name).config.backend == "whisper":
+        raise InvalidRequest(
+            f"model {name!r} is a whisper (speech to text) model: it answers only "
+            "/v1/audio/transcriptions and /v1/audio/translations",
+            param="model",
+            hint="name a llama model of GET /v1/models for this route",
+        )
     async with st.supervisor.acquire(name, load_wait=st.supervisor.load_wait(name)) as upstream:
         note_timing(slot=True)  # the activity record's queue wait, for every dialect
         headers = {"Content-Type": content_type}
@@ -341,7 +349,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         received = time.perf_counter()
         content_type = request.headers.get("content-type", "application/json")
         try:
-            body = await read_body(request, st.max_body_bytes) if route.method == "POST" else b""
+            body = await read_body(request, body_limit(st, route.path)) if route.method == "POST" else b""
             if route.model_from == "json":
                 name, stream, body, payload = _checked_json(st, route, body)
                 admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
@@ -351,8 +359,17 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
             else:
                 asked, stream = await model_from_request(route, request, body)
                 name = resolve_name(asked, st.supervisor.names())
-                st.supervisor.view(name)  # 404 before queueing
+                backend = st.supervisor.view(name).config.backend  # 404 before queueing
                 admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
+                if backend == "whisper":
+                    return await _whisper(st, route, request, name, body, rid, received)
+                if is_translation(route.path):
+                    raise InvalidRequest(
+                        f"model {name!r} does not translate audio: translations need a "
+                        'backend = "whisper" model',
+                        param="model",
+                        hint="name a whisper model of GET /v1/models",
+                    )
             if stream and st.sse_keepalive > 0:
                 # The load wait ends in a real 503 (Retry-After, progress), so it comes first;
                 # only then may the response be committed to 200 and kept alive.
@@ -375,6 +392,25 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
 
     forward.__name__ = f"forward_{route.path.strip('/').replace('/', '_').replace('-', '_')}"
     return forward
+
+
+async def _whisper(
+    st: GatewayState,
+    route: ForwardRoute,
+    request: Request,
+    name: str,
+    body: bytes,
+    rid: str | None,
+    t0: float,
+) -> Response:
+    """A whisper model's audio request: checked and translated (``_audio``), then sent through
+    the forwarder like any other (the queue, the load wait, a child's death as a clean 503)."""
+    form = await parse_form(request, body, st.audio_max_bytes)
+    inference, content_type = to_inference(form, translate=is_translation(route.path))
+    opened = await _Forwarder(st, route, name, rid, t0, retry=True).open(
+        "/inference", inference, content_type
+    )
+    return await relay(opened, form, route, rid)
 
 
 class _OpenedResponse(Response):

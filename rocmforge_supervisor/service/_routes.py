@@ -62,6 +62,8 @@ FORWARDED: tuple[ForwardRoute, ...] = (
     *_post("/v1/rerank", "/v1/reranking", "/rerank", "/reranking"),
     *_post("/infill", "/tokenize", "/detokenize", "/apply-template"),
     *_post("/v1/audio/transcriptions", "/audio/transcriptions", model_from="form"),
+    # whisper models only (backend = "whisper": service/_audio translates both audio routes)
+    *_post("/v1/audio/translations", "/audio/translations", model_from="form"),
     ForwardRoute("/props", "GET", "query"),
     ForwardRoute("/slots", "GET", "query"),
 )

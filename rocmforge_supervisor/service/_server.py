@@ -239,6 +239,7 @@ def _gateway(
         supervisor,
         api_key=server_cfg.api_key.get_secret_value() if server_cfg.api_key is not None else None,
         max_body_bytes=server_cfg.max_body_bytes,
+        audio_max_bytes=server_cfg.audio_max_bytes,
         model_dirs=config.model_dirs,
         reload=reload,
         cors_origins=list(server_cfg.cors_origins),

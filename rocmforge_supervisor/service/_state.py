@@ -18,7 +18,7 @@ from ..supervisor import Supervisor
 from ._metrics import Metrics
 from ._recording import Recorder
 
-__all__ = ["GatewayState", "request_id", "state_of"]
+__all__ = ["AUDIO_PATHS", "GatewayState", "body_limit", "request_id", "state_of"]
 
 
 class GatewayState:
@@ -42,7 +42,10 @@ class GatewayState:
         capture_models: dict[str, bool] | None = None,
         capture_max_bytes: int = 64 * 1024,
         allow_remote_media: bool = False,
+        audio_max_bytes: int = 25 * 1024 * 1024,
     ) -> None:
+        #: The largest audio file a whisper model takes (server.audio_max_bytes; see ``_audio``).
+        self.audio_max_bytes = audio_max_bytes
         #: ``http(s)`` media URLs reach the children (server.allow_remote_media; see ``_media``).
         self.allow_remote_media = allow_remote_media
         #: ``/metrics`` answers without the API key (server.metrics_public).
@@ -104,3 +107,19 @@ def request_id(request: Request) -> str | None:
     """The id the middleware gave this request (``X-Request-ID``)."""
     rid: str | None = request.scope.get("state", {}).get("request_id")
     return rid
+
+
+#: Multipart framing and the text fields beside an audio file: what an upload may add to its file.
+_FORM_OVERHEAD = 1024 * 1024
+#: The audio upload routes (whisper models take files up to ``audio_max_bytes`` on them).
+AUDIO_PATHS = frozenset(
+    {"/v1/audio/transcriptions", "/audio/transcriptions", "/v1/audio/translations", "/audio/translations"}
+)
+
+
+def body_limit(st: GatewayState, path: str) -> int:
+    """The body limit of a route: ``max_body_bytes``, or on the audio routes enough for an
+    ``audio_max_bytes`` file and its form (the file itself is checked by ``_audio``)."""
+    if path in AUDIO_PATHS:
+        return max(st.max_body_bytes, st.audio_max_bytes + _FORM_OVERHEAD)
+    return st.max_body_bytes

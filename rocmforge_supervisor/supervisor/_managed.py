@@ -276,7 +276,8 @@ class ManagedModel:
                     await self._restore_context(server, plan)
                     self._on_ready(server)
                 tg.start_soon(self._watch_health, server)
-                tg.start_soon(self._watch_progress, server)
+                if self.config.backend == "llama":  # whisper-server has no /slots to watch
+                    tg.start_soon(self._watch_progress, server)
                 tg.start_soon(self._watch_ttl)
                 if self.config.sleep_idle:
                     tg.start_soon(self._watch_sleep, server)

@@ -139,10 +139,13 @@ class ModelStatus:
     keep_context: bool = False
     contexts: dict[str, Any] = field(default_factory=dict)
     """Its saved KV-cache slots (count, tokens, bytes, newest) and this run's save/restore totals."""
+    backend: str = "llama"
+    """The server that runs it: ``llama`` (llama-server) or ``whisper`` (whisper-server)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "backend": self.backend,
             "state": self.state.value,
             "since": self.since,
             "pid": self.pid,
@@ -190,6 +193,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
     # last plan said (as placement counts it: ``held_by_models``).
     holds = plan is not None and m.running
     return ModelStatus(
+        backend=m.config.backend,
         keep_context=m.config.keep_context,
         contexts=_contexts(m),
         failure_kind=m.failure_kind,

@@ -38,6 +38,7 @@ from ._managed import ManagedModel
 from ._placement import PlacementDecision
 from ._status import ModelState, ModelStatus
 from ._view import ModelView, model_view
+from ._whisper import plan_whisper
 from ._yielding import PressureMonitor
 
 __all__ = ["ReloadSummary", "Supervisor"]
@@ -375,6 +376,8 @@ class Supervisor:
     # -- the launch pipeline, with eviction in the middle ------------------------------------------
 
     async def _plan(self, m: ManagedModel) -> LaunchPlan:
+        if m.config.backend == "whisper":  # whisper-server: its own short pipeline
+            return await plan_whisper(self, m)
         spec = ModelSpec.from_config(m.config, workers_configured=bool(self.config.workers))
         slot_dir = self.keeper(m.name).slot_dir() if m.config.keep_context else None
         # Resolving may download (hf:), inspecting reads the GGUF: not on the event loop.

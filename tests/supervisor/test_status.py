@@ -75,6 +75,7 @@ def test_status_json_keeps_the_control_api_keys() -> None:
     s = ModelStatus(name="m", state=S.READY, since=1.0, path="/m.gguf", pid=7, estimated_bytes={"cpu": 1})
     assert s.to_json() == {
         "name": "m",
+        "backend": "llama",  # issue 23: which server runs it (llama-server or whisper-server)
         "state": "ready",
         "since": 1.0,
         "pid": 7,

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from ... import __version__
-from ..._errors import ForgeError, ModelNotFound, RequestRejected, UsageError
+from ..._errors import ForgeError, InvalidRequest, ModelNotFound, RequestRejected, UsageError
 from ...client import SSEDecoder
 from ...supervisor import Supervisor
 from .._errors_http import UpstreamModel, error_response, upstream_error
@@ -116,6 +116,12 @@ async def api_show(b: OllamaBackend, request: Request) -> Response:
     try:
         name = _model(b, await _body(request))
         admit_model(request.scope, name)  # a key's models only
+        if b.supervisor.view(name).config.backend == "whisper":
+            raise InvalidRequest(
+                f"model {name!r} is a whisper (speech to text) model: /api/show describes GGUF models",
+                param="model",
+                hint="GET /api/models shows it (backend, state, memory)",
+            )
         card = await b.facts.card(name)
         if card is None:
             raise ModelNotFound(

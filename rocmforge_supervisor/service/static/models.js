@@ -87,8 +87,12 @@ class ModelRow {
     this.badge.className = `badge state-${s.state}`;
     setText(this.pathEl, s.path ? s.path.split("/").pop() : "");
     this.pathEl.title = s.path || "";
-    setText(this.modalEl, (s.modalities || []).join(" · "));
-    this.modalEl.title = s.modalities?.length ? `takes ${s.modalities.join(" and ")} input (mmproj)` : "";
+    // backend = "whisper": whisper.cpp's whisper-server (speech to text), not llama-server.
+    const other = s.backend && s.backend !== "llama" ? [`${s.backend} · speech to text`] : [];
+    setText(this.modalEl, [...other, ...(s.modalities || [])].join(" · "));
+    this.modalEl.title = other.length
+      ? `runs on ${s.backend}-server (/v1/audio/transcriptions)`
+      : s.modalities?.length ? `takes ${s.modalities.join(" and ")} input (mmproj)` : "";
     setText(this.since, s.since ? `for ${duration(Math.max(0, serverNow() - s.since))}` : "");
     this.updateProgress(s);
     const running = ["loading", "ready", "draining"].includes(s.state);
