@@ -13,6 +13,7 @@ import pytest
 
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.service._listing import ModelFacts
+from tests.support.supervised import running
 from tests.supervisor import conftest as supervised
 
 pytestmark = pytest.mark.anyio
@@ -25,7 +26,7 @@ async def test_props_is_read_without_taking_a_request_slot(
     fake_bin: Path,
 ) -> None:
     cfg = make_config({"a": {"parallel": 1}})
-    async with supervised.running(cfg, fake_bin) as sup, httpx.AsyncClient() as client:
+    async with running(cfg, fake_bin) as sup, httpx.AsyncClient() as client:
         facts = ModelFacts(sup, client, resolve_path=lambda _ref: None)
         assert await facts.props("a") is None  # not loaded: nothing to ask, nothing started
         await sup.load("a")
