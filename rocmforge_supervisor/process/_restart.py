@@ -199,5 +199,5 @@ async def supervise(
             raise StartFailed(
                 message, hint="see its log, fix the cause and start it again", reason="crash_loop"
             )
-        emit(name, ChildEvent.RESTART, f"next start in {policy.delay:g} s")
+        emit(name, ChildEvent.RESTART, f"restarting in {policy.delay:g} s")
         await policy.wait()
