@@ -18,9 +18,10 @@ How to add a kind of server (whisper.cpp's ``whisper-server``, say):
    (it loads the model before it binds, so its first 200 is ready); ``spawn_hint`` (how to get
    the binary); ``fail_fast`` for log lines that mean the start failed before it exits; override
    :meth:`ChildKind.classify` / :meth:`ChildKind.failure` to name its failures and what to do.
-2. A thin class that owns one ``ChildProcess(kind, log, label=…, host=…)``: it builds the argv and
-   the environment (``clean_child_env``), calls :meth:`ChildProcess.spawn` then
-   :meth:`ChildProcess.wait_ready`, and stops it in a ``finally`` (``RpcWorker`` is ~40 lines).
+2. A thin class on :class:`OwnsChild` (which shows ``pid``, ``exited``, ``returncode``… of its
+   ``child = ChildProcess(kind, log, label=…, host=…)``): it builds the argv and the environment
+   (``clean_child_env``), calls :meth:`ChildProcess.spawn` then :meth:`ChildProcess.wait_ready`,
+   and stops it in a ``finally`` (``RpcWorker`` is ~30 lines; the tests' ``FakeServer`` too).
    What the server serves (``/props``, ``/slots``, one request at a time) belongs there or above,
    not here.
 3. Restarts: the supervisor's model loop (``RestartPolicy``) or :func:`._restart.supervise`.

@@ -28,6 +28,7 @@ from rocmforge_supervisor.process._child import ChildKind, ChildProcess, HttpOk,
 from rocmforge_supervisor.process._restart import supervise
 from rocmforge_supervisor.supervisor import ModelState
 from rocmforge_supervisor.supervisor._events import EventKind
+from tests.support.service import wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -82,17 +83,16 @@ class FakeServer(OwnsChild):
         return f"pid {self.pid}"
 
 
+def _dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # nobody will run it again
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _gone(pid: int, timeout: float = 10.0) -> bool:
-    """The process is gone (or a zombie nobody will run again) within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.01)
-    return False
+    """The process is gone within ``timeout`` (raises when not)."""
+    return bool(wait_for(lambda: _dead(pid), timeout=timeout, interval=0.01, what=f"pid {pid} gone"))
 
 
 async def _until(cond: Callable[[], object], timeout: float = 20.0) -> None:
