@@ -9,7 +9,7 @@ the stale sweep in ``_ledger``, the build's group in ``_groups``) sends signals.
 
 What differs between servers is a :class:`ChildKind`, a small *description*: the program's name,
 its :data:`Readiness` (:class:`HttpOk`, :class:`PortBound` or :class:`LogLine`), the log lines
-that end a start at once, and how a failed start reads. ``LlamaServerKind`` (``_instance``) and
+that end a start at once, how a failed start reads, and what a crash means (its advice). ``LlamaServerKind`` (``_instance``) and
 ``RpcServerKind`` (``_rpc_worker``) are the two there are.
 
 How to add a kind of server (whisper.cpp's ``whisper-server``, say):
@@ -17,7 +17,8 @@ How to add a kind of server (whisper.cpp's ``whisper-server``, say):
 1. A ``ChildKind`` subclass: ``program = "whisper-server"``; ``readiness = HttpOk("/health")``
    (it loads the model before it binds, so its first 200 is ready); ``spawn_hint`` (how to get
    the binary); ``fail_fast`` for log lines that mean the start failed before it exits; override
-   :meth:`ChildKind.classify` / :meth:`ChildKind.failure` to name its failures and what to do.
+   :meth:`ChildKind.classify` / :meth:`ChildKind.failure` to name its failures and what to do,
+   :meth:`ChildKind.crash_cause` for what a later crash means.
 2. A thin class on :class:`OwnsChild` (which shows ``pid``, ``exited``, ``returncode``… of its
    ``child = ChildProcess(kind, log, label=…, host=…)``): it builds the argv and the environment
    (``clean_child_env``), calls :meth:`ChildProcess.spawn` then :meth:`ChildProcess.wait_ready`,
@@ -114,6 +115,14 @@ class ChildKind:
             returncode=child.returncode,
             stderr_tail=child.log.tail(15),
         )
+
+    def crash_cause(
+        self, tail: list[str], returncode: int | None, *, computed: bool, amx: bool
+    ) -> str | None:
+        """What an exit after ready means and what to do, from its last lines and its status
+        (``computed``: it had finished a computation; ``amx``: this CPU has Intel AMX, which ggml
+        servers at the pin fault on). None: its exit status says it all."""
+        return None
 
     def on_line(self, line: str, child: ChildProcess) -> None:
         """Each line of its log, after the lifecycle read it (``LlamaServerKind`` marks its first

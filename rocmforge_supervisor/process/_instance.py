@@ -46,8 +46,9 @@ from ..client import socket_gone_as_httpx_error
 from ._child import ChildKind, ChildProcess, HttpOk, OwnsChild
 from ._env import clean_child_env
 from ._logs import LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
+from ._logs import crash_cause as cause_in_log
 from ._ports import free_port, port_is_free
-from ._spec import START_HINTS, InstanceSpec, describe_returncode, unwrap_group
+from ._spec import START_HINTS, InstanceSpec, crash_advice, describe_returncode, unwrap_group
 
 __all__ = ["LlamaServer", "LlamaServerKind"]
 
@@ -83,6 +84,14 @@ class LlamaServerKind(ChildKind):
             stderr_tail=child.log.tail(15),
             log_path=self.log_path,
         )
+
+    def crash_cause(
+        self, tail: list[str], returncode: int | None, *, computed: bool, amx: bool
+    ) -> str | None:
+        # An RPC worker it placed layers on died; else a CPU fault says what it means: an
+        # instruction this CPU lacks (SIGILL), or a crash in the first computation (the AMX defect
+        # at the pin, when the self-test was skipped or overridden).
+        return cause_in_log(tail) or crash_advice(returncode, computed=computed, amx=amx)
 
     def on_line(self, line: str, child: ChildProcess) -> None:
         if "computed" not in child.flags and _COMPUTED_RE.search(line):
@@ -215,6 +224,13 @@ class LlamaServer(OwnsChild):
         """Idempotent; shielded from cancellation. Returns the exit status (negative: the signal
         that ended it). See :meth:`ChildProcess.stop`."""
         return await self.child.stop(self.spec.stop_timeout if timeout is None else timeout)
+
+    def crash_cause(self, *, amx: bool) -> str | None:
+        """After an exit: what it means and what to do (:meth:`LlamaServerKind.crash_cause`);
+        ``amx``: this CPU has Intel AMX."""
+        return self.child.kind.crash_cause(
+            self.log.tail(40), self.returncode, computed=self.computed, amx=amx
+        )
 
     def kill(self, reason: str) -> None:
         """SIGKILL the child's whole process group now, and say why in its log.

@@ -36,8 +36,6 @@ from ..process import (
     Breaker,
     LlamaServer,
     RestartPolicy,
-    crash_advice,
-    crash_cause,
     describe_returncode,
     unwrap_group,
 )
@@ -323,12 +321,9 @@ class ManagedModel:
         how = describe_returncode(server.returncode)
         if self._kill_reason is not None:  # we killed it (a stall): that is the cause
             how, self._kill_reason = f"{how}: {self._kill_reason}", None
-        cause = crash_cause(server.log.tail(40))  # e.g. an RPC worker it placed layers on died
-        # A CPU fault says what it means: an instruction this CPU lacks (SIGILL), or a crash in the
-        # first computation (the AMX defect at the pin, when the self-test was skipped or overridden).
-        cause = cause or crash_advice(
-            server.returncode, computed=server.computed, amx="amx_int8" in cpu_flags()
-        )
+        # What its log and its exit say about why (an RPC worker it placed layers on died; a CPU
+        # fault): the kind's crash advice.
+        cause = server.crash_cause(amx="amx_int8" in cpu_flags())
         self.last_error = f"llama-server {how}" + (f": {cause}" if cause else "")
         self.last_stderr = server.log.tail(15)
         self._events.publish(
