@@ -265,11 +265,10 @@ class ChildProcess:
                 delay = min(max(delay * 2, _POLL_FIRST), _POLL_MAX)
 
     async def stop(self, grace: float) -> int | None:
-        """SIGTERM to its group (said again after up to 1 s: llama-server can lose one that lands
-        between ``listening on`` and its main loop), ``grace`` seconds, then SIGKILL. Idempotent;
-        shielded from cancellation, so a cancelled caller still leaves no child. Returns the exit
-        status (negative: the signal), None when even SIGKILL did not reap it within 30 s (stuck
-        in the kernel: a GPU driver hang; the kill is queued, waiting longer would hang us).
+        """SIGTERM to its group (said again after up to 1 s), ``grace`` seconds, then SIGKILL.
+        Idempotent; shielded from cancellation, so a cancelled caller still leaves no child.
+        Returns the exit status (negative: the signal), None when even SIGKILL did not reap it
+        within 30 s.
 
         Waits on the process itself, not on the watcher task, so it works from a cancelled
         context too (the watcher may already be gone).
@@ -293,6 +292,9 @@ class ChildProcess:
                 with anyio.move_on_after(first):
                     await proc.wait()
                 if proc.returncode is None:
+                    # llama-server can lose a SIGTERM that lands between `listening on` and the
+                    # start of its main loop (server-queue.cpp sets running=true after the handler
+                    # cleared it): say it once more before the grace period runs out.
                     self.signal_group(signal.SIGTERM)
                     with anyio.move_on_after(grace - first):
                         await proc.wait()
@@ -302,6 +304,8 @@ class ChildProcess:
                     with anyio.move_on_after(30):
                         await proc.wait()
                     if proc.returncode is None:
+                        # Stuck in the kernel (D state: a GPU driver hang). Waiting longer would
+                        # hang the caller; the kill is queued and the kernel will deliver it.
                         self.log.note("still not reaped 30 s after SIGKILL: giving up waiting")
                         return None
             self._mark_exited(proc)
