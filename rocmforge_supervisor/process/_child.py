@@ -155,6 +155,7 @@ class ChildProcess:
         self.died_unasked = False
         self._process: anyio.abc.Process | None = None
         self._wake = anyio.Event()
+        self._drain_done = anyio.Event()
         self._stop_lock = anyio.Lock()
 
     @property
@@ -207,6 +208,7 @@ class ChildProcess:
                 reason="crashed",
             ) from exc
         self.pid = self._process.pid
+        self._drain_done = anyio.Event()
         self.last_output = time.monotonic()
         self.state = "loading"
         stream = self._process.stdout if self.kind.log_on_stdout else self._process.stderr
@@ -343,13 +345,14 @@ class ChildProcess:
             pass
 
     async def drained(self) -> None:
-        """After an exit, give the drain task a moment to read the last lines of the pipe."""
+        """After an exit: until the drain task has read the pipe to its end (at most 0.5 s: a
+        grandchild outside the group may hold it open), so the last lines are in the log.
+
+        Not "until no line came for a moment": on a busy machine the drain task can be that late,
+        and a start failure read from a log without its last lines is misclassified.
+        """
         with anyio.move_on_after(0.5):
-            while self._process is not None:
-                before = self.log.total_lines
-                await anyio.sleep(0.02)
-                if self.log.total_lines == before:
-                    break
+            await self._drain_done.wait()
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -370,8 +373,11 @@ class ChildProcess:
         def seen() -> None:
             self.last_output = time.monotonic()
 
-        async for line in lines_of(stream, on_chunk=seen):
-            self._on_line(line)
+        try:
+            async for line in lines_of(stream, on_chunk=seen):
+                self._on_line(line)
+        finally:
+            self._drain_done.set()
 
     def _on_line(self, line: str) -> None:
         self.log.add(line)
