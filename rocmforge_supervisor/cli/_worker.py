@@ -53,7 +53,7 @@ def worker(
 
     from ..build import locate_rpc_server
     from ..hardware import child_env, detect
-    from ..process import is_loopback_host, run_supervised, worker_specs
+    from ..process import ChildEvent, is_loopback_host, run_supervised, worker_specs
 
     settings = get_settings()
     try:  # rpc-server binds an IPv4 literal (inet_addr); anything else fails after the start
@@ -108,9 +108,10 @@ def worker(
     )
     ready: set[str] = set()
 
-    def on_event(name: str, event: str, detail: str) -> None:
-        err_console.print(f"worker {name}: {event} {detail}", markup=False)
-        if event == "ready" and name not in ready:
+    def on_event(name: str, event: ChildEvent, detail: str) -> None:
+        # The event's name is the supervisor's word for it (crash, restart …), in brackets.
+        err_console.print(f"worker {name}: {detail} [{event}]", markup=False)
+        if event == ChildEvent.READY and name not in ready:
             ready.add(name)
             spec = next(s for s in specs if s.name == name)
             console.print(spec.address)  # stdout: the addresses, for scripts and [[workers]]

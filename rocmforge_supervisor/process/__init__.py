@@ -1,4 +1,5 @@
-"""One llama-server child process: spawn, health, logs, stop."""
+"""The server processes forge owns: one lifecycle (spawn, logs, readiness, stop, restart policy),
+llama-server and rpc-server on top of it."""
 
 from ._env import clean_child_env
 from ._groups import GroupReaper, kill_process_group
@@ -6,6 +7,7 @@ from ._instance import LlamaServer
 from ._ledger import ChildLedger
 from ._logs import IDLE_LINE_RE, LogRing, classify_failure, crash_cause, without_idle
 from ._ports import free_port, port_is_free
+from ._restart import Breaker, ChildEvent, RestartPolicy
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
 from ._spawn import with_parent_death
 from ._spec import InstanceSpec, InstanceState, crash_advice, describe_returncode, unwrap_group
@@ -13,12 +15,15 @@ from ._statelock import StateDirLock
 
 __all__ = [
     "IDLE_LINE_RE",
+    "Breaker",
+    "ChildEvent",
     "ChildLedger",
     "GroupReaper",
     "InstanceSpec",
     "InstanceState",
     "LlamaServer",
     "LogRing",
+    "RestartPolicy",
     "RpcWorker",
     "StateDirLock",
     "WorkerEvent",

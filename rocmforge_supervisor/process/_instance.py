@@ -14,90 +14,130 @@ answers 503 until then. Readiness is whichever comes first of the ``listening on
 No orphans: each child runs in its own process group (so a stop reaches anything it forks) and
 gets ``PR_SET_PDEATHSIG=SIGKILL`` (through ``setpriv``, or a tiny exec shim), so it dies with the
 supervisor even when the supervisor is SIGKILLed and no cleanup runs.
+
+The process part (spawn, drain, readiness, stop, exit) is :class:`._child.ChildProcess`, shared
+with every other server forge runs; llama-server's own part is :class:`LlamaServerKind` (its
+readiness, its failures) and what this class adds: the port and its retry, the API key file,
+``/props``, ``/slots``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 import secrets
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import anyio.abc
 import httpx
-import psutil
 
 from .._argv import redact
 from .._errors import InstanceError, StartFailed, UsageError
 from ..client import socket_gone_as_httpx_error
+from ._child import ChildKind, ChildProcess, HttpOk, OwnsChild
 from ._env import clean_child_env
-from ._logs import BIND_FAILED_RE, LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure, lines_of
+from ._logs import LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
+from ._logs import crash_cause as cause_in_log
 from ._ports import free_port, port_is_free
-from ._spawn import with_parent_death
-from ._spec import START_HINTS, InstanceSpec, InstanceState, describe_returncode, unwrap_group
+from ._spec import START_HINTS, InstanceSpec, crash_advice, describe_returncode, unwrap_group
 
-log = logging.getLogger("rocmforge.process")
-
-__all__ = ["LlamaServer"]
+__all__ = ["LlamaServer", "LlamaServerKind"]
 
 #: A finished request's timing line (``slot print_timing: … prompt eval time``): it computed.
 _COMPUTED_RE = re.compile(r"print_timing|prompt eval time")
 
 
-class LlamaServer:
+@dataclass(frozen=True)
+class LlamaServerKind(ChildKind):
+    """llama-server, as a :class:`ChildKind`: it binds its port before it loads the model and
+    answers ``/health`` 503 until then, so ready is a 200 (asked at once after ``listening on``);
+    running out of device memory ends a load at once; its failures are read from its log."""
+
+    alias: str
+    log_path: str | None = None
+
+    program: ClassVar[str] = "llama-server"
+    readiness: ClassVar[HttpOk] = HttpOk("/health", hurry=LISTENING_RE)
+    spawn_hint: ClassVar[str] = "run `forge build`, or check FORGE_LLAMA_SERVER"
+    fail_fast: ClassVar[tuple[tuple[str, re.Pattern[str], str], ...]] = (
+        ("oom", OOM_PATTERNS, "out of device memory while loading"),
+    )
+
+    def classify(self, tail: list[str], returncode: int | None) -> str:
+        return "illegal_instruction" if returncode == -signal.SIGILL else classify_failure(tail)
+
+    def failure(self, reason: str, message: str, child: ChildProcess) -> StartFailed:
+        return StartFailed(
+            f"llama-server for {self.alias!r} failed to start: {message}",
+            hint=START_HINTS.get(reason),
+            returncode=child.returncode,
+            reason=reason,
+            stderr_tail=child.log.tail(15),
+            log_path=self.log_path,
+        )
+
+    def crash_cause(
+        self, tail: list[str], returncode: int | None, *, computed: bool, amx: bool
+    ) -> str | None:
+        # An RPC worker it placed layers on died; else a CPU fault says what it means: an
+        # instruction this CPU lacks (SIGILL), or a crash in the first computation (the AMX defect
+        # at the pin, when the self-test was skipped or overridden).
+        return cause_in_log(tail) or crash_advice(returncode, computed=computed, amx=amx)
+
+    def on_line(self, line: str, child: ChildProcess) -> None:
+        if "computed" not in child.flags and _COMPUTED_RE.search(line):
+            child.flags.add("computed")
+
+
+class LlamaServer(OwnsChild):
     """One running llama-server. Use as ``async with``; see the module docstring."""
 
     def __init__(self, spec: InstanceSpec) -> None:
         self.spec = spec
-        self.state: InstanceState = "new"
-        self.port: int | None = None
-        self.pid: int | None = None
-        self.returncode: int | None = None
         self.api_key = spec.api_key if spec.api_key is not None else secrets.token_urlsafe(24)
         self.log = LogRing(spec.log_path)
         for listener in spec.line_listeners:
             self.log.subscribe(listener)
-        self.exited = anyio.Event()
+        self.child = ChildProcess(
+            LlamaServerKind(spec.alias, str(spec.log_path) if spec.log_path else None),
+            self.log,
+            label=spec.alias,
+            host=spec.host,
+        )
         self.started_at: float | None = None  # time.time()
         self.ready_at: float | None = None
-        self.listening_at: float | None = None  # monotonic time the `listening on` line was read
         self.ready_monotonic: float | None = None
         self.load_seconds: float | None = None
-        self._process: anyio.abc.Process | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._own_tg: anyio.abc.TaskGroup | None = None
-        self._last_output = time.monotonic()
-        self._wake = anyio.Event()
-        self._flags: set[str] = set()
         self._key_file: Path | None = None
         self._tmp_state: Path | None = None  # only when the caller gave no state_dir
-        self._stop_lock = anyio.Lock()
-        self.stop_requested = False
-        #: The child exited (or was killed) before anyone asked it to stop: whatever else went
-        #: wrong around it, its exit is the cause to report.
-        self.died_unasked = False
 
     # -- public -------------------------------------------------------------------------------
 
     @property
-    def base_url(self) -> str:
-        if self.port is None:
-            raise RuntimeError("not started")
-        return f"http://{self.spec.host}:{self.port}"
+    def listening_at(self) -> float | None:
+        """Monotonic time the ``listening on`` line was read."""
+        return self.child.listening_at
 
     @property
-    def alive(self) -> bool:
-        return self._process is not None and not self.exited.is_set()
+    def base_url(self) -> str:
+        return self.child.base_url
+
+    @property
+    def computed(self) -> bool:
+        """It has finished a computation (a request's timings were printed): a later CPU fault is
+        not the build failing its first compute."""
+        return "computed" in self.child.flags
 
     async def __aenter__(self) -> LlamaServer:
         self._own_tg = anyio.create_task_group()
@@ -120,8 +160,7 @@ class LlamaServer:
 
     async def aclose(self) -> None:
         """Stop the child and wait for :meth:`run` to finish. Shielded against cancellation."""
-        with anyio.CancelScope(shield=True):
-            await self.stop()
+        await self.stop()  # shielded inside
         if self._own_tg is not None:
             # Outside the shield (cancel scopes must nest); run() has its own shielded cleanup.
             tg, self._own_tg = self._own_tg, None
@@ -135,7 +174,7 @@ class LlamaServer:
         stopped and reaped before this returns; the return value is its exit status."""
         if self.state != "new":
             raise RuntimeError("a LlamaServer runs once")
-        self.state = "starting"
+        self.child.state = "starting"
         self.started_at = time.time()
         started = time.monotonic()
         attempts = 1 if self.spec.port is not None else max(1, self.spec.bind_retries)
@@ -159,14 +198,13 @@ class LlamaServer:
                             if exc.reason != "bind" or attempt == attempts - 1:
                                 raise
                             self.log.note(f"port {port} was taken before the child bound it; retrying")
-                            self._reset_for_retry()
+                            self.child.reset()
                     self.load_seconds = time.monotonic() - started
                     task_status.started(self)
                     await self.exited.wait()
                 finally:
-                    self._note_unasked_death()
-                    with anyio.CancelScope(shield=True):
-                        await self.stop()
+                    self.child.note_unasked_death()
+                    await self.stop()  # shielded inside
                     tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             inner = unwrap_group(group)
@@ -183,44 +221,16 @@ class LlamaServer:
         return self.returncode
 
     async def stop(self, timeout: float | None = None) -> int | None:
-        """Idempotent. Returns the exit status (negative: the signal that ended it).
+        """Idempotent; shielded from cancellation. Returns the exit status (negative: the signal
+        that ended it). See :meth:`ChildProcess.stop`."""
+        return await self.child.stop(self.spec.stop_timeout if timeout is None else timeout)
 
-        Waits on the process itself, not on the watcher task, so it works from a cancelled
-        context too (the watcher may already be gone).
-        """
-        self.stop_requested = True
-        self._wake.set()  # a load in progress sees the request at once (see _wait_ready)
-        async with self._stop_lock:
-            proc = self._process
-            if proc is None:
-                return self.returncode
-            if proc.returncode is None:
-                self.state = "stopping"
-                grace = self.spec.stop_timeout if timeout is None else timeout
-                self._signal_group(signal.SIGTERM)
-                self._signal_group(signal.SIGCONT)  # a stopped (SIGSTOP) child must run to see it
-                first = min(1.0, grace / 2)
-                with anyio.move_on_after(first):
-                    await proc.wait()
-                if proc.returncode is None:
-                    # llama-server can lose a SIGTERM that lands between `listening on` and the
-                    # start of its main loop (server-queue.cpp sets running=true after the handler
-                    # cleared it): say it once more before the grace period runs out.
-                    self._signal_group(signal.SIGTERM)
-                    with anyio.move_on_after(grace - first):
-                        await proc.wait()
-                if proc.returncode is None:
-                    self.log.note(f"no exit {grace:g} s after SIGTERM: sending SIGKILL")
-                    self._signal_group(signal.SIGKILL)
-                    with anyio.move_on_after(30):
-                        await proc.wait()
-                    if proc.returncode is None:
-                        # Stuck in the kernel (D state: a GPU driver hang). Waiting longer would
-                        # hang the caller; the kill is queued and the kernel will deliver it.
-                        self.log.note("still not reaped 30 s after SIGKILL: giving up waiting")
-                        return None
-            self._mark_exited(proc)
-            return self.returncode
+    def crash_cause(self, *, amx: bool) -> str | None:
+        """After an exit: what it means and what to do (:meth:`LlamaServerKind.crash_cause`);
+        ``amx``: this CPU has Intel AMX."""
+        return self.child.kind.crash_cause(
+            self.log.tail(40), self.returncode, computed=self.computed, amx=amx
+        )
 
     def kill(self, reason: str) -> None:
         """SIGKILL the child's whole process group now, and say why in its log.
@@ -228,12 +238,7 @@ class LlamaServer:
         For a child that no longer answers (a hang): :meth:`stop` would wait out its grace first.
         The caller decides *that* a child must die; only this layer sends the signal.
         """
-        if self._process is None or self.exited.is_set():
-            return
-        self.log.note(f"killing pid {self._process.pid} (SIGKILL): {reason}")
-        log.warning("llama-server %s pid %d: SIGKILL: %s", self.spec.alias, self._process.pid, reason)
-        self._signal_group(signal.SIGCONT)
-        self._signal_group(signal.SIGKILL)
+        self.child.kill(reason)
 
     async def health(self, timeout: float = 2.0) -> int | None:
         """HTTP status of ``/health`` (200 ready, 503 loading), None when it did not answer."""
@@ -312,12 +317,6 @@ class LlamaServer:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _reset_for_retry(self) -> None:
-        self._process = None
-        self.exited = anyio.Event()
-        self._flags.clear()
-        self.returncode = None
-
     def _write_key_file(self) -> Path:
         # The key goes in a 0600 file, not on the command line, where any local user could read it
         # from /proc/<pid>/cmdline.
@@ -341,10 +340,6 @@ class LlamaServer:
             self._key_file.unlink(missing_ok=True)
             self._key_file = None
 
-    def _command(self, port: int) -> list[str]:
-        assert self._key_file is not None
-        return with_parent_death(self.spec.args(port, self._key_file))
-
     async def _spawn_and_wait(self, port: int) -> None:
         if self._key_file is None:
             self._key_file = self._write_key_file()
@@ -355,167 +350,14 @@ class LlamaServer:
             mask=self.spec.mask,
             config_home=config_home,
         )
-        cmd = self._command(port)
-        self.port = port
-        self.log.note("starting: " + " ".join(redact(self.spec.args(port, self._key_file))))
-        try:
-            self._process = await anyio.open_process(
-                cmd,
-                stdin=None,
-                stdout=subprocess.DEVNULL,  # llama-server logs to stderr; keep our stdout clean
-                stderr=-1,  # subprocess.PIPE
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise StartFailed(
-                f"could not start {self.spec.binary}: {exc.strerror or exc}",
-                hint="run `forge build`, or check FORGE_LLAMA_SERVER",
-                reason="crashed",
-            ) from exc
-        self.pid = self._process.pid
-        self._last_output = time.monotonic()
-        self.state = "loading"
+        argv = self.spec.args(port, self._key_file)
         assert self._tg is not None
-        self._tg.start_soon(self._drain, self._process)
-        self._tg.start_soon(self._watch_exit, self._process)
-        await self._wait_ready()
-
-    async def _drain(self, proc: anyio.abc.Process) -> None:
-        assert proc.stderr is not None
-
-        def seen() -> None:
-            self._last_output = time.monotonic()
-
-        async for line in lines_of(proc.stderr, on_chunk=seen):
-            self._on_line(line)
-
-    def _on_line(self, line: str) -> None:
-        self.log.add(line)
-        if "listening on" in line and LISTENING_RE.search(line):
-            self.listening_at = time.monotonic()
-            self._flags.add("listening")
-            self._wake.set()
-        elif OOM_PATTERNS.search(line):
-            self._flags.add("oom")
-            self._wake.set()
-        elif BIND_FAILED_RE.search(line):
-            self._flags.add("bind")
-            self._wake.set()
-        elif "computed" not in self._flags and _COMPUTED_RE.search(line):
-            self._flags.add("computed")
-
-    @property
-    def computed(self) -> bool:
-        """It has finished a computation (a request's timings were printed): a later CPU fault is
-        not the build failing its first compute."""
-        return "computed" in self._flags
-
-    async def _watch_exit(self, proc: anyio.abc.Process) -> None:
-        await proc.wait()
-        self._mark_exited(proc)
-
-    def _note_unasked_death(self) -> None:
-        """Before our own stop: has the child died already (exited, or a zombie whose exit the
-        watcher has not read yet)?"""
-        if self.stop_requested or self._process is None:
-            return
-        if self.exited.is_set():
-            self.died_unasked = True
-            return
-        try:
-            self.died_unasked = psutil.Process(self._process.pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            self.died_unasked = True
-        except psutil.Error:
-            pass
-
-    def _mark_exited(self, proc: anyio.abc.Process) -> None:
-        if self.exited.is_set() or proc.returncode is None:
-            return
-        if not self.stop_requested:
-            self.died_unasked = True
-        self.returncode = proc.returncode
-        # Anything the child forked into its group goes too — once, here, right after the exit
-        # was seen: later the group id could belong to someone else.
-        self._signal_group(signal.SIGKILL)
-        was = self.state
-        self.state = "exited"
-        self.log.note(f"llama-server pid {proc.pid} {describe_returncode(self.returncode)} (while {was})")
-        self.exited.set()
-        self._wake.set()
-
-    def _signal_group(self, sig: int) -> None:
-        if self._process is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._process.pid, sig)
+        await self.child.spawn(self._tg, argv, env=env, port=port, shown=redact(argv))
+        spec = self.spec
+        await self.child.wait_ready(ready_timeout=spec.ready_timeout, stall_timeout=spec.stall_timeout)
+        self.ready_at = time.time()
+        self.ready_monotonic = time.monotonic()
+        self._remove_key_file()  # read at argument parsing: no longer needed on disk
 
     def _fail(self, reason: str, message: str) -> StartFailed:
-        tail = self.log.tail(15)
-        return StartFailed(
-            f"llama-server for {self.spec.alias!r} failed to start: {message}",
-            hint=START_HINTS.get(reason),
-            returncode=self.returncode,
-            reason=reason,
-            stderr_tail=tail,
-            log_path=str(self.spec.log_path) if self.spec.log_path else None,
-        )
-
-    async def _wait_ready(self) -> None:
-        spec = self.spec
-        started = time.monotonic()
-        delay = 0.002  # first poll within a few ms; backoff capped at 50 ms
-        async with httpx.AsyncClient(
-            base_url=self.base_url, timeout=httpx.Timeout(2.0, connect=0.5), trust_env=False, verify=False
-        ) as client:
-            while True:
-                if self.stop_requested:
-                    await self.stop(timeout=2.0)
-                    raise self._fail("cancelled", "stopped while loading")
-                if self.exited.is_set():
-                    await self._drained()
-                    reason = classify_failure(self.log.tail(40))
-                    if self.returncode == -signal.SIGILL:
-                        reason = "illegal_instruction"
-                    raise self._fail(reason, describe_returncode(self.returncode))
-                if "oom" in self._flags:
-                    await self.stop(timeout=2.0)
-                    raise self._fail("oom", "out of device memory while loading")
-                now = time.monotonic()
-                if now - self._last_output > spec.stall_timeout:
-                    await self.stop(timeout=2.0)
-                    raise self._fail("timeout", f"no output for {spec.stall_timeout:g} s while loading")
-                if spec.ready_timeout is not None and now - started > spec.ready_timeout:
-                    await self.stop(timeout=2.0)
-                    raise self._fail("timeout", f"not ready after {spec.ready_timeout:g} s")
-                status = await self._poll(client)
-                if status == 200:
-                    self.state = "ready"
-                    self.ready_at = time.time()
-                    self.ready_monotonic = time.monotonic()
-                    self._remove_key_file()  # read at argument parsing: no longer needed on disk
-                    return
-                self._wake = anyio.Event()
-                if "listening" in self._flags:
-                    delay = 0.0  # the log says ready: confirm with /health right away
-                with anyio.move_on_after(delay):
-                    await self._wake.wait()
-                delay = min(max(delay * 2, 0.002), 0.05)
-
-    async def _poll(self, client: httpx.AsyncClient) -> int | None:
-        try:
-            with socket_gone_as_httpx_error(self.base_url):
-                r = await client.get("/health")
-        except httpx.HTTPError:
-            return None
-        return r.status_code
-
-    async def _drained(self) -> None:
-        """After an exit, give the drain task a moment to read the last lines of the pipe."""
-        with anyio.move_on_after(0.5):
-            while self._process is not None and self._process.stderr is not None:
-                before = self.log.total_lines
-                await anyio.sleep(0.02)
-                if self.log.total_lines == before:
-                    break
+        return self.child.kind.failure(reason, message, self.child)

@@ -9,37 +9,43 @@ worker belongs to one llama-server while that one is connected.
 
 A failed bind is not an exit code: it prints ``Failed to create server socket`` and exits 0.
 
-The child gets what a llama-server child gets (:mod:`._instance`): its own process group, the
-parent-death signal, a cleaned environment with the device mask on top, a drained log in a
-:class:`LogRing` (and file).
+The child runs through the same lifecycle as a llama-server child (:class:`._child.ChildProcess`:
+its own process group, the parent-death signal, a drained log in a :class:`LogRing` and file, the
+same stop), with a cleaned environment and the device mask on top; :class:`RpcServerKind` is all
+that is rpc-server's own. :func:`run_supervised` keeps one running with the supervisor's restart
+policy and event names (:mod:`._restart`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import os
 import re
-import shutil
-import signal
 import socket
-import subprocess
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import anyio
 import anyio.abc
-import psutil
 
 from .._errors import StartFailed
+from ._child import ChildKind, ChildProcess, OwnsChild, PortBound
 from ._env import clean_child_env
-from ._logs import LogRing, lines_of
-from ._spawn import with_parent_death
+from ._logs import LogRing
+from ._restart import ChildEventFn, RestartPolicy, supervise
 from ._spec import describe_returncode
 
-__all__ = ["RpcWorker", "WorkerEvent", "WorkerSpec", "is_loopback_host", "run_supervised", "worker_specs"]
+__all__ = [
+    "RpcServerKind",
+    "RpcWorker",
+    "WorkerEvent",
+    "WorkerSpec",
+    "is_loopback_host",
+    "run_supervised",
+    "worker_specs",
+]
 
 _BIND_FAILED = re.compile(r"Failed to create server socket")
 _NO_DEVICES = re.compile(r"No devices found|error: unknown device|error: invalid device")
@@ -90,18 +96,68 @@ class WorkerSpec:
         return a
 
 
-class RpcWorker:
+@dataclass(frozen=True)
+class RpcServerKind(ChildKind):
+    """rpc-server, as a :class:`ChildKind` (see the module docstring): ready when it owns a
+    listening socket on its port; ``Failed to create server socket`` ends the start at once."""
+
+    address: str
+    devices: tuple[str, ...] = ()
+    ready_timeout: float = 120.0
+
+    program: ClassVar[str] = "rpc-server"
+    readiness: ClassVar[PortBound] = PortBound()
+    spawn_hint: ClassVar[str] = "run `forge build --rpc`, or pass --rpc-server PATH"
+    fail_fast: ClassVar[tuple[tuple[str, re.Pattern[str], str], ...]] = (
+        ("bind", _BIND_FAILED, "could not listen"),
+    )
+    log_on_stdout: ClassVar[bool] = True  # its banner is printf to stdout
+
+    def classify(self, tail: list[str], returncode: int | None) -> str:
+        text = "\n".join(tail)
+        if _BIND_FAILED.search(text):
+            return "bind"
+        return "bad_args" if _NO_DEVICES.search(text) else "crashed"
+
+    def failure(self, reason: str, message: str, child: ChildProcess) -> StartFailed:
+        known = {
+            "bind": (
+                f"rpc-server could not listen on {self.address} (the port is in use?)",
+                "choose another --port, or stop what holds it",
+            ),
+            "bad_args": (
+                f"rpc-server found no usable device for {','.join(self.devices) or 'its default'}",
+                "check `forge gpus`, or run the worker on the CPU with --cpu",
+            ),
+            "timeout": (
+                f"rpc-server on {self.address} did not listen within {self.ready_timeout:g} s",
+                "see the worker log",
+            ),
+        }
+        crashed = (f"rpc-server {describe_returncode(child.returncode)} while starting", "see the worker log")
+        text, hint = known.get(reason, crashed)
+        return StartFailed(
+            text,
+            hint=hint,
+            reason=reason,
+            returncode=None if reason in known else child.returncode,
+            stderr_tail=child.log.tail(15),
+        )
+
+
+class RpcWorker(OwnsChild):
     """One run of one rpc-server: :meth:`start` (ready or StartFailed, child gone), then
     :attr:`exited` is set when it ends; :meth:`stop` is idempotent and always reaps."""
 
     def __init__(self, spec: WorkerSpec, log: LogRing) -> None:
         self.spec = spec
         self.log = log
-        self.exited = anyio.Event()
-        self.returncode: int | None = None
-        self.pid: int | None = None
-        self._process: anyio.abc.Process | None = None
-        self._bind_failed = False
+        self.child = ChildProcess(
+            RpcServerKind(spec.address, spec.devices, spec.ready_timeout),
+            log,
+            label=spec.name,
+            host=spec.host,
+        )
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         spec = self.spec
@@ -110,132 +166,14 @@ class RpcWorker:
             mask=spec.mask,
             config_home=_empty_config(spec.state_dir),
         )
-        cmd = spec.args()
-        stdbuf = shutil.which("stdbuf")  # its banner is printf to a pipe: line-buffer it for the log
-        full = with_parent_death([stdbuf, "-oL", *cmd] if stdbuf else cmd)
-        self.log.note("starting: " + " ".join(cmd))
-        try:
-            self._process = await anyio.open_process(
-                full,
-                stdin=None,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise StartFailed(
-                f"could not start {spec.binary}: {exc.strerror or exc}",
-                hint="run `forge build --rpc`, or pass --rpc-server PATH",
-                reason="crashed",
-            ) from exc
-        self.pid = self._process.pid
-        tg.start_soon(self._drain, self._process)
-        tg.start_soon(self._watch, self._process)
-        await self._wait_ready()
+        await self.child.spawn(tg, spec.args(), env=env, port=spec.port)
+        await self.child.wait_ready(ready_timeout=spec.ready_timeout)
 
     async def stop(self) -> int | None:
-        proc = self._process
-        if proc is None:
-            return None
-        if proc.returncode is None:
-            self._signal_group(signal.SIGTERM)
-            self._signal_group(signal.SIGCONT)
-            with anyio.move_on_after(self.spec.stop_timeout):
-                await proc.wait()
-            if proc.returncode is None:
-                self.log.note(f"no exit {self.spec.stop_timeout:g} s after SIGTERM: sending SIGKILL")
-                self._signal_group(signal.SIGKILL)
-                with anyio.move_on_after(30):
-                    await proc.wait()
-        self._mark_exited(proc)
-        return self.returncode
+        return await self.child.stop(self.spec.stop_timeout)
 
-    async def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.spec.ready_timeout
-        delay = 0.005
-        while True:
-            if self.exited.is_set() or self._bind_failed:
-                await self.stop()
-                raise self._failure()
-            if self.pid is not None and _listens(self.pid, self.spec.port):
-                return
-            if time.monotonic() > deadline:
-                await self.stop()
-                raise StartFailed(
-                    f"rpc-server on {self.spec.address} did not listen within {self.spec.ready_timeout:g} s",
-                    hint="see the worker log",
-                    reason="timeout",
-                    stderr_tail=self.log.tail(15),
-                )
-            with anyio.move_on_after(delay):
-                await self.exited.wait()
-            delay = min(delay * 2, 0.1)
-
-    def _failure(self) -> StartFailed:
-        tail = self.log.tail(15)
-        text = "\n".join(tail)
-        if self._bind_failed or _BIND_FAILED.search(text):
-            return StartFailed(
-                f"rpc-server could not listen on {self.spec.address} (the port is in use?)",
-                hint="choose another --port, or stop what holds it",
-                reason="bind",
-                stderr_tail=tail,
-            )
-        if _NO_DEVICES.search(text):
-            return StartFailed(
-                f"rpc-server found no usable device for {','.join(self.spec.devices) or 'its default'}",
-                hint="check `forge gpus`, or run the worker on the CPU with --cpu",
-                reason="bad_args",
-                stderr_tail=tail,
-            )
-        return StartFailed(
-            f"rpc-server {describe_returncode(self.returncode)} while starting",
-            hint="see the worker log",
-            reason="crashed",
-            returncode=self.returncode,
-            stderr_tail=tail,
-        )
-
-    async def _drain(self, proc: anyio.abc.Process) -> None:
-        assert proc.stdout is not None
-        async for line in lines_of(proc.stdout):
-            self._on_line(line)
-
-    def _on_line(self, line: str) -> None:
-        self.log.add(line)
-        if _BIND_FAILED.search(line):
-            self._bind_failed = True
-
-    async def _watch(self, proc: anyio.abc.Process) -> None:
-        await proc.wait()
-        self._mark_exited(proc)
-
-    def _mark_exited(self, proc: anyio.abc.Process) -> None:
-        if self.exited.is_set() or proc.returncode is None:
-            return
-        self.returncode = proc.returncode
-        self._signal_group(signal.SIGKILL)  # anything it forked goes too, while the group is ours
-        self.log.note(f"rpc-server pid {proc.pid} {describe_returncode(proc.returncode)}")
-        self.exited.set()
-
-    def _signal_group(self, sig: int) -> None:
-        if self._process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._process.pid, sig)
-
-
-def _listens(pid: int, port: int) -> bool:
-    """Whether process ``pid`` itself has a listening TCP socket on ``port``.
-
-    Not a connect: something else may hold the port (then the connect succeeds while the child
-    fails to bind), and every connect costs the single-client server an accept.
-    """
-    try:
-        conns = psutil.Process(pid).net_connections(kind="tcp")
-    except psutil.Error:
-        return False
-    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
+    def ready_words(self) -> str:
+        return f"listening on {self.spec.address} (pid {self.pid})"
 
 
 def _empty_config(state_dir: Path | None) -> Path:
@@ -244,8 +182,9 @@ def _empty_config(state_dir: Path | None) -> Path:
     return path
 
 
-#: Called with (worker name, event, detail): "ready", "exited", "restarting", "failed".
-WorkerEvent = Callable[[str, str, str], None]
+#: Called with (worker name, event, detail); the events are :class:`ChildEvent`'s, the
+#: supervisor's names: "ready", "crash", "restart", "failed".
+WorkerEvent = ChildEventFn
 
 
 async def run_supervised(
@@ -255,43 +194,32 @@ async def run_supervised(
     backoff_max: float = 30.0,
     stable_after: float = 60.0,
     on_event: WorkerEvent | None = None,
+    policy: RestartPolicy | None = None,
 ) -> None:
     """Keep one rpc-server running until cancelled: restart with exponential backoff (reset once
     it ran ``stable_after`` seconds). A first start that fails for a reason waiting cannot fix (the
-    port is taken, the device does not exist) raises instead: there is nothing to supervise yet."""
-    emit = on_event or (lambda _n, _e, _d: None)
+    port is taken, the device does not exist) raises instead: there is nothing to supervise yet.
+
+    ``policy``: the restart policy; by default the backoff above and a breaker that never opens: a
+    worker has nobody to reset one (no ``forge load``), and is what systemd or Kubernetes already
+    keep restarting, so it keeps trying, at most every ``backoff_max`` seconds."""
+    if policy is None:
+        policy = RestartPolicy(
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            stable_after=stable_after,
+            crash_loop_max=None,
+            crash_loop_window=stable_after,
+        )
     log = LogRing(spec.log_path)
-    backoff = backoff_initial
-    ever_ready = False
     try:
-        while True:
-            failed: StartFailed | None = None
-            async with anyio.create_task_group() as tg:
-                worker = RpcWorker(spec, log)
-                try:
-                    await worker.start(tg)
-                except StartFailed as exc:
-                    failed = exc
-                else:
-                    ever_ready = True
-                    started = time.monotonic()
-                    emit(spec.name, "ready", f"listening on {spec.address} (pid {worker.pid})")
-                    try:
-                        await worker.exited.wait()
-                    finally:
-                        with anyio.CancelScope(shield=True):
-                            await worker.stop()
-                    if time.monotonic() - started >= stable_after:
-                        backoff = backoff_initial
-                    emit(spec.name, "exited", describe_returncode(worker.returncode))
-                tg.cancel_scope.cancel()
-            if failed is not None:
-                if not ever_ready and failed.reason in ("bind", "bad_args"):
-                    raise failed
-                emit(spec.name, "start_failed", failed.message)
-            emit(spec.name, "restarting", f"in {backoff:g} s")
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, backoff_max)
+        await supervise(
+            spec.name,
+            lambda: RpcWorker(spec, log),
+            policy,
+            on_event=on_event,
+            fatal_first=frozenset({"bind", "bad_args"}),
+        )
     finally:
         log.close()
 

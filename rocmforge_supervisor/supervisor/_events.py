@@ -15,17 +15,20 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from ..process import ChildEvent
+
 __all__ = ["Event", "EventBus", "EventKind"]
 
 log = logging.getLogger("rocmforge.events")
 
 
 class EventKind(StrEnum):
-    """What an event says (a ``str``: the control API's event stream sends it as is)."""
+    """What an event says (a ``str``: the control API's event stream sends it as is). A child's
+    crash and restart are :class:`ChildEvent`'s words, which ``forge worker`` says too."""
 
     STATE = "state"  # a model changed state (``Event.state`` is the new one)
-    CRASH = "crash"  # its child died, at load or later
-    RESTART = "restart"  # a restart is scheduled after a backoff
+    CRASH = ChildEvent.CRASH.value  # its child died, at load or later
+    RESTART = ChildEvent.RESTART.value  # a restart is scheduled after a backoff
     HANG = "hang"  # its child stopped answering /health and is killed
     STALL = "stall"  # its child was busy without progress for stall_timeout and is killed
     TTL = "ttl"  # idle for its ttl: unloaded

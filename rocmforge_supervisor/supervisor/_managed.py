@@ -3,7 +3,8 @@
 The whole life of the model's current child runs in :meth:`ManagedModel.run`, a task in the
 supervisor's task group, as a loop of named steps: plan a start (:meth:`_plan_start`), run the
 child until it exits (:meth:`_run_child`), count the crash (:meth:`_after_exit`), wait out the
-backoff (:meth:`_wait_backoff`). Requests only wait on state changes and take a slot of the model's
+backoff (:meth:`_wait_backoff`): the backoff and the breaker are the one restart policy
+(:class:`~rocmforge_supervisor.process.RestartPolicy`) that ``forge worker`` uses too. Requests only wait on state changes and take a slot of the model's
 concurrency semaphore. The states and the moves between them are in :mod:`._status`. Nothing here
 formats HTTP (errors are typed and mapped at the edge) or signals a process (``LlamaServer`` does).
 """
@@ -31,14 +32,20 @@ from .._errors import (
 )
 from ..config import ModelConfig, SupervisorConfig
 from ..hardware import cpu_flags
-from ..process import LlamaServer, crash_advice, crash_cause, describe_returncode, unwrap_group
+from ..process import (
+    Breaker,
+    LlamaServer,
+    RestartPolicy,
+    describe_returncode,
+    unwrap_group,
+)
 from ._events import EventBus, EventKind
 from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan
 from ._loading import wait_ready_within
 from ._placement import LoadedModel
 from ._remote import WorkersUnavailable
-from ._status import Breaker, ModelState, ModelStatus, check_transition, model_status
+from ._status import ModelState, ModelStatus, check_transition, model_status
 from ._watchdog import ProgressWatch, poll_interval, slots_signature
 
 __all__ = ["ManagedModel", "PlanFn"]
@@ -93,7 +100,12 @@ class ManagedModel:
         #: Why the child last ended before the one that runs now (kept after a recovery).
         self.last_crash: str | None = None
         self.last_stderr: list[str] = []
-        self.breaker = Breaker(policy.crash_loop_max, policy.crash_loop_window)
+        self.restart = RestartPolicy(
+            backoff_initial=policy.restart_backoff_initial,
+            backoff_max=policy.restart_backoff_max,
+            crash_loop_max=policy.crash_loop_max,
+            crash_loop_window=policy.crash_loop_window,
+        )
         self.server: LlamaServer | None = None
         self.plan: LaunchPlan | None = None
         self.in_flight = self.waiting = self.requests_total = 0
@@ -110,7 +122,6 @@ class ManagedModel:
         self._idle = anyio.Event()
         self._idle.set()
         self._drain_scope: anyio.CancelScope | None = None
-        self._backoff = policy.restart_backoff_initial
         #: Set when a reload removed or replaced this model: it must never start again.
         self.retired = False
         #: Why the breaker opened: placement, oom, timeout, invalid, crash_loop, internal, …
@@ -148,8 +159,17 @@ class ManagedModel:
     def set_policy(self, policy: SupervisorConfig) -> None:
         """A reload's new ``[supervisor]`` section: applies from the next start/crash on."""
         self.policy = policy
-        self.breaker.max_crashes = policy.crash_loop_max
-        self.breaker.window = policy.crash_loop_window
+        self.restart.configure(
+            backoff_initial=policy.restart_backoff_initial,
+            backoff_max=policy.restart_backoff_max,
+            crash_loop_max=policy.crash_loop_max,
+            crash_loop_window=policy.crash_loop_window,
+        )
+
+    @property
+    def breaker(self) -> Breaker:
+        """The restart policy's crash breaker."""
+        return self.restart.breaker
 
     @property
     def running(self) -> bool:
@@ -217,7 +237,7 @@ class ManagedModel:
     async def run(self) -> None:
         """Start, watch, restart with backoff — until stopped or the breaker opens."""
         self._running = True
-        self._backoff = self.policy.restart_backoff_initial
+        self.restart.rewind()
         try:
             while not self._stop_requested:
                 plan = await self._plan_start()
@@ -246,7 +266,7 @@ class ManagedModel:
             except WorkersUnavailable as exc:  # workers down or busy, not a broken model: re-plan
                 self.last_error = str(exc)
                 self._events.publish(self.name, EventKind.WAITING, reason="workers", message=exc.message)
-                self._set_state(ModelState.LOADING, waiting_for="workers", retry_in=self._backoff)
+                self._set_state(ModelState.LOADING, waiting_for="workers", retry_in=self.restart.delay)
                 await self._wait_backoff()
             except ForgeError as exc:
                 kind = (
@@ -300,20 +320,17 @@ class ManagedModel:
         how = describe_returncode(server.returncode)
         if self._kill_reason is not None:  # we killed it (a stall): that is the cause
             how, self._kill_reason = f"{how}: {self._kill_reason}", None
-        cause = crash_cause(server.log.tail(40))  # e.g. an RPC worker it placed layers on died
-        # A CPU fault says what it means: an instruction this CPU lacks (SIGILL), or a crash in the
-        # first computation (the AMX defect at the pin, when the self-test was skipped or overridden).
-        cause = cause or crash_advice(
-            server.returncode, computed=server.computed, amx="amx_int8" in cpu_flags()
-        )
+        # What its log and its exit say about why (an RPC worker it placed layers on died; a CPU
+        # fault): the kind's crash advice.
+        cause = server.crash_cause(amx="amx_int8" in cpu_flags())
         self.last_error = f"llama-server {how}" + (f": {cause}" if cause else "")
         self.last_stderr = server.log.tail(15)
         self._events.publish(
             self.name, EventKind.CRASH, returncode=server.returncode, message=self.last_error
         )
         log.warning("model %s: child %s", self.name, how, extra={"model": self.name})
-        if self.ready_since and time.monotonic() - self.ready_since > self.policy.restart_backoff_max:
-            self._backoff = self.policy.restart_backoff_initial  # it had been stable: start over
+        if self.ready_since:
+            self.restart.ran_for(time.monotonic() - self.ready_since)  # stable long enough: start over
         return _Exit.CRASHED
 
     def _keeps_context(self, plan: LaunchPlan | None) -> bool:
@@ -380,7 +397,7 @@ class ManagedModel:
     def _after_exit(self) -> bool:
         """Step 3: count the crash. False when that opened the breaker."""
         self.server = None
-        if self.breaker.record():
+        if self.restart.record_crash():
             self._fail(
                 f"{self.breaker.crashes} crashes in {self.policy.crash_loop_window:g} s; last: {self.last_error}",
                 self.last_stderr,
@@ -388,7 +405,7 @@ class ManagedModel:
             )
             return False
         self.restarts += 1
-        backoff = self._backoff
+        backoff = self.restart.delay
         self._events.publish(self.name, EventKind.RESTART, backoff=backoff, restarts=self.restarts)
         # No child now: say so (not "ready") while the backoff runs.
         self._set_state(ModelState.LOADING, restarts=self.restarts, restarting_in=backoff)
@@ -396,9 +413,7 @@ class ManagedModel:
 
     async def _wait_backoff(self) -> None:
         """Step 4: wait before the next start (an unload ends the wait), then double it."""
-        with anyio.move_on_after(self._backoff):
-            await self._stop_event.wait()
-        self._backoff = min(self._backoff * 2, self.policy.restart_backoff_max)
+        await self.restart.wait(self._stop_event)
 
     async def _cleanup(self) -> None:
         if self.server is not None:

@@ -15,13 +15,13 @@ llama-swap's ``isValidTransition`` does: a move not in it is a bug, raised, not 
 
 from __future__ import annotations
 
-import collections
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from ..process import Breaker  # the one restart policy's breaker, shared with `forge worker`
 from ._placement_types import WorkerShare
 
 if TYPE_CHECKING:
@@ -66,31 +66,6 @@ class IllegalTransition(RuntimeError):
 def check_transition(old: ModelState, new: ModelState) -> None:
     if new not in TRANSITIONS[old]:
         raise IllegalTransition(f"{old.value} → {new.value} is not an allowed transition")
-
-
-class Breaker:
-    """Opens after ``max_crashes`` crashes within ``window`` seconds (a crash loop)."""
-
-    def __init__(self, max_crashes: int, window: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_crashes = max_crashes
-        self.window = window
-        self._clock = clock
-        self._times: collections.deque[float] = collections.deque()
-
-    def record(self) -> bool:
-        """Count one crash now; True when that opens the breaker."""
-        now = self._clock()
-        self._times.append(now)
-        while self._times and now - self._times[0] > self.window:
-            self._times.popleft()
-        return len(self._times) >= self.max_crashes
-
-    @property
-    def crashes(self) -> int:
-        return len(self._times)
-
-    def reset(self) -> None:
-        self._times.clear()
 
 
 @dataclass(frozen=True)

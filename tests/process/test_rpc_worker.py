@@ -4,6 +4,7 @@ and never open to the network by accident."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -58,6 +59,26 @@ def test_killed_rpc_server_is_restarted(rpc_server_bin: Path, tmp_path: Path) ->
             what="a new rpc-server listening",
         )
         assert "worker cpu: exited killed by SIGKILL" in w.log.read_text()
+
+
+def test_worker_lines_say_the_supervisors_event_names(rpc_server_bin: Path, tmp_path: Path) -> None:
+    """One vocabulary (issue 23): a worker's crash and restart are named as the supervisor names a
+    model's (``crash``, ``restart``), through the same restart policy (first backoff 1 s)."""
+    with running_worker(rpc_server_bin, tmp_path) as w:
+        [first] = w.rpc_servers()
+        os.kill(first.pid, signal.SIGKILL)
+        # Ready is its replacement listening (the lifecycle's PortBound readiness).
+        wait_for(lambda: w.log.read_text().count("[ready]") == 2, timeout=30, what="a second ready line")
+    lines = [line for line in w.log.read_text().splitlines() if line.startswith("worker cpu: ")]
+    assert lines[:3] == [
+        f"worker cpu: listening on 127.0.0.1:{w.port} (pid {first.pid}) [ready]",
+        "worker cpu: exited killed by SIGKILL [crash]",
+        "worker cpu: restarting in 1 s [restart]",
+    ]
+    second = re.fullmatch(
+        rf"worker cpu: listening on 127\.0\.0\.1:{w.port} \(pid (\d+)\) \[ready\]", lines[3]
+    )
+    assert second is not None and int(second[1]) != first.pid
 
 
 def test_no_orphan_when_forge_worker_is_sigkilled(rpc_server_bin: Path, tmp_path: Path) -> None:
