@@ -49,6 +49,7 @@ from ._logs import LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
 from ._logs import crash_cause as cause_in_log
 from ._ports import free_port, port_is_free
 from ._spec import START_HINTS, InstanceSpec, crash_advice, describe_returncode, unwrap_group
+from ._whisper_server import WhisperServerKind
 
 __all__ = ["LlamaServer", "LlamaServerKind"]
 
@@ -99,7 +100,9 @@ class LlamaServerKind(ChildKind):
 
 
 class LlamaServer(OwnsChild):
-    """One running llama-server. Use as ``async with``; see the module docstring."""
+    """One running model server: llama-server, or whisper-server for a ``backend = "whisper"``
+    model (its :class:`ChildKind`; the rest is the same). Use as ``async with``; see the module
+    docstring."""
 
     def __init__(self, spec: InstanceSpec) -> None:
         self.spec = spec
@@ -107,8 +110,14 @@ class LlamaServer(OwnsChild):
         self.log = LogRing(spec.log_path)
         for listener in spec.line_listeners:
             self.log.subscribe(listener)
+        log_path = str(spec.log_path) if spec.log_path else None
+        kind: ChildKind = (
+            WhisperServerKind(spec.alias, log_path)
+            if spec.backend == "whisper"
+            else LlamaServerKind(spec.alias, log_path)
+        )
         self.child = ChildProcess(
-            LlamaServerKind(spec.alias, str(spec.log_path) if spec.log_path else None),
+            kind,
             self.log,
             label=spec.alias,
             host=spec.host,
