@@ -190,8 +190,8 @@ class RelayResponse:
             await head.start(opened.headers)
         if first:
             await _body(send, first, more=True)
-            async for chunk in it:
-                await _body(send, chunk, more=True)
+            async for chunk in it:  # the hot loop: one send per chunk, no helper call
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await _body(send, b"", more=False)
 
 
