@@ -121,16 +121,20 @@ def _estimate_table(est: MemoryEstimate) -> Table:
 
     table = Table(title=title, title_justify="left", header_style="bold")
     proj = est.projector_bytes > 0
+    ctx = est.context_bytes > 0  # the GPU backend's per-process context (none on the CPU)
     cols = ["device", "weights MiB", "KV MiB", "compute MiB", "output MiB"]
     cols += ["projector MiB"] if proj else []
+    cols += ["device context MiB"] if ctx else []
     for col in [*cols, "total MiB"]:
         table.add_column(col, justify="right" if col != "device" else "left")
     for d in est.devices:
         parts = [d.weights_bytes, d.kv_bytes, d.compute_bytes, d.output_bytes]
         parts += [d.projector_bytes] if proj else []
+        parts += [d.context_bytes] if ctx else []
         table.add_row(escape(d.device), *map(_mib, parts), _mib(d.total_bytes))
     parts = [est.weights_bytes, est.kv_bytes, est.compute_bytes, est.output_bytes]
     parts += [est.projector_bytes] if proj else []
+    parts += [est.context_bytes] if ctx else []
     table.add_row("[bold]all[/]", *map(_mib, parts), f"[bold]{_mib(est.total_bytes)}[/]")
     return table
 

@@ -215,6 +215,8 @@ def _ps_cells(r: dict[str, Any]) -> list[str]:
         sum(parts.values()) if isinstance(parts, dict) else int(parts)
         for parts in (mem.get("actual_bytes") or {}).values()
     )
+    if act:  # what it holds: its allocations and, on a GPU, the backend's context (in the estimate too)
+        act += sum(int(v) for v in (mem.get("context_bytes") or {}).values())
     up = r.get("uptime")
     return [
         str(r["name"]),

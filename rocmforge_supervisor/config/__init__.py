@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ._names import MODEL_NAME, is_loopback
     from ._schema import ForgeConfig, KeyConfig, ModelConfig, ServerConfig, SupervisorConfig, WorkerConfig
     from ._settings import ForgeSettings, get_settings
-    from ._values import GpuChoice, GpuLayers, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
+    from ._values import GpuChoice, GpuLayers, GpuRef, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
 else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
@@ -49,6 +49,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
             "._values": (
                 "GpuChoice",
                 "GpuLayers",
+                "GpuRef",
                 "gpu_layers_for_placement",
                 "parse_gpu",
                 "parse_gpu_layers",
@@ -64,6 +65,7 @@ __all__ = [
     "ForgeSettings",
     "GpuChoice",
     "GpuLayers",
+    "GpuRef",
     "KeyConfig",
     "ModelConfig",
     "ServerConfig",

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NewType
 
 __all__ = [
+    "DeviceKey",
     "GpuChoice",
     "GpuLayers",
+    "GpuRef",
     "Reserve",
     "gpu_layers_for_placement",
     "parse_gpu",
@@ -22,8 +24,14 @@ __all__ = [
     "reserve_bytes",
 ]
 
-#: ``"auto"``, ``"cpu"``, one GPU (an ordinal ``1`` or a device key ``"amd:1"``) or a list of them.
-GpuChoice = Literal["auto", "cpu"] | int | str | list[int | str]
+#: A GPU named by its device key (``"amd:1"``, ``"nvidia:0"``), lower-cased; only :func:`parse_gpu`
+#: makes one, so a holder never re-reads the text (a ``NewType``: at run time, and in JSON, a str).
+DeviceKey = NewType("DeviceKey", str)
+#: One GPU as the user named it: an ordinal (``1``) or a device key.
+GpuRef = int | DeviceKey
+#: ``"auto"``, ``"cpu"``, one GPU or a list of them: :func:`parse_gpu`'s result, parsed once (at
+#: config load, or from a ``--gpu`` flag or ``load_model(gpu=…)``) and only matched after that.
+GpuChoice = Literal["auto", "cpu"] | GpuRef | list[GpuRef]
 #: None: forge decides from the memory estimate; a count; ``"auto"`` (llama-server fits); ``"all"``.
 GpuLayers = int | Literal["auto", "all"] | None
 
@@ -31,7 +39,7 @@ _KEY = re.compile(r"[a-z]+:\d+")
 GPU_HELP = "'auto', 'cpu', a GPU index (0) or a list of indices ([0, 1]; 0,1), or device keys (amd:0)"
 
 
-def _gpu_ref(value: object, original: object) -> int | str:
+def _gpu_ref(value: object, original: object) -> GpuRef:
     if isinstance(value, bool):
         raise ValueError(f"{original!r} is not {GPU_HELP}")
     if isinstance(value, int) and value >= 0:
@@ -41,7 +49,7 @@ def _gpu_ref(value: object, original: object) -> int | str:
         if v.isdigit():
             return int(v)
         if _KEY.fullmatch(v):
-            return v
+            return DeviceKey(v)
     raise ValueError(f"{original!r} is not {GPU_HELP}")
 
 
@@ -49,8 +57,10 @@ def parse_gpu(value: object) -> GpuChoice:
     """The one parser for a GPU choice; ValueError with a one-line message when it is none."""
     if isinstance(value, str):
         v = value.strip().lower()
-        if v in ("auto", "cpu", ""):
-            return "auto" if v == "" else v
+        if v in ("auto", ""):
+            return "auto"
+        if v == "cpu":
+            return "cpu"
         if "," in v or ";" in v:
             value = [p for p in v.replace(";", ",").split(",")]
         else:

@@ -260,14 +260,11 @@ def _device(
 ) -> Device:
     props = node.props
     if props is None or node.problem or "gfx_target_version" not in props:
-        return Device(
-            vendor="amd",
-            index=index,
-            name=f"AMD GPU (KFD node {node.number})",
-            vram_total_bytes=0,
-            vram_used_bytes=0,
-            usable=False,
-            skip_reason=node.hidden or node.problem or "unreadable KFD node",
+        return Device.unusable(
+            "amd",
+            index,
+            f"AMD GPU (KFD node {node.number})",
+            node.hidden or node.problem or "unreadable KFD node",
             kfd_node=node.number,
             pci_bdf=node.bdf,
             uuid=node.uuid,

@@ -101,15 +101,7 @@ def _one(nvml: Any, index: int) -> Device:
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         bdf = _bdf(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
     except Exception as exc:  # a GPU that fell off the bus answers NVMLError_GpuIsLost
-        return Device(
-            vendor="nvidia",
-            index=index,
-            name=f"NVIDIA GPU {index}",
-            vram_total_bytes=0,
-            vram_used_bytes=0,
-            usable=False,
-            skip_reason=f"NVML could not query it: {exc}",
-        )
+        return Device.unusable("nvidia", index, f"NVIDIA GPU {index}", f"NVML could not query it: {exc}")
     extra: dict[str, object] = {}
     capability = None
     try:

@@ -59,6 +59,33 @@ class Device:
     """Files whose decimal contents add up to ``vram_used_bytes``: what ``refresh_usage`` re-reads."""
     gtt_used_path: str | None = field(default=None, compare=False)
 
+    @classmethod
+    def unusable(
+        cls,
+        vendor: Vendor,
+        index: int,
+        name: str,
+        reason: str,
+        *,
+        kfd_node: int | None = None,
+        pci_bdf: str | None = None,
+        uuid: str | None = None,
+    ) -> Device:
+        """A GPU that is there but that its driver would not describe: listed with ``reason`` (so
+        ``forge devices`` says why it is not used), no memory figures, never placed on."""
+        return cls(
+            vendor=vendor,
+            index=index,
+            name=name,
+            vram_total_bytes=0,
+            vram_used_bytes=0,
+            usable=False,
+            skip_reason=reason,
+            kfd_node=kfd_node,
+            pci_bdf=pci_bdf,
+            uuid=uuid,
+        )
+
     @property
     def key(self) -> str:
         """A stable short name: ``amd:0``, ``nvidia:1``, ``cpu``.

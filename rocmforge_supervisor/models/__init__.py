@@ -18,7 +18,15 @@ if TYPE_CHECKING:
         resolve_projector_path,
         unknown_name,
     )
-    from ._estimate import DeviceEstimate, MemoryEstimate, estimate_memory, kv_bytes_per_token
+    from ._estimate import (
+        DEVICE_CONTEXT_BYTES,
+        DeviceEstimate,
+        MemoryEstimate,
+        backend_of,
+        default_device_context,
+        estimate_memory,
+        kv_bytes_per_token,
+    )
     from ._gguf import GGUFInfo, inspect_gguf
     from ._hub import HubRef, PulledModel, parse_hf_reference, pull, pull_with_projector, resolve_hf_reference
     from ._projector import ProjectorInfo, choose_projector, inspect_projector
@@ -42,7 +50,15 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "resolve_projector_path",
                 "unknown_name",
             ),
-            "._estimate": ("DeviceEstimate", "MemoryEstimate", "estimate_memory", "kv_bytes_per_token"),
+            "._estimate": (
+                "DEVICE_CONTEXT_BYTES",
+                "DeviceEstimate",
+                "MemoryEstimate",
+                "backend_of",
+                "default_device_context",
+                "estimate_memory",
+                "kv_bytes_per_token",
+            ),
             "._gguf": ("GGUFInfo", "inspect_gguf"),
             "._hub": (
                 "HubRef",
@@ -60,6 +76,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
 __all__ = [
     "BASE_MODEL",
     "DEFAULT_MODEL",
+    "DEVICE_CONTEXT_BYTES",
     "REQUIRED_VERBOSITY",
     "Allocation",
     "AllocationLedger",
@@ -69,7 +86,9 @@ __all__ = [
     "MemoryEstimate",
     "ProjectorInfo",
     "PulledModel",
+    "backend_of",
     "choose_projector",
+    "default_device_context",
     "embedded_models",
     "ensure_embedded",
     "estimate_memory",

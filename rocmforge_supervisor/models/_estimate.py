@@ -31,12 +31,16 @@ decided without a dry run:
 - **projector** (``--mmproj``): a vision/audio model's projector weights and its compute buffer
   (:class:`~._projector.ProjectorInfo`), on the first GPU (mtmd's default) or on the CPU with
   ``--no-mmproj-offload`` or when no GPU is used.
+- **device context**: what the GPU backend itself holds on each GPU a process uses — the runtime's
+  context, the loaded kernels, library workspaces. It is in no allocation line the child logs, so
+  it is a measured figure per backend (:data:`DEVICE_CONTEXT_BYTES`), replaced by what forge
+  measures of its own children on that GPU model once it has (``supervisor/_device_context.py``).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -48,8 +52,11 @@ from ._projector import ProjectorInfo
 __all__ = [
     "CACHE_TYPES",
     "DEFAULT_N_UBATCH",
+    "DEVICE_CONTEXT_BYTES",
     "DeviceEstimate",
     "MemoryEstimate",
+    "backend_of",
+    "default_device_context",
     "estimate_memory",
     "kv_bytes_per_token",
 ]
@@ -59,6 +66,30 @@ CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "
 DEFAULT_N_UBATCH = 512
 _PAD = 256
 _F32 = 4
+_MIB = 1024**2
+
+#: Device memory one llama-server process holds on each GPU it uses outside its logged allocations
+#: (the backend's context, kernels, library handles), per backend, until forge measured its own:
+#:
+#: * ``cuda``: 645 MiB, measured on an NVIDIA H100 80GB at the pinned llama.cpp: nvidia-smi showed
+#:   1414 MiB for a child whose logged allocations were 771 MiB (issue 21).
+#: * ``hip``: 512 MiB, NOT measured — a conservative stand-in (no ROCm GPU has been measured yet;
+#:   the ROCm runtime also keeps a per-process context and code objects on the device). The first
+#:   child forge runs on an AMD GPU replaces it with the measured figure.
+#: * ``cpu``: 0 (system RAM has no device context: the RSS is counted as it is).
+DEVICE_CONTEXT_BYTES: dict[str, int] = {"cuda": 645 * _MIB, "hip": 512 * _MIB, "cpu": 0}
+#: The backend forge runs on each GPU vendor (the build it prefers there).
+_BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "hip", "cpu": "cpu"}
+
+
+def backend_of(device_key: str) -> str:
+    """The backend whose children run on ``device_key`` (``nvidia:0`` → ``cuda``, ``amd:1`` → ``hip``)."""
+    return _BACKEND_OF_VENDOR.get(device_key.partition(":")[0], "cpu")
+
+
+def default_device_context(device_key: str) -> int:
+    """:data:`DEVICE_CONTEXT_BYTES` of the backend that runs on ``device_key``."""
+    return DEVICE_CONTEXT_BYTES.get(backend_of(device_key), 0)
 
 
 def _pad(n: int, to: int = _PAD) -> int:
@@ -76,6 +107,18 @@ def _row_bytes(cache_type: str, n: int) -> int:
     return (n + block - 1) // block * size
 
 
+def _parts_json(parts: DeviceEstimate | MemoryEstimate) -> dict[str, int]:
+    """The parts on the wire, in one order and with one rule for a device and for the whole load."""
+    return {
+        "weights_bytes": parts.weights_bytes,
+        "kv_bytes": parts.kv_bytes,
+        "compute_bytes": parts.compute_bytes,
+        "output_bytes": parts.output_bytes,
+        "projector_bytes": parts.projector_bytes,
+        **({"context_bytes": parts.context_bytes} if parts.context_bytes else {}),  # GPUs only
+    }
+
+
 @dataclass(frozen=True)
 class DeviceEstimate:
     """What one device will hold, by part."""
@@ -89,23 +132,22 @@ class DeviceEstimate:
     """Repeating blocks placed here (the output layer is not counted)."""
     projector_bytes: int = 0
     """A multimodal projector's weights and compute buffer, on the device mtmd runs it on."""
+    context_bytes: int = 0
+    """The backend's per-process device context on this GPU (not an allocation the child logs)."""
 
     @property
-    def total_bytes(self) -> int:
+    def allocated_bytes(self) -> int:
+        """What the child's own allocations will be here (what its log reports): all but the context."""
         return (
             self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.projector_bytes
         )
 
+    @property
+    def total_bytes(self) -> int:
+        return self.allocated_bytes + self.context_bytes
+
     def to_json(self) -> dict[str, int]:
-        return {
-            "weights_bytes": self.weights_bytes,
-            "kv_bytes": self.kv_bytes,
-            "compute_bytes": self.compute_bytes,
-            "output_bytes": self.output_bytes,
-            "projector_bytes": self.projector_bytes,
-            "total_bytes": self.total_bytes,
-            "layers": self.layers,
-        }
+        return {**_parts_json(self), "total_bytes": self.total_bytes, "layers": self.layers}
 
 
 @dataclass(frozen=True)
@@ -158,6 +200,10 @@ class MemoryEstimate:
         return sum(d.projector_bytes for d in self.devices)
 
     @property
+    def context_bytes(self) -> int:
+        return sum(d.context_bytes for d in self.devices)
+
+    @property
     def total_bytes(self) -> int:
         return sum(d.total_bytes for d in self.devices)
 
@@ -168,11 +214,7 @@ class MemoryEstimate:
     def to_json(self) -> dict[str, object]:
         return {
             "total_bytes": self.total_bytes,
-            "weights_bytes": self.weights_bytes,
-            "kv_bytes": self.kv_bytes,
-            "compute_bytes": self.compute_bytes,
-            "output_bytes": self.output_bytes,
-            "projector_bytes": self.projector_bytes,
+            **_parts_json(self),
             "by_device": {d.device: d.to_json() for d in self.devices},
             "n_gpu_layers": self.n_gpu_layers,
             "ctx_size": self.ctx_size,
@@ -183,6 +225,12 @@ class MemoryEstimate:
             "flash_attn": self.flash_attn,
             "embeddings": self.embeddings,
         }
+
+
+def _context(key: str, measured: Mapping[str, int] | None) -> int:
+    if measured is not None and key in measured:
+        return measured[key]
+    return default_device_context(key)
 
 
 def kv_bytes_per_token(
@@ -249,12 +297,16 @@ def _compute_allowance(
     if flash_attn:
         per_token += 4 * q_dim
         scores = 0
-        mask_elt = 2
     else:
         scores = n_tokens * info.head_count * max(n_kv_full, n_kv_swa) * _F32
-        mask_elt = _F32
-    masks = n_tokens * (n_kv_full + n_kv_swa) * mask_elt
+    masks = _masks(n_tokens=n_tokens, n_kv_full=n_kv_full, n_kv_swa=n_kv_swa, flash_attn=flash_attn)
     return n_tokens * per_token * _F32 + scores + masks
+
+
+def _masks(*, n_tokens: int, n_kv_full: int, n_kv_swa: int, flash_attn: bool) -> int:
+    """The attention masks of one ubatch, one per attention kind: ubatch × cells, f16 with flash
+    attention, f32 without (both compute stages hold them)."""
+    return n_tokens * (n_kv_full + n_kv_swa) * (2 if flash_attn else _F32)
 
 
 def _every_token_output_stage(
@@ -267,8 +319,7 @@ def _every_token_output_stage(
     (-fa off, -np 1), 50.20 MiB (ub 256); gemma-3-270m 516.53, 525.27, 258.14 MiB; this gives
     104.5, 108.5, 50.8, 523.5, 527.0, 259.4 (all within 5 %).
     """
-    mask_elt = 2 if flash_attn else _F32
-    masks = n_tokens * (n_kv_full + n_kv_swa) * mask_elt
+    masks = _masks(n_tokens=n_tokens, n_kv_full=n_kv_full, n_kv_swa=n_kv_swa, flash_attn=flash_attn)
     return n_tokens * (info.vocab_size + 4 * info.embedding_length) * _F32 + masks
 
 
@@ -289,6 +340,7 @@ def estimate_memory(
     projector: ProjectorInfo | None = None,
     projector_offload: bool | None = None,
     repack: bool = True,
+    device_context: Mapping[str, int] | None = None,
 ) -> MemoryEstimate:
     """Estimate the memory of one llama-server load, per device and part.
 
@@ -301,6 +353,8 @@ def estimate_memory(
     ``--reranking`` or a ``--pooling``; see the module docstring).     ``projector``: the model's ``--mmproj`` file, counted on the
     first GPU unless ``projector_offload`` is False (None: on, as llama-server's default) or no GPU
     is used. ``repack`` False (``--no-repack``): no CPU_REPACK copy of the weights on the CPU.
+    ``device_context``: GPU key → the per-process device context measured there; a GPU not in it
+    gets its backend's :func:`default_device_context`.
     """
     gpus = [d for d in devices if d != "cpu"]
     n_layer = info.block_count
@@ -390,6 +444,7 @@ def estimate_memory(
             output_bytes=output.get(k, 0),
             layers=layers.get(k, 0),
             projector_bytes=projector_on.get(k, 0),
+            context_bytes=_context(k, device_context) if k in gpus else 0,
         )
         for k in keys
     )

@@ -2,8 +2,9 @@
 
 It never spawns or stops processes: it asks the supervisor (acquire / load / unload / reload).
 The jobs live in their own modules — ``_middleware`` (request id, auth, Origin, body size),
-``_proxy`` (the forwarded model routes), ``_control`` (``/api/*``), ``_ollama`` (the Ollama
-API, also under ``/api/*``: the two sets of paths do not meet), ``_observe`` (health, ready,
+``_proxy`` (the forwarded model routes), ``_control`` (``/api/*``), ``ollama`` (the Ollama
+API, also under ``/api/*``: the two sets of paths do not meet; the one place the core imports
+that package), ``_listing`` (the model facts both APIs list), ``_observe`` (health, ready,
 metrics) — and every error becomes HTTP in one place, ``_errors_http``. A module that serves
 routes exposes ``routes()``; :func:`create_app` lists them (more can be passed as ``extra_routes``).
 """
@@ -23,10 +24,11 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from .._errors import RequestRejected, ServerError
-from . import _activity_api, _control, _observe, _ollama, _openapi, _page, _proxy, _status_api
+from . import _activity_api, _control, _observe, _openapi, _page, _proxy, _status_api, ollama
 from ._errors_http import error_response
+from ._listing import ModelFacts
 from ._middleware import RequestContext
-from ._ollama_meta import local_model_path
+from ._model_card import local_model_path
 from ._routes import dialect_for_path
 from ._state import GatewayState, request_id
 
@@ -39,11 +41,17 @@ def create_app(
     cors_origins: list[str] | None = None,
     extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
+    facts = ModelFacts(
+        state.supervisor,
+        state.upstream,
+        resolve_path=partial(local_model_path, settings=state.settings),
+    )
+    ollama_api = ollama.OllamaBackend(facts, forward=partial(_proxy.open_upstream, state))
     routes: list[BaseRoute] = [
         *_observe.routes(),
         *_proxy.routes(),
         *_control.routes(),
-        *_ollama.routes(),
+        *ollama.routes(ollama_api),
         *_openapi.routes(),
         *extra_routes,
     ]
@@ -62,11 +70,9 @@ def create_app(
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.gateway = state
-    app.state.ollama = _ollama.OllamaBackend(
-        state.supervisor,
-        forward=partial(_proxy.open_upstream, state),
-        resolve_path=partial(local_model_path, settings=state.settings),
-    )
+    # The model facts (``_listing``), which ``_proxy`` reads for ``/v1/models`` and the tools check
+    # under the attribute's old name: it is not Ollama's (that API gets them through its backend).
+    app.state.ollama = facts
     return app
 
 

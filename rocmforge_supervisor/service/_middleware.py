@@ -82,15 +82,9 @@ class RequestContext:
         if self._follows:
             recorder.follow(self.state.supervisor.config)
         if scope["path"] not in MODEL_PATHS:
-            try:
-                self._check(scope, headers, None)
-                receive = await _check_media_type(scope, headers, receive)
-            except ForgeError as exc:
-                await error_response(exc, dialect=dialect_for_path(scope["path"]))(
-                    scope, receive, send_with_id
-                )
-                return
-            await self.app(scope, receive, send_with_id)
+            checked = await self._checked(scope, headers, None, receive, send_with_id)
+            if checked is not None:
+                await self.app(scope, checked, send_with_id)
             return
         await self._recorded(scope, receive, send, headers, rid, rid_header)
 
@@ -129,18 +123,32 @@ class RequestContext:
             return message
 
         try:
-            try:
-                self._check(scope, headers, draft)
-                receive = await _check_media_type(scope, headers, receive)
-            except ForgeError as exc:
-                await error_response(exc, dialect=dialect_for_path(scope["path"]))(
-                    scope, receive, send_recorded
-                )
+            checked = await self._checked(scope, headers, draft, receive, send_recorded)
+            if checked is None:
                 return
+            receive = checked  # what receive_recorded reads from too
             await self.app(scope, receive_recorded if draft.capture else receive, send_recorded)
         finally:
             recorder.finish(draft, status, completed=completed)
             _recording.current.set(None)
+
+    async def _checked(
+        self,
+        scope: Scope,
+        headers: dict[bytes, bytes],
+        draft: _recording.Draft | None,
+        receive: Receive,
+        send: Send,
+    ) -> Receive | None:
+        """Every edge check, for a model request and any other alike: the ``receive`` the app must
+        read the body from, or None when a check refused the request and its error has been sent
+        (in the route's dialect)."""
+        try:
+            self._check(scope, headers, draft)
+            return await _check_media_type(scope, headers, receive)
+        except ForgeError as exc:
+            await error_response(exc, dialect=dialect_for_path(scope["path"]))(scope, receive, send)
+            return None
 
     def _check(self, scope: Scope, headers: dict[bytes, bytes], draft: _recording.Draft | None) -> None:
         method = scope["method"]

@@ -33,8 +33,8 @@ from starlette.routing import BaseRoute, Route
 from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
 from ..client import asend
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
+from ._listing import check_media, check_tools, model_list
 from ._middleware import read_body
-from ._ollama import check_media, check_tools, model_list
 from ._recording import (
     admit_model,
     note_error,

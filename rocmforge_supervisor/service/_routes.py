@@ -174,7 +174,12 @@ async def _form_fields(request: Request, body: bytes, names: tuple[str, ...]) ->
 
 
 def resolve_name(name: str, known: Collection[str]) -> str:
-    """Ollama clients name models ``NAME:latest``; the service knows them as ``NAME``."""
+    """Ollama clients name models ``NAME:latest``; the service knows them as ``NAME``.
+
+    Applied on every model route, not only Ollama's: OpenAI and Anthropic clients have been served
+    ``model="NAME:latest"`` since the Ollama API came (a client may list models in one dialect and
+    send in another), so narrowing it would break them. A name the service knows exactly always
+    wins, so the rule never hides a model really called ``…:latest``."""
     if name in known:
         return name
     if name.endswith(":latest") and name[: -len(":latest")] in known:

@@ -11,7 +11,7 @@ The choice is a 400 in the route's dialect (OpenAI, Anthropic, Ollama — the on
 it), naming the model and what to use instead, rather than a warning header: no SDK and no agent
 shows a response header to its user, so a header would leave the silent wrong answer as it is,
 while a 400 is shown, and SDKs do not retry it. The test is the one ``/v1/models`` and
-``/api/show`` report as the ``tools`` capability (:func:`~._ollama_meta.capabilities`), so what
+``/api/show`` report as the ``tools`` capability (:func:`~._model_card.capabilities`), so what
 a client is told up front and what a request meets are the same. ``tool_choice: "none"`` asks
 for no tool call, so it passes.
 """
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import RequestRejected
-from ._ollama_meta import ModelCard, capabilities
+from ._model_card import ModelCard, capabilities
 
 __all__ = ["TOOL_MODEL", "asks_for_tools", "refuse_unusable_tools"]
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -131,18 +133,9 @@ class ContextKeeper:
             self.store.discard(self.name, temp)
             self._warn(f"could not keep the save of slot {slot}: {exc.strerror or exc}")
             return None
-        ms = (answer.get("timings") or {}).get("save_ms")
         self.counters.saves += 1
         self.counters.saved_bytes += entry.bytes
-        self._events.publish(
-            self.name,
-            EventKind.CONTEXT_SAVED,
-            slot=slot,
-            tokens=tokens,
-            bytes=entry.bytes,
-            save_ms=ms,
-            file=entry.filename,
-        )
+        self._moved(EventKind.CONTEXT_SAVED, slot, tokens, entry, answer, timing="save_ms")
         log.info("model %s: saved slot %d (%d tokens, %d bytes)", self.name, slot, tokens, entry.bytes)
         return entry
 
@@ -199,16 +192,7 @@ class ContextKeeper:
         self.counters.restores += 1
         self.counters.restored_bytes += entry.bytes
         self.counters.restore_seconds += seconds
-        ms = (answer.get("timings") or {}).get("restore_ms")
-        self._events.publish(
-            self.name,
-            EventKind.CONTEXT_RESTORED,
-            slot=slot,
-            tokens=tokens,
-            bytes=entry.bytes,
-            restore_ms=ms,
-            file=entry.filename,
-        )
+        self._moved(EventKind.CONTEXT_RESTORED, slot, tokens, entry, answer, timing="restore_ms")
         log.info("model %s: restored slot %d (%d tokens) in %.3f s", self.name, slot, tokens, seconds)
         return True
 
@@ -219,6 +203,23 @@ class ContextKeeper:
             self._deleted(
                 e, f"over context_max_bytes ({self.store.max_bytes} bytes)", model=e.model or self.name
             )
+
+    def _moved(
+        self,
+        kind: EventKind,
+        slot: int,
+        tokens: int,
+        entry: SavedContext,
+        answer: Mapping[str, Any],
+        *,
+        timing: str,
+    ) -> None:
+        """A slot went to its file or came back from it: one event shape for both ways, with the
+        child's own timing of it (``timing``: the key of ``answer["timings"]``, kept as the field)."""
+        ms = (answer.get("timings") or {}).get(timing)
+        self._events.publish(
+            self.name, kind, slot=slot, tokens=tokens, bytes=entry.bytes, **{timing: ms}, file=entry.filename
+        )
 
     def _deleted(self, entry: SavedContext, reason: str, *, model: str | None = None) -> None:
         self.store.delete(entry)

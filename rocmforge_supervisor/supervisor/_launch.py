@@ -19,7 +19,7 @@ The context and slot count the estimate assumed go to the child, so that llama-s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -131,6 +131,19 @@ class LaunchPlan:
         return self.decision.estimated_bytes
 
     @property
+    def context_bytes(self) -> dict[str, int]:
+        """GPU key → the backend's per-process device context counted for this child."""
+        return {d.device: d.context_bytes for d in self.estimate.devices if d.context_bytes > 0}
+
+    def held_bytes(self) -> dict[str, int]:
+        """Per device, what the child holds once ready: its logged allocations plus, on a GPU, the
+        device context (no log line reports it); the estimate where the log said nothing."""
+        held = dict(self.estimated_bytes)
+        for key, n in self.actual.device_totals().items():
+            held[key] = n + self.estimate.device(key).context_bytes
+        return held
+
+    @property
     def workers(self) -> list[WorkerShare]:
         """The RPC workers' shares when the layers went there; else empty."""
         return list(self.decision.workers)
@@ -156,9 +169,11 @@ def decide(
     *,
     allow_evict: bool = False,
     binary_args: Sequence[str] = (),
+    device_context: Mapping[str, int] | None = None,
 ) -> PlacementDecision:
     """Step 2 (pure): where it goes, and which idle models must make room. ``binary_args``: the
-    flags every child of the binary gets (the self-test's ``--no-repack``): they change its size."""
+    flags every child of the binary gets (the self-test's ``--no-repack``): they change its size.
+    ``device_context``: the per-process device context measured per GPU key (``_device_context``)."""
     request = PlacementRequest(
         name=name,
         info=model.info,
@@ -175,7 +190,8 @@ def decide(
         projector=model.projector,
         projector_offload=spec.mmproj_offload,
     )
-    return place(inventory, request, loaded, PlacementPolicy(allow_evict=allow_evict))
+    policy = PlacementPolicy(allow_evict=allow_evict, device_context=dict(device_context or {}))
+    return place(inventory, request, loaded, policy)
 
 
 def decide_on_workers(

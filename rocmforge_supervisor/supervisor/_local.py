@@ -31,6 +31,7 @@ from ..config import ForgeSettings, GpuChoice, GpuLayers, get_settings, parse_gp
 from ..hardware import detect
 from ..models import embedded_models
 from ..process import LlamaServer, describe_returncode, unwrap_group
+from ._device_context import CONTEXT_FILE, DeviceContexts
 from ._launch import LaunchPlan, ModelSpec, build_plan, decide, resolve
 
 __all__ = ["LoadOptions", "aload_model", "load_model", "plan_local_load"]
@@ -93,7 +94,8 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
     inventory = detect(settings)
     # An embedded model is known by its short name (what `forge chat`/the service call it).
     alias = options.alias or (str(model) if str(model) in embedded_models() else resolved.path.stem)
-    decision = decide(spec, alias, resolved, inventory, binary_args=found.child_args)
+    contexts = DeviceContexts(settings.cache_dir / CONTEXT_FILE).for_devices(inventory.devices)
+    decision = decide(spec, alias, resolved, inventory, binary_args=found.child_args, device_context=contexts)
     return build_plan(
         spec,
         alias,

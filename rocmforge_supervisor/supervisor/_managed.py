@@ -185,9 +185,7 @@ class ManagedModel:
         if plan is None or not self._running:
             return None
         ready = self.state == ModelState.READY
-        held = dict(plan.estimated_bytes)
-        if ready:
-            held.update(plan.actual.device_totals())
+        held = plan.held_bytes() if ready else dict(plan.estimated_bytes)
         return LoadedModel(
             name=self.name,
             devices=tuple(plan.devices),

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from .._errors import PlacementError
-from ..config import GpuChoice
+from ..config import GpuChoice, GpuRef
 from ..hardware import Device, Inventory
 from ._placement_types import (
     LoadedModel,
@@ -47,11 +47,11 @@ __all__ = [
 # -- choosing devices ------------------------------------------------------------------------------
 
 
-def _resolve_gpu(inventory: Inventory, spec: int | str) -> Device:
+def _resolve_gpu(inventory: Inventory, spec: GpuRef) -> Device:
     gpus_all = [d for d in inventory.devices if d.vendor != "cpu"]
-    if isinstance(spec, str) and not spec.strip().isdigit():
+    if not isinstance(spec, int):  # a device key (parse_gpu made it: lower-case, no spaces)
         try:
-            dev = inventory.by_key(spec.strip())
+            dev = inventory.by_key(spec)
         except KeyError:
             dev = None
         if dev is None or dev.vendor == "cpu":
@@ -60,7 +60,7 @@ def _resolve_gpu(inventory: Inventory, spec: int | str) -> Device:
                 hint=f"GPUs: {', '.join(describe_device(d) for d in gpus_all) or 'none'}; or use gpu=auto / cpu",
             )
     else:
-        index = int(spec)
+        index = spec
         matches = [d for d in gpus_all if d.index == index]
         if not matches:
             raise PlacementError(
@@ -82,16 +82,12 @@ def _resolve_gpu(inventory: Inventory, spec: int | str) -> Device:
 
 
 def _chosen(inventory: Inventory, gpu: GpuChoice) -> list[Device] | Literal["auto", "cpu"]:
-    if isinstance(gpu, str):
-        text = gpu.strip().lower()
-        if text in ("auto", ""):
-            return "auto"
-        if text == "cpu":
-            return "cpu"
-        if "," in text:
-            return _chosen(inventory, [p for p in text.split(",") if p.strip()])
-        return [_resolve_gpu(inventory, gpu)]
-    if isinstance(gpu, int):
+    """The devices ``gpu`` names. It was parsed once (``parse_gpu``): here it is only matched."""
+    if gpu == "auto":
+        return "auto"
+    if gpu == "cpu":
+        return "cpu"
+    if not isinstance(gpu, list):
         return [_resolve_gpu(inventory, gpu)]
     devices = [_resolve_gpu(inventory, g) for g in gpu]
     if not devices:

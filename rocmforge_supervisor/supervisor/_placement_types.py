@@ -109,6 +109,9 @@ class PlacementPolicy:
     """Left free in system RAM."""
     max_loaded: int | None = None
     """At most this many models loaded at once (the LRU idle one makes room)."""
+    device_context: Mapping[str, int] = field(default_factory=dict)
+    """GPU key → the per-process device context forge measured there (``_device_context``); a GPU
+    not in it gets its backend's default (:data:`~..models.DEVICE_CONTEXT_BYTES`)."""
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class Planner:
             repack=r.repack,
             projector=r.projector,
             projector_offload=r.projector_offload,
+            device_context=self.policy.device_context,
         )
         return Layout(tuple(gpus), est.n_gpu_layers, tuple(split) if split else None, est, kind)
 
@@ -72,7 +73,9 @@ class Planner:
             if d.total_bytes == 0 and d.device != "cpu":
                 continue
             reserve = self.policy.cpu_reserve_bytes if d.device == "cpu" else self.policy.gpu_reserve_bytes
-            out[d.device] = int(d.total_bytes * (1 + self.policy.estimate_margin)) + reserve
+            # The margin covers the estimate's error; the device context is a measured figure.
+            margin = int(d.allocated_bytes * (1 + self.policy.estimate_margin))
+            out[d.device] = margin + d.context_bytes + reserve
         return out
 
     def overflow(self, layout: Layout, free: Mapping[str, int]) -> dict[str, int]:

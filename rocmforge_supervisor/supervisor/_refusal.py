@@ -53,6 +53,8 @@ def refusal(
         f"KV cache {format_bytes(est.device(target_key).kv_bytes)}, "
         f"compute {format_bytes(est.device(target_key).compute_bytes + est.device(target_key).output_bytes)}"
     )
+    if est.device(target_key).context_bytes:
+        parts += f", device context {format_bytes(est.device(target_key).context_bytes)}"
     frees = []
     for dev in inventory.devices:
         if not dev.usable:

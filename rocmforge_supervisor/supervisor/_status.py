@@ -119,6 +119,9 @@ class ModelStatus:
     load_seconds: float | None = None
     estimated_bytes: dict[str, int] = field(default_factory=dict)
     actual_bytes: dict[str, int] = field(default_factory=dict)
+    context_bytes: dict[str, int] = field(default_factory=dict)
+    """GPU key → the device context counted for its child: in ``estimated_bytes``, and held on top
+    of ``actual_bytes`` (the child's logged allocations, which never include it)."""
     log_path: str | None = None
     modalities: list[str] = field(default_factory=list)
     """What the model takes besides text (``vision``, ``audio``): its projector's, once loaded."""
@@ -160,6 +163,8 @@ class ModelStatus:
             "memory": {
                 "estimated_bytes": dict(self.estimated_bytes),
                 "actual_bytes": dict(self.actual_bytes),
+                # Only for a child on a GPU: a CPU child's status keeps the keys it always had.
+                **({"context_bytes": dict(self.context_bytes)} if self.context_bytes else {}),
             },
             "log_path": self.log_path,
             "modalities": list(self.modalities),
@@ -215,6 +220,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
         load_seconds=m.load_seconds,
         estimated_bytes=plan.estimated_bytes if plan and holds else {},
         actual_bytes=plan.actual.device_totals() if plan and holds else {},
+        context_bytes=plan.context_bytes if plan and holds else {},
         log_path=_log_path(m),
         modalities=list(plan.projector.modalities) if plan and plan.projector else [],
     )

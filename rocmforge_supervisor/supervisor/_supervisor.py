@@ -29,6 +29,7 @@ from ..config import ForgeConfig, ForgeSettings, ModelConfig
 from ..hardware import Inventory, detect, discover_workers, refresh_usage
 from ..process import ChildLedger, LlamaServer
 from ._context_store import ContextStore
+from ._device_context import CONTEXT_FILE, DeviceContexts, learn_from_child
 from ._events import EventBus, EventKind
 from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan, ModelSpec, ResolvedModel, build_plan, decide, decide_on_workers, resolve
@@ -81,6 +82,8 @@ class Supervisor:
         #: ``keep_context``: every model's saved KV-cache slots, one disk budget.
         self.context_store = ContextStore(config.context_dir, config.server.context_max_bytes)
         self._keepers: dict[str, ContextKeeper] = {}
+        #: The GPU backend's per-process context, measured on our children (placement counts it).
+        self.device_contexts = DeviceContexts(self.settings.cache_dir / CONTEXT_FILE)
         for name, mc in config.models.items():
             self.models[name] = self._new_model(name, mc, config)
 
@@ -96,7 +99,22 @@ class Supervisor:
             contexts=self.keeper(name),
         )
         m.on_ready.append(lambda _m: self._record_children())
+        m.on_ready.append(self._learn_device_context)
         return m
+
+    def _learn_device_context(self, m: ManagedModel) -> None:
+        """A child is ready: measure the device context it holds on its GPUs, in the background."""
+        plan, server, inventory, tg = m.plan, m.server, self.inventory, self._tg
+        if tg is None or plan is None or server is None or server.pid is None or inventory is None:
+            return
+        if plan.workers:  # its layers are on RPC workers: not this machine's devices
+            return
+        devices = [d for d in inventory.devices if d.key in plan.devices and d.vendor != "cpu"]
+        if devices:
+            allocated = plan.actual.device_totals()
+            tg.start_soon(
+                learn_from_child, self.device_contexts, devices, server.pid, allocated, self.settings
+            )
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -370,9 +388,17 @@ class Supervisor:
         if spec.workers in ("only", "all"):
             return await self._decide_on_workers(m, spec, model), inventory
         loaded = [lm for o in self.models.values() if o is not m and (lm := o.as_loaded()) is not None]
+        contexts = await anyio.to_thread.run_sync(self.device_contexts.for_devices, inventory.devices)
         try:
             decision = decide(
-                spec, m.name, model, inventory, loaded, allow_evict=True, binary_args=self.binary_args
+                spec,
+                m.name,
+                model,
+                inventory,
+                loaded,
+                allow_evict=True,
+                binary_args=self.binary_args,
+                device_context=contexts,
             )
         except PlacementError:
             if spec.workers == "never":

@@ -459,6 +459,16 @@ def test_env_alone_defines_a_model(settings: ForgeSettings, etc: Path) -> None:
     assert c.models["tiny"].path == "/m/tiny.gguf" and c.models["tiny"].gpu == [0, 1]
 
 
+def test_a_gpu_choice_is_parsed_once_at_load(settings: ForgeSettings, etc: Path) -> None:
+    """Placement only matches the parsed value (no re-parse there): spaces, case and a comma list
+    are settled here, ordinals become ints and device keys their lower-case key."""
+    env = {"FORGE_MODELS__TINY__PATH": "/m/tiny.gguf", "FORGE_MODELS__TINY__GPU": " 2 , AMD:5 "}
+    gpu = load(None, settings, etc, env).models["tiny"].gpu
+    assert gpu == [2, "amd:5"] and isinstance(gpu, list) and type(gpu[0]) is int
+    env["FORGE_MODELS__TINY__GPU"] = " Nvidia:0 "
+    assert load(None, settings, etc, env).models["tiny"].gpu == "nvidia:0"
+
+
 def test_nested_api_key_variable_wins_over_the_short_one(settings: ForgeSettings, etc: Path) -> None:
     c = load(None, settings, etc, {"FORGE_API_KEY": "short", "FORGE_SERVER__API_KEY": "nested"})
     assert c.server.api_key is not None and c.server.api_key.get_secret_value() == "nested"

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from rocmforge_supervisor._errors import UsageError
-from rocmforge_supervisor.service._ollama_convert import (
+from rocmforge_supervisor.service._routes import dialect_for_path, resolve_name
+from rocmforge_supervisor.service.ollama._convert import (
     ChatStream,
     chat_reply,
     chat_target,
@@ -15,7 +16,6 @@ from rocmforge_supervisor.service._ollama_convert import (
     generate_target,
     keep_alive_seconds,
 )
-from rocmforge_supervisor.service._routes import dialect_for_path, resolve_name
 
 
 def test_chat_options_format_tools_think_are_mapped() -> None:

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rocmforge_supervisor._errors import PlacementError
+from rocmforge_supervisor.config import parse_gpu
 from rocmforge_supervisor.hardware._types import Device, Inventory, KfdStatus
 from rocmforge_supervisor.models import inspect_gguf
 from rocmforge_supervisor.models._gguf import GGUFInfo
@@ -71,6 +72,8 @@ def no_gpu(ram_gib: float = 32) -> Inventory:
 def req(info: GGUFInfo, name: str | None = None, **kw: object) -> PlacementRequest:
     kw.setdefault("ctx_size", 8192)
     kw.setdefault("parallel", 1)
+    if "gpu" in kw:  # as config load, a --gpu flag or load_model(gpu=…) hand it over: parsed once
+        kw["gpu"] = parse_gpu(kw["gpu"])
     return PlacementRequest(name=name or info.name or "model", info=info, **kw)  # type: ignore[arg-type]
 
 

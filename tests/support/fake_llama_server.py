@@ -29,6 +29,10 @@ The same two request faults through the environment, for callers that build the 
 ``FAKE_LLAMA_LOG`` holds extra lines (separated by a literal ``\\n``) printed at start: the buffer and
 backend-module lines a real build prints, for what the self-test records.
 
+``--fake-device-memory FILE=BYTES`` writes ``BYTES`` to ``FILE`` (``{pid}`` replaced by its pid)
+before it listens: a per-process device memory file as the kernel keeps it (KFD's
+``/sys/class/kfd/kfd/proc/<pid>/vram_<gpu_id>``), in a copy of a fixture machine's sysfs.
+
 ``POST /slots/N?action=save|restore`` with ``--slot-save-path DIR`` (``keep_context``) writes and
 reads a small file there, answering ``n_saved``/``n_restored`` as llama-server does;
 ``--fake-save-seconds S`` makes each save take S seconds after its file appears (a slow disk).
@@ -108,6 +112,11 @@ def main() -> None:
         print(line, file=sys.stderr, flush=True)
     if "--fake-die" in opts:
         _die(opts["--fake-die"])
+    if "--fake-device-memory" in opts:
+        file, _, size = opts["--fake-device-memory"].rpartition("=")
+        target = Path(file.replace("{pid}", str(os.getpid())))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f"{int(size)}\n")
     die_on_request = opts.get("--fake-die-on-request") or os.environ.get("FAKE_LLAMA_DIE_ON_REQUEST")
     works_with = os.environ.get("FAKE_LLAMA_WORKS_WITH")
     if works_with and works_with in sys.argv:

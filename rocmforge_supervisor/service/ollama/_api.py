@@ -1,26 +1,27 @@
 """The Ollama API on the gateway's endpoint (and on ``server.ollama_port``, where clients look).
 
 Routes: ``/api/version``, ``/api/tags``, ``/api/show``, ``/api/ps``, ``/api/chat``,
-``/api/generate``, ``/api/embed``, ``/api/embeddings``, ``/api/pull`` (:mod:`._ollama_pull`);
+``/api/generate``, ``/api/embed``, ``/api/embeddings``, ``/api/pull`` (:mod:`._pull`);
 ``/api/create``, ``/api/copy``,
 ``/api/push`` and ``/api/delete`` answer 501 with what to do instead. The control API keeps its
 own paths (``/api/models``, ``/api/events``, ``/api/reload``, ``/api/openapi.json``): Ollama has
 none of them, so both live under ``/api`` without a collision.
 
 The handlers know nothing of processes or the proxy's internals: they get an :class:`OllamaBackend`
-(the supervisor, for listings and load/unload; ``forward``, which acquires the model and sends one
-request to its llama-server). Translation is in :mod:`._ollama_convert`, model facts in
-:mod:`._ollama_meta`; errors take Ollama's ``{"error": "…"}`` shape from the one error map.
+(the models' facts, shared with ``/v1/models`` — :mod:`.._listing`; ``forward``, which acquires
+the model and sends one request to its llama-server). Translation is in :mod:`._convert`, Ollama's
+shapes of the model facts in :mod:`._meta`; errors take Ollama's ``{"error": "…"}`` shape from the
+one error map. Nothing in the core imports this package except the app that mounts its routes.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import anyio
@@ -29,15 +30,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from .. import __version__
-from .._errors import ForgeError, ModelNotFound, RequestRejected, UsageError
-from ..client import SSEDecoder
-from ..config import get_settings
-from ..models import ProjectorInfo, resolve_projector_path
-from ..supervisor import Supervisor
-from ._errors_http import UpstreamModel, error_response, upstream_error
-from ._media import refuse_unusable_media
-from ._ollama_convert import (
+from ... import __version__
+from ..._errors import ForgeError, ModelNotFound, RequestRejected, UsageError
+from ...client import SSEDecoder
+from ...supervisor import Supervisor
+from .._errors_http import UpstreamModel, error_response, upstream_error
+from .._listing import ModelFacts, check_media, check_tools
+from .._recording import admit_model, note_finish, note_status, note_timing, note_usage
+from .._routes import resolve_name
+from .._validate import parse_object
+from ._convert import (
     ChatStream,
     Target,
     chat_reply,
@@ -48,30 +50,10 @@ from ._ollama_convert import (
     native_piece,
     now_iso,
 )
-from ._ollama_meta import (
-    ModelCard,
-    capabilities,
-    card_for,
-    projector_for,
-    ps_entry,
-    show_entry,
-    tag_entry,
-)
-from ._ollama_pull import api_pull
-from ._recording import admit_model, note_finish, note_status, note_timing, note_usage
-from ._routes import resolve_name
-from ._tools import refuse_unusable_tools
-from ._validate import parse_object
+from ._meta import ps_entry, show_entry, tag_entry
+from ._pull import api_pull
 
-__all__ = [
-    "OLLAMA_COMPAT_VERSION",
-    "Forward",
-    "OllamaBackend",
-    "check_media",
-    "check_tools",
-    "model_list",
-    "routes",
-]
+__all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "routes"]
 
 #: The Ollama version reported by ``/api/version``. Clients gate features on it (VS Code Copilot
 #: refuses servers that look older than it needs: NoLlama#9); this is the Ollama API behaviour
@@ -83,17 +65,17 @@ OLLAMA_COMPAT_VERSION = "0.18.3"
 Forward = Callable[[str, str, str, bytes, str | None], AbstractAsyncContextManager[httpx.Response]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class OllamaBackend:
-    supervisor: Supervisor
+    """What the Ollama routes need from the core: the models' facts (shared with ``/v1/models``,
+    and through them the supervisor, for load/unload) and the one forwarder."""
+
+    facts: ModelFacts
     forward: Forward
-    resolve_path: Callable[[str], Path | None]  # a model's GGUF path, without downloading; blocking
-    _props_cache: dict[tuple[str, int], dict[str, Any]] | None = None
 
-
-def _backend(request: Request) -> OllamaBackend:
-    b: OllamaBackend = request.app.state.ollama
-    return b
+    @property
+    def supervisor(self) -> Supervisor:
+        return self.facts.supervisor
 
 
 def _rid(request: Request) -> str | None:
@@ -114,132 +96,6 @@ def _model(b: OllamaBackend, body: dict[str, Any]) -> str:
     return name
 
 
-async def _card(b: OllamaBackend, name: str) -> ModelCard | None:
-    v = b.supervisor.view(name)
-
-    def read() -> ModelCard | None:
-        p = v.model_path or b.resolve_path(v.config.path)
-        if p is None:
-            return None
-        try:
-            return card_for(p)
-        except (ForgeError, OSError):
-            return None
-
-    return await anyio.to_thread.run_sync(read)
-
-
-async def _props(b: OllamaBackend, name: str, rid: str | None) -> dict[str, Any] | None:
-    """The running child's ``/props`` (read once per child process); None when it is not ready."""
-    v = b.supervisor.view(name)
-    child = v.child
-    if not v.ready or child is None or child.pid is None:
-        return None
-    cache = b._props_cache if b._props_cache is not None else {}
-    b._props_cache = cache
-    key = (name, child.pid)
-    if key not in cache:
-        try:
-            async with b.forward(name, "GET", "/props", b"", rid) as r:
-                props = json.loads(await r.aread())
-        except (ForgeError, httpx.HTTPError, ValueError):
-            return None
-        if not isinstance(props, dict):
-            return None
-        cache[key] = props
-    return cache[key]
-
-
-async def _served_ctx(b: OllamaBackend, name: str, rid: str | None) -> int | None:
-    """Tokens one request can use: the running child's per-slot n_ctx, else the config's."""
-    props = await _props(b, name, rid)
-    if props is not None:
-        try:
-            return int(props["default_generation_settings"]["n_ctx"])
-        except (KeyError, TypeError, ValueError):
-            return None
-    v = b.supervisor.view(name)
-    if v.ready:
-        return None
-    if v.config.ctx_size:
-        return v.config.ctx_size // (v.config.parallel or 1)
-    return None
-
-
-async def _projector(b: OllamaBackend, name: str) -> ProjectorInfo | None:
-    """The model's projector: as its child was started, else its configured ``mmproj`` when that
-    is a local file (or ``auto`` beside a local model); None for one not fetched yet."""
-    v = b.supervisor.view(name)
-    if v.projector is not None:
-        return v.projector
-    mmproj = v.config.mmproj
-    model_ref = v.config.path
-    if not mmproj or mmproj.startswith("hf:") or (mmproj == "auto" and model_ref.startswith("hf:")):
-        return None  # a listing must never start a download
-
-    def read() -> ProjectorInfo | None:
-        model_path = v.model_path if v.started else b.resolve_path(model_ref)
-        if model_path is None:
-            return None
-        try:
-            return projector_for(resolve_projector_path(mmproj, model_ref, model_path, get_settings()))
-        except (ForgeError, OSError):
-            return None
-
-    return await anyio.to_thread.run_sync(read)
-
-
-async def _modalities(b: OllamaBackend, name: str, rid: str | None) -> tuple[str, ...]:
-    """What the model takes besides text: the running child's ``/props.modalities``, else what
-    its projector file says."""
-    props = await _props(b, name, rid)
-    if props is not None and isinstance(props.get("modalities"), dict):
-        return tuple(k for k in ("vision", "audio") if props["modalities"].get(k))
-    projector = await _projector(b, name)
-    return projector.modalities if projector is not None else ()
-
-
-def _args(b: OllamaBackend, name: str) -> list[str]:
-    """The child's extra llama-server arguments (as started, else as configured)."""
-    return list(b.supervisor.view(name).args)
-
-
-async def check_tools(b: OllamaBackend, name: str, body: dict[str, Any]) -> None:
-    """A 400 when ``body`` sends tools that model ``name`` cannot use (:mod:`._tools`): every
-    route's way to that one check, with the model's card and arguments as ``/v1/models`` reads them."""
-    refuse_unusable_tools(name, body, await _card(b, name), _args(b, name))
-
-
-def check_media(supervisor: Supervisor, name: str, body: dict[str, Any], *, allow_remote: bool) -> None:
-    """A 400 when ``body``'s images/audio cannot go to model ``name`` (:mod:`._media`): the one
-    check every API's requests meet, with whether the model has a projector (``mmproj``)."""
-    has_projector = bool(supervisor.view(name).config.mmproj)
-    refuse_unusable_media(name, body, has_projector=has_projector, allow_remote=allow_remote)
-
-
-async def model_list(b: OllamaBackend, created: float) -> list[dict[str, Any]]:
-    """``/v1/models``' entries: OpenAI's keys plus ``context_length``, ``capabilities``, ``state``."""
-    data = []
-    for v in b.supervisor.views():
-        name = v.name
-        card = await _card(b, name)
-        entry: dict[str, Any] = {
-            "id": name,
-            "object": "model",
-            "created": int(created),
-            "owned_by": "rocmforge",
-            "state": v.state.value,
-        }
-        ctx = await _served_ctx(b, name, None)
-        if card is not None:
-            entry["context_length"] = ctx or card.trained_ctx
-            entry["capabilities"] = capabilities(card, _args(b, name), await _modalities(b, name, None))
-        elif ctx:
-            entry["context_length"] = ctx
-        data.append(entry)
-    return data
-
-
 # -- listings ---------------------------------------------------------------------------------------
 
 
@@ -247,43 +103,40 @@ async def api_version(request: Request) -> Response:
     return JSONResponse({"version": OLLAMA_COMPAT_VERSION, "forge_version": __version__})
 
 
-async def api_tags(request: Request) -> Response:
-    b = _backend(request)
+async def api_tags(b: OllamaBackend, request: Request) -> Response:
     models = []
     for name in b.supervisor.names():
-        card = await _card(b, name)
-        caps = capabilities(card, _args(b, name), await _modalities(b, name, None)) if card else None
+        card = await b.facts.card(name)
+        caps = await b.facts.capabilities(name, card) if card else None
         models.append(tag_entry(name, card, caps))
     return JSONResponse({"models": models})
 
 
-async def api_show(request: Request) -> Response:
-    b = _backend(request)
+async def api_show(b: OllamaBackend, request: Request) -> Response:
     try:
         name = _model(b, await _body(request))
         admit_model(request.scope, name)  # a key's models only
-        card = await _card(b, name)
+        card = await b.facts.card(name)
         if card is None:
             raise ModelNotFound(
                 f"model {name!r} has no local file yet", hint=f"load it first: forge load {name}"
             )
-        args = _args(b, name)
-        ctx = await _served_ctx(b, name, _rid(request))
-        modalities = await _modalities(b, name, _rid(request))
-        projector = await _projector(b, name)
+        args = b.facts.args(name)
+        ctx = await b.facts.served_ctx(name)
+        modalities = await b.facts.modalities(name)
+        projector = await b.facts.projector(name)
     except ForgeError as exc:
         return error_response(exc, _rid(request), "ollama")
     return JSONResponse(show_entry(card, args, ctx, modalities, projector))
 
 
-async def api_ps(request: Request) -> Response:
-    b = _backend(request)
+async def api_ps(b: OllamaBackend, request: Request) -> Response:
     out = []
     for v in b.supervisor.views():
         if not v.ready:
             continue
-        ctx = await _served_ctx(b, v.name, _rid(request))
-        out.append(ps_entry(v.name, await _card(b, v.name), v.status.to_json(), ctx, v.ttl))
+        ctx = await b.facts.served_ctx(v.name)
+        out.append(ps_entry(v.name, await b.facts.card(v.name), v.status.to_json(), ctx, v.ttl))
     return JSONResponse({"models": out})
 
 
@@ -300,24 +153,25 @@ async def api_unsupported(request: Request) -> Response:
 # -- generation -------------------------------------------------------------------------------------
 
 
-async def api_chat(request: Request) -> Response:
-    return await _generation(request, generate=False)
+async def api_chat(b: OllamaBackend, request: Request) -> Response:
+    return await _generation(b, request, generate=False)
 
 
-async def api_generate(request: Request) -> Response:
-    return await _generation(request, generate=True)
+async def api_generate(b: OllamaBackend, request: Request) -> Response:
+    return await _generation(b, request, generate=True)
 
 
-async def api_embed(request: Request) -> Response:
-    return await _generation(request, generate=False, embed="embed")
+async def api_embed(b: OllamaBackend, request: Request) -> Response:
+    return await _generation(b, request, generate=False, embed="embed")
 
 
-async def api_embeddings(request: Request) -> Response:
-    return await _generation(request, generate=False, embed="embeddings")
+async def api_embeddings(b: OllamaBackend, request: Request) -> Response:
+    return await _generation(b, request, generate=False, embed="embeddings")
 
 
-async def _generation(request: Request, *, generate: bool, embed: str | None = None) -> Response:
-    b = _backend(request)
+async def _generation(
+    b: OllamaBackend, request: Request, *, generate: bool, embed: str | None = None
+) -> Response:
     rid = _rid(request)
     try:
         body = await _body(request)
@@ -328,7 +182,7 @@ async def _generation(request: Request, *, generate: bool, embed: str | None = N
         elif generate:
             target = generate_target(body, name)
         else:
-            await check_tools(b, name, body)
+            await check_tools(b.facts, name, body)
             target = chat_target(body, name)
         if not embed:  # Ollama sends images as base64 only: the translated parts are checked
             check_media(b.supervisor, name, target.payload, allow_remote=False)
@@ -339,7 +193,7 @@ async def _generation(request: Request, *, generate: bool, embed: str | None = N
         if empty:  # Ollama's idiom: no prompt = load the model (or unload it with keep_alive 0)
             return await _load_or_unload(b, name, target, generate, rid)
         if target.num_ctx is not None:
-            served = await _served_ctx(b, name, rid)
+            served = await b.facts.served_ctx(name)
             if served is not None and target.num_ctx > served:
                 raise RequestRejected(
                     f"options.num_ctx={target.num_ctx} is more than model {name!r} serves ({served} tokens per request)",
@@ -489,17 +343,21 @@ async def _translate_stream(
         yield chat.finish()
 
 
-def routes() -> list[BaseRoute]:
-    """The Ollama API's routes (the app puts an :class:`OllamaBackend` in ``app.state.ollama``)."""
+def routes(b: OllamaBackend) -> list[BaseRoute]:
+    """The Ollama API's routes, each bound to ``b``."""
+
+    def bound(handler: Callable[[OllamaBackend, Request], Awaitable[Response]]) -> Callable[[Request], Any]:
+        return partial(handler, b)
+
     return [
         Route("/api/version", api_version, methods=["GET"], include_in_schema=False),
-        Route("/api/tags", api_tags, methods=["GET"], include_in_schema=False),
-        Route("/api/show", api_show, methods=["POST"], include_in_schema=False),
-        Route("/api/ps", api_ps, methods=["GET"], include_in_schema=False),
-        Route("/api/chat", api_chat, methods=["POST"], include_in_schema=False),
-        Route("/api/generate", api_generate, methods=["POST"], include_in_schema=False),
-        Route("/api/embed", api_embed, methods=["POST"], include_in_schema=False),
-        Route("/api/embeddings", api_embeddings, methods=["POST"], include_in_schema=False),
+        Route("/api/tags", bound(api_tags), methods=["GET"], include_in_schema=False),
+        Route("/api/show", bound(api_show), methods=["POST"], include_in_schema=False),
+        Route("/api/ps", bound(api_ps), methods=["GET"], include_in_schema=False),
+        Route("/api/chat", bound(api_chat), methods=["POST"], include_in_schema=False),
+        Route("/api/generate", bound(api_generate), methods=["POST"], include_in_schema=False),
+        Route("/api/embed", bound(api_embed), methods=["POST"], include_in_schema=False),
+        Route("/api/embeddings", bound(api_embeddings), methods=["POST"], include_in_schema=False),
         Route("/api/pull", api_pull, methods=["POST"], include_in_schema=False),
         *(
             Route(p, api_unsupported, methods=["POST", "DELETE"], include_in_schema=False)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .._errors import UsageError
+from ..._errors import UsageError
 
 __all__ = [
     "ChatStream",
