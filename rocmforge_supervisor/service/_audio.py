@@ -29,6 +29,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
@@ -36,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 
 from .._errors import InvalidRequest, PayloadTooLarge, ServerError
 from ._errors_http import error_response
-from ._keepalive import Opened
+from ._relay import Opened
 from ._routes import ForwardRoute
 
 __all__ = [
@@ -247,9 +248,10 @@ async def relay(opened: Opened, form: AudioForm, route: ForwardRoute, rid: str |
     """The child's answer to the client: rendered when it is a transcription, else the error as
     the forwarder already shaped it (a 503 for a child that went away)."""
     try:
-        body = b"".join([chunk async for chunk in opened.body])
+        body = opened.content if opened.chunks is None else b"".join([c async for c in opened.chunks])
     finally:
-        await opened.close()
+        with anyio.CancelScope(shield=True):
+            await opened.close()
     if opened.status != 200:
         return Response(body, status_code=opened.status, headers=opened.headers)
     try:

@@ -85,13 +85,20 @@ class RequestContext:
             if checked is not None:
                 await self.app(scope, checked, send_with_id)
             return
-        await self._recorded(scope, receive, send_with_id, headers, rid)
+        await self._recorded(scope, receive, send, headers, rid, rid_header)
 
     async def _recorded(
-        self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes], rid: str
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[bytes, bytes],
+        rid: str,
+        rid_header: tuple[bytes, bytes],
     ) -> None:
         """A model request: the same checks, with its activity record opened here and written
-        when the response has ended (or failed, or the client left: ``completed`` says which)."""
+        when the response has ended (or failed, or the client left: ``completed`` says which).
+        One wrapper of ``send`` (the request id too): it runs for every chunk of every stream."""
         recorder = self.state.recorder
         draft = recorder.begin(scope, rid)
         status = 0
@@ -101,6 +108,7 @@ class RequestContext:
             nonlocal status, completed
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message["headers"] = [*message.get("headers", []), rid_header]
             elif message["type"] == "http.response.body" and draft.capture:
                 recorder.keep_response(draft, message.get("body", b""))
             await send(message)

@@ -11,7 +11,8 @@ chunk by chunk (``aiter_raw``), so every dialect llama-server speaks (OpenAI, An
 native) works with its own clients. Only the tail of a stream is kept, for the usage counters and
 to notice a stream that ended without its last event; a child that dies mid-stream ends the
 client's stream with an error event in the route's dialect. Streams that wait for their first
-token get keep-alive comments (``_keepalive``); the gateway's own errors take the route's dialect.
+token get keep-alive comments; the answer goes out, and every error is rendered in the route's dialect, in
+one place: the request's :class:`~._relay.RelayResponse`.
 """
 
 from __future__ import annotations
@@ -26,17 +27,25 @@ from typing import Any
 import anyio
 import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
 from ..client import asend
 from ._audio import is_translation, parse_form, relay, to_inference
-from ._errors_http import UpstreamModel, error_response, sse_error_chunk, upstream_error
-from ._keepalive import KeepAliveStream, Opened
+from ._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
 from ._listing import check_media, check_tools, model_list
 from ._middleware import read_body
-from ._recording import admit_model, note_finish, note_model, note_status, note_timing, note_usage
+from ._recording import (
+    admit_model,
+    note_error,
+    note_finish,
+    note_model,
+    note_status,
+    note_timing,
+    note_usage,
+)
+from ._relay import Opened, RelayResponse
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, body_limit, request_id, state_of
 from ._tools import asks_for_tools
@@ -93,7 +102,7 @@ def _checked_json(
     kind = _KINDS.get(route.path, "")
     check_fields(payload, kind)
     name = resolve_name(asked, st.supervisor.names())
-    default = st.supervisor.view(name).config.max_tokens  # 404 before queueing
+    default = st.supervisor.config_of(name).max_tokens  # 404 before queueing
     if default is not None and kind in _GENERATES and all(payload.get(k) is None for k in _LENGTH_FIELDS):
         payload["max_tokens"] = default
         body = json.dumps(payload).encode()
@@ -119,18 +128,25 @@ async def open_upstream(
     rid: str | None,
     *,
     content_type: str = "application/json",
+    loaded: Callable[[], None] | None = None,
+    sending: Callable[[], None] | None = None,
 ) -> AsyncIterator[httpx.Response]:
     """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
-    streaming response to one request; both released on exit. Also the Ollama API's way in."""
-    if path != "/inference" and st.supervisor.view(name).config.backend == "whisper":
+    streaming response to one request; both released on exit. Also the Ollama API's way in.
+    ``loaded`` is called once the model is ready (the wait for a slot begins), ``sending`` once
+    the slot is ours, just before the request goes to the child."""
+    if path != "/inference" and st.supervisor.config_of(name).backend == "whisper":
         raise InvalidRequest(
             f"model {name!r} is a whisper (speech to text) model: it answers only "
             "/v1/audio/transcriptions and /v1/audio/translations",
             param="model",
             hint="name a llama model of GET /v1/models for this route",
         )
-    async with st.supervisor.acquire(name, load_wait=st.supervisor.load_wait(name)) as upstream:
+    load_wait = st.supervisor.load_wait(name)
+    async with st.supervisor.acquire(name, load_wait=load_wait, loaded=loaded) as upstream:
         note_timing(slot=True)  # the activity record's queue wait, for every dialect
+        if sending is not None:
+            sending()
         headers = {"Content-Type": content_type}
         if rid:
             headers["X-Request-ID"] = rid
@@ -144,16 +160,9 @@ async def open_upstream(
                 await response.aclose()
 
 
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
-async def _nothing() -> None:
-    return None
-
-
 class _Forwarder:
-    """One forwarded request: open the upstream, relay it, count it."""
+    """One forwarded request: open the upstream, relay it, count it. Its :meth:`open` is the
+    :data:`~._relay.Opener` of the request's :class:`RelayResponse`, which renders its errors."""
 
     def __init__(
         self,
@@ -162,6 +171,7 @@ class _Forwarder:
         name: str,
         rid: str | None,
         received: float,
+        request: tuple[str, bytes, str],
         *,
         retry: bool = False,
     ) -> None:
@@ -170,26 +180,8 @@ class _Forwarder:
         self.name = name
         self.rid = rid
         self.received = received
+        self.path, self.body, self.content_type = request
         self.retry = retry
-
-    def _retry_or_fail(self, exc: ServerUnavailable, retry: bool) -> Opened | ServerUnavailable:
-        """``retry``: hand the failure back (the caller decides on one more try); else its 503."""
-        if retry:
-            return exc
-        return self._error(
-            ServerUnavailable(
-                f"model {self.name!r} failed twice while answering: {exc.message}",
-                hint="it is being restarted: retry in a moment",
-            )
-        )
-
-    def _error(self, exc: ForgeError) -> Opened:
-        self.st.metrics.errors.labels(self.name, type(exc).__name__).inc()
-        self.st.metrics.requests.labels(self.name, self.route.path, "error").inc()
-        resp = error_response(exc, self.rid, self.route.dialect)
-        note_status(resp.status_code)  # also when a kept-alive stream can only say it in an event
-        headers = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-length",)}
-        return Opened(resp.status_code, headers, _once(bytes(resp.body)), _nothing, stream=False)
 
     def _stalls(self) -> int | None:
         """The model's watchdog resets so far (a change means the watchdog reset its child)."""
@@ -198,24 +190,41 @@ class _Forwarder:
         except ForgeError:
             return None
 
-    async def open(self, path: str, body: bytes, content_type: str) -> Opened:
-        """The upstream's answer, ready to relay. A non-streamed request whose child the progress
-        watchdog reset before it answered (nothing reached the client) is retried once on the
-        replacement (waiting for the restart within ``load_wait``); a second failure is a 503 with
-        Retry-After. A child that died of its own (a crash, the OOM killer, an RPC worker gone) is
-        not replayed: the request itself may be what killed it; that is a 503 at once. A stream is
-        never replayed: it ends with an error event in its dialect."""
-        stalls = self._stalls()
-        first = await self._open(path, body, content_type, retry=self.retry)
+    async def open(self, loaded: Callable[[], None]) -> Opened:
+        """The upstream's answer, ready to relay; a :class:`ForgeError` (counted here) for the
+        response to render. A non-streamed request whose child the progress watchdog reset after
+        the request was sent to it (nothing reached the client) is retried once on the
+        replacement (waiting for the restart within ``load_wait``); a second failure is a 503
+        with Retry-After. A child that died of its own (a crash, the OOM killer, an RPC worker
+        gone) is not replayed: the request itself may be what killed it; that is a 503 at once.
+        A stream is never replayed: it ends with an error event in its dialect."""
+        try:
+            return await self._open_retrying(loaded)
+        except ForgeError as exc:
+            m = self.st.metrics
+            m.errors.labels(self.name, type(exc).__name__).inc()
+            m.requests.labels(self.name, self.route.path, "error").inc()
+            # The activity row's status and error kind, also when a kept-alive stream can say it
+            # only in an event (the response renders it; error_response notes the kind too).
+            note_status(status_for(exc)[0])
+            note_error(type(exc).__name__)
+            raise
+
+    async def _open_retrying(self, loaded: Callable[[], None]) -> Opened:
+        stalls: list[int | None] = []  # the watchdog's count when the request went to the child
+        # Read only for a request that may be retried (a stream never is): a view costs ~20 us.
+        sending = (lambda: stalls.append(self._stalls())) if self.retry else None
+        first = await self._open(loaded, sending=sending)
         if isinstance(first, Opened):
             return first
+        if not self.retry:
+            raise self._failed_twice(first)
         await self.st.supervisor.child_gone(self.name, timeout=5.0)
-        if stalls is None or self._stalls() == stalls:
-            return self._error(
-                ServerUnavailable(
-                    f"model {self.name!r} went away while answering: {first.message}",
-                    hint="its child is being restarted (see `forge ps`): retry in a moment",
-                )
+        before = stalls[-1] if stalls else None
+        if before is None or self._stalls() == before:
+            raise ServerUnavailable(
+                f"model {self.name!r} went away while answering: {first.message}",
+                hint="its child is being restarted (see `forge ps`): retry in a moment",
             )
         log.warning(
             "request %s: %s (the watchdog reset it); retrying once on its replacement",
@@ -223,27 +232,40 @@ class _Forwarder:
             first,
             extra={"model": self.name, "request_id": self.rid},
         )
-        second = await self._open(path, body, content_type, retry=False)
-        assert isinstance(second, Opened)  # retry=False always answers
-        return second
+        second = await self._open(loaded)
+        if isinstance(second, Opened):
+            return second
+        raise self._failed_twice(second)
+
+    def _failed_twice(self, exc: ServerUnavailable) -> ServerUnavailable:
+        return ServerUnavailable(
+            f"model {self.name!r} failed twice while answering: {exc.message}",
+            hint="it is being restarted: retry in a moment",
+        )
 
     async def _open(
-        self, path: str, body: bytes, content_type: str, *, retry: bool
+        self, loaded: Callable[[], None], *, sending: Callable[[], None] | None = None
     ) -> Opened | ServerUnavailable:
-        """A ServerUnavailable: the child died before answering and ``retry`` allows one more try."""
+        """The answer; a ServerUnavailable returned (not raised): the child went away before
+        answering, which the caller may retry. Every other error is raised."""
         stack = AsyncExitStack()
         try:
             upstream = await stack.enter_async_context(
                 open_upstream(
-                    self.st, self.name, self.route.method, path, body, self.rid, content_type=content_type
+                    self.st,
+                    self.name,
+                    self.route.method,
+                    self.path,
+                    self.body,
+                    self.rid,
+                    content_type=self.content_type,
+                    loaded=loaded,
+                    sending=sending,
                 )
             )
         except ServerUnavailable as exc:  # no answer at all: the child went away
             await stack.aclose()
-            return self._retry_or_fail(exc, retry)
-        except ForgeError as exc:
-            await stack.aclose()
-            return self._error(exc)
+            return exc
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await stack.aclose()
@@ -253,8 +275,6 @@ class _Forwarder:
         m.queue_wait.labels(self.name).observe(acquired - self.received)
         stack.callback(lambda: m.generation.labels(self.name).observe(time.perf_counter() - acquired))
         headers = {k: v for k, v in upstream.headers.items() if k.lower() in _PASS_HEADERS}
-        if self.rid:
-            headers["X-Request-ID"] = self.rid
         stream = upstream.status_code == 200 and upstream.headers.get("content-type", "").startswith(
             "text/event-stream"
         )
@@ -264,22 +284,21 @@ class _Forwarder:
                 status = upstream.status_code
             except httpx.HTTPError as exc:  # nothing was sent to the client yet
                 self.st.metrics.errors.labels(self.name, "stream_broken").inc()
-                broken = ServerUnavailable(f"model {self.name!r} failed mid-response: {exc}")
-                return self._retry_or_fail(broken, retry)
+                return ServerUnavailable(f"model {self.name!r} failed mid-response: {exc}")
             finally:
                 with anyio.CancelScope(shield=True):
                     await stack.aclose()
             if status >= 400:  # llama-server's own error: mapped in the one place
-                return self._error(upstream_error(_upstream_model(self.st, self.name), status, content))
+                raise upstream_error(_upstream_model(self.st, self.name), status, content)
             self._count(str(status), content if status == 200 else b"")
-            return Opened(status, headers, _once(content), _nothing, stream=False)
+            return Opened(status, headers, content)
         relay = self._relay(upstream)
 
         async def close() -> None:
             await relay.aclose()  # its finally counts the request, even when the client left
             await stack.aclose()
 
-        return Opened(200, headers, relay, close, stream=True)
+        return Opened(200, headers, chunks=relay, close=close)
 
     async def _relay(self, upstream: httpx.Response) -> AsyncGenerator[bytes, None]:
         first = True
@@ -348,6 +367,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         rid = request_id(request)
         received = time.perf_counter()
         content_type = request.headers.get("content-type", "application/json")
+        whisper = False
         try:
             body = await read_body(request, body_limit(st, route.path)) if route.method == "POST" else b""
             if route.model_from == "json":
@@ -359,36 +379,29 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
             else:
                 asked, stream = await model_from_request(route, request, body)
                 name = resolve_name(asked, st.supervisor.names())
-                backend = st.supervisor.view(name).config.backend  # 404 before queueing
+                backend = st.supervisor.config_of(name).backend  # 404 before queueing
                 admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
-                if backend == "whisper":
-                    return await _whisper(st, route, request, name, body, rid, received)
-                if is_translation(route.path):
+                whisper = backend == "whisper"
+                if not whisper and is_translation(route.path):
                     raise InvalidRequest(
                         f"model {name!r} does not translate audio: translations need a "
                         'backend = "whisper" model',
                         param="model",
                         hint="name a whisper model of GET /v1/models",
                     )
-            if stream and st.sse_keepalive > 0:
-                # The load wait ends in a real 503 (Retry-After, progress), so it comes first;
-                # only then may the response be committed to 200 and kept alive.
-                await st.supervisor.wait_loaded(name, load_wait=st.supervisor.load_wait(name))
         except ForgeError as exc:
             st.metrics.errors.labels("-", type(exc).__name__).inc()
             return error_response(exc, rid, dialect)
-        fwd = _Forwarder(st, route, name, rid, received, retry=not stream)
+        if whisper:  # a whole answer, rendered in its response_format: no relay
+            try:
+                return await _whisper(st, route, request, name, body, rid, received)
+            except ForgeError as exc:  # the forwarder counted its own; the form's are a 4xx
+                return error_response(exc, rid, dialect)
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        if stream and st.sse_keepalive > 0:
-            extra = {"X-Request-ID": rid} if rid else {}
-            return KeepAliveStream(
-                lambda: fwd.open(path, body, content_type),
-                interval=st.sse_keepalive,
-                dialect=dialect,
-                headers=extra,
-            )
-        opened = await fwd.open(path, body, content_type)
-        return _OpenedResponse(opened)
+        fwd = _Forwarder(st, route, name, rid, received, (path, body, content_type), retry=not stream)
+        return RelayResponse(
+            fwd.open, dialect=dialect, request_id=rid, stream=stream, interval=st.sse_keepalive
+        )
 
     forward.__name__ = f"forward_{route.path.strip('/').replace('/', '_').replace('-', '_')}"
     return forward
@@ -401,39 +414,16 @@ async def _whisper(
     name: str,
     body: bytes,
     rid: str | None,
-    t0: float,
+    received: float,
 ) -> Response:
     """A whisper model's audio request: checked and translated (``_audio``), then sent through
-    the forwarder like any other (the queue, the load wait, a child's death as a clean 503)."""
+    the forwarder like any other (the queue, the load wait, a child's death as a clean 503) and
+    rendered back in the asked ``response_format``. Errors are raised as ``ForgeError`` up to
+    the endpoint's one ``error_response``."""
     form = await parse_form(request, body, st.audio_max_bytes)
     inference, content_type = to_inference(form, translate=is_translation(route.path))
-    opened = await _Forwarder(st, route, name, rid, t0, retry=True).open(
-        "/inference", inference, content_type
-    )
-    return await relay(opened, form, route, rid)
-
-
-class _OpenedResponse(Response):
-    """An :class:`Opened` as a plain response: whole, or streamed and released however it ends."""
-
-    def __init__(self, opened: Opened) -> None:
-        super().__init__(status_code=opened.status, headers=opened.headers)
-        self.opened = opened
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        o = self.opened
-        try:
-            if not o.stream:
-                body = b"".join([c async for c in o.body])
-                await Response(body, status_code=o.status, headers=o.headers)(scope, receive, send)
-                return
-            headers = {**o.headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-            await StreamingResponse(o.body, status_code=200, headers=headers, media_type="text/event-stream")(
-                scope, receive, send
-            )
-        finally:
-            with anyio.CancelScope(shield=True):
-                await o.close()
+    fwd = _Forwarder(st, route, name, rid, received, ("/inference", inference, content_type), retry=True)
+    return await relay(await fwd.open(lambda: None), form, route, rid)
 
 
 def routes() -> list[BaseRoute]:

@@ -600,9 +600,13 @@ class ManagedModel:
 
     @asynccontextmanager
     async def acquire(
-        self, start: Callable[[ManagedModel], None], load_wait: float | None = None
+        self,
+        start: Callable[[ManagedModel], None],
+        load_wait: float | None = None,
+        loaded: Callable[[], None] | None = None,
     ) -> AsyncIterator[LlamaServer]:
-        """A slot at the child for one request: waits for load and for the concurrency limit."""
+        """A slot at the child for one request: waits for load (``loaded`` is called once it is
+        ready) and for the concurrency limit."""
         # Only what is beyond the in-flight limit waits in the queue: `queue = 0` admits a request
         # while a slot is free (or will be, once the model loads) and refuses only the surplus.
         if self.in_flight + self.waiting >= self.max_concurrency + self.queue_limit:
@@ -616,6 +620,8 @@ class ManagedModel:
         try:
             while True:
                 server = await wait_ready_within(self, start, load_wait)
+                if loaded is not None:
+                    loaded()
                 slots = self._slots
                 await slots.acquire()
                 # The wait for a slot can be long: the child may have died, or the model may be

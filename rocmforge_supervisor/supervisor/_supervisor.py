@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,12 @@ from ..build import locate_llama_server
 from ..client import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig
 from ..hardware import Inventory, detect, discover_workers, refresh_usage
-from ..process import ChildLedger
+from ..process import ChildLedger, LlamaServer
 from ._context_store import ContextStore
 from ._device_context import CONTEXT_FILE, DeviceContexts, learn_from_child
 from ._events import EventBus, EventKind
 from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan, ModelSpec, ResolvedModel, build_plan, decide, decide_on_workers, resolve
-from ._loading import wait_ready_within
 from ._managed import ManagedModel
 from ._placement import PlacementDecision
 from ._status import ModelState, ModelStatus
@@ -188,6 +187,11 @@ class Supervisor:
         """Model ``name`` now, read-only: what the gateway reads of a model (404 when unknown)."""
         return model_view(self.get(name))
 
+    def config_of(self, name: str) -> ModelConfig:
+        """Model ``name``'s configuration (404 when unknown): what a request's checks read, without
+        the whole :meth:`view` (which builds the model's status, ~20 us, on every request)."""
+        return self.get(name).config
+
     def names(self) -> list[str]:
         """The configured models' names, in configuration order."""
         return list(self.models)
@@ -214,37 +218,23 @@ class Supervisor:
         return own if own is not None else self.config.server.load_wait
 
     @asynccontextmanager
-    async def acquire(self, name: str, *, load_wait: float | None = None) -> AsyncIterator[Upstream]:
+    async def acquire(
+        self, name: str, *, load_wait: float | None = None, loaded: Callable[[], None] | None = None
+    ) -> AsyncIterator[Upstream]:
         """A slot at the model's child for one request, as an :class:`Upstream` (URL, key,
         liveness): the HTTP layer gets where to send, not the process. ``load_wait`` bounds the
-        wait for a load (then :class:`ModelLoading`); None waits as long as the load takes."""
-        for _ in range(3):
-            m = self.get(name)  # looked up again after a reload replaced the model
-            try:
-                ctx = m.acquire(self._start, load_wait)
-                server = await ctx.__aenter__()
-            except ModelRetired:
-                continue
-            try:
-                # The loop ends at this yield (return below), so `server` is never rebound.
-                yield Upstream(server.base_url, server.api_key, is_alive=lambda: server.alive)  # noqa: B023
-            except BaseException as exc:
-                if not await ctx.__aexit__(type(exc), exc, exc.__traceback__):
-                    raise
-            else:
-                await ctx.__aexit__(None, None, None)
-            return
-        raise ServiceError(f"model {name!r} is being reconfigured", hint="retry in a moment")
-
-    async def wait_loaded(self, name: str, *, load_wait: float | None) -> None:
-        """Start the model if needed and wait until it is ready, at most ``load_wait`` seconds
-        (then :class:`ModelLoading`; the load goes on in the supervisor's task group)."""
-        for _ in range(3):
-            try:
-                await wait_ready_within(self.get(name), self._start, load_wait)
+        wait for a load (then :class:`ModelLoading`); None waits as long as the load takes.
+        ``loaded`` is called once the model is ready, before the wait for a slot (a streamed
+        request's keep-alive starts then: the load wait alone ends in a real 503)."""
+        async with AsyncExitStack() as stack:
+            for _ in range(3):
+                m = self.get(name)  # looked up again after a reload replaced the model
+                try:
+                    server = await stack.enter_async_context(m.acquire(self._start, load_wait, loaded))
+                except ModelRetired:
+                    continue
+                yield _upstream(server)
                 return
-            except ModelRetired:
-                continue
         raise ServiceError(f"model {name!r} is being reconfigured", hint="retry in a moment")
 
     async def load(self, name: str) -> ModelStatus:
@@ -485,3 +475,8 @@ def _free_by_device(inventory: Inventory) -> dict[str, int]:
 def _short(free: Mapping[str, int], need: Mapping[str, int]) -> dict[str, int]:
     """Per device: the bytes still missing."""
     return {k: v - free.get(k, 0) for k, v in need.items() if free.get(k, 0) < v}
+
+
+def _upstream(server: LlamaServer) -> Upstream:
+    """Where the HTTP layer sends one request: the child's URL, key and liveness, not the process."""
+    return Upstream(server.base_url, server.api_key, is_alive=lambda: server.alive)

@@ -6,6 +6,8 @@ the client, is answered by the replacement."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -124,3 +126,45 @@ def test_a_stalled_plain_request_is_answered_by_the_replacement(service) -> None
         f.wait(timeout=10)
         assert f.stdout is not None
         f.stdout.close()
+
+
+def test_a_request_queued_before_a_stall_is_not_replayed_when_its_own_child_dies(service) -> None:  # type: ignore[no-untyped-def]
+    """The watchdog's resets count from the moment the request went to its child, not from before
+    its queue wait: a plain request that waited behind a stalled stream, then lost the replacement
+    to something else (a SIGKILL here, as the OOM killer would) is a 503 at once, not replayed."""
+    first = _pid(service)
+    out: dict[str, httpx.Response] = {}
+
+    def plain() -> None:
+        body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
+        with service.client() as c:
+            out["r"] = c.post("/v1/completions", json=body)
+
+    queued = threading.Thread(target=plain)
+    freezer = None
+    data = b""
+    stream = {"model": "m", "prompt": "A long story", "stream": True, "max_tokens": 1500, "ignore_eos": True}
+    with service.client() as c, c.stream("POST", "/v1/completions", json=stream) as r:
+        for chunk in r.iter_raw():
+            data += chunk
+            if freezer is None and data.count(b"data:") >= 2:
+                queued.start()  # behind the stream (one slot): queued before the stall
+                wait_for(lambda: service.model("m")["waiting"] == 1, timeout=10, what="the queued request")
+                freezer = _freeze(first)
+    assert b'"error"' in data[-2000:]  # the stream was reset by the watchdog
+    second = wait_for(
+        lambda: (m := service.model("m"))["pid"] not in (None, first) and m["in_flight"] == 1 and m["pid"],
+        timeout=60,
+        what="the queued request on the replacement",
+    )
+    os.kill(second, signal.SIGKILL)
+    queued.join(60)
+    assert not queued.is_alive()
+    r = out["r"]
+    assert r.status_code == 503, r.text
+    assert "went away while answering" in r.json()["error"]["message"]
+    assert service.model("m")["stalls"] == 1
+    assert freezer is not None
+    freezer.wait(timeout=10)
+    assert freezer.stdout is not None
+    freezer.stdout.close()

@@ -13,8 +13,8 @@ import pytest
 
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.service._listing import ModelFacts
-from tests.support.supervised import running
 from tests.supervisor import conftest as supervised
+from tests.support.supervised import running
 
 pytestmark = pytest.mark.anyio
 

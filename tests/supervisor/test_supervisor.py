@@ -125,3 +125,34 @@ def _gone(p: psutil.Process) -> bool:
         return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+async def test_acquire_says_loaded_once_the_model_is_ready_before_the_slot_wait(
+    make_config: MakeConfig, fake_bin: Path
+) -> None:
+    """The one load wait of a request (issue 20, 3): ``loaded`` comes when the model is ready —
+    not while it loads (that wait must be able to end in a real 503), but before the wait for a
+    slot (a streamed request's keep-alive covers that one)."""
+    cfg = make_config({"m": {"args": ["--fake-load-seconds", "0.3"], "max_concurrency": 1, "queue": 1}})
+    async with running(cfg, fake_bin) as sup:
+        m = sup.get("m")
+        told: list[tuple[str, ModelState, int]] = []
+        second_told = anyio.Event()
+
+        async def queued() -> None:
+            def loaded() -> None:
+                told.append(("second", m.state, m.in_flight))
+                second_told.set()
+
+            async with sup.acquire("m", loaded=loaded):
+                told.append(("second has its slot", m.state, m.in_flight))
+
+        first = sup.acquire("m", loaded=lambda: told.append(("first", m.state, m.in_flight)))
+        async with anyio.create_task_group() as tg, first:
+            assert told == [("first", ModelState.READY, 0)]  # after the load, before the slot
+            tg.start_soon(queued)
+            with anyio.fail_after(5):
+                await second_told.wait()  # told while the first still holds the only slot
+            assert m.in_flight == 1 and m.waiting == 1
+        assert told[1:] == [("second", ModelState.READY, 1), ("second has its slot", ModelState.READY, 1)]
+        assert m.in_flight == 0 and m.waiting == 0
