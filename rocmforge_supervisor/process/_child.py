@@ -148,6 +148,7 @@ class ChildProcess:
         #: Signs read from its log: "listening" (readiness's hurry line), fail_fast reasons, the
         #: kind's own.
         self.flags: set[str] = set()
+        self.killed = False  # kill() was sent: dying, no longer to be given requests
         self.listening_at: float | None = None  # monotonic time the hurry line was read
         self.last_output = time.monotonic()
         self.stop_requested = False
@@ -168,10 +169,17 @@ class ChildProcess:
     def alive(self) -> bool:
         return self._process is not None and not self.exited.is_set()
 
+    @property
+    def serving(self) -> bool:
+        """Alive and not being killed: a child :meth:`kill` was sent to stays alive until its exit
+        is noticed, but no new request may go to it (it would find the port closed)."""
+        return self.alive and not self.killed
+
     def reset(self) -> None:
         """After an exit: ready for another :meth:`spawn` (a start retried on another port)."""
         self._process = None
         self.exited = anyio.Event()
+        self.killed = False
         self.flags.clear()
         self.returncode = None
 
@@ -318,6 +326,7 @@ class ChildProcess:
         (:meth:`stop` would wait out its grace first). The caller decides *that* it must die."""
         if self._process is None or self.exited.is_set():
             return
+        self.killed = True
         self.log.note(f"killing pid {self._process.pid} (SIGKILL): {reason}")
         log.warning("%s %s pid %d: SIGKILL: %s", self.kind.program, self.label, self._process.pid, reason)
         self.signal_group(signal.SIGCONT)
@@ -449,6 +458,10 @@ class OwnsChild:
     @property
     def alive(self) -> bool:
         return self.child.alive
+
+    @property
+    def serving(self) -> bool:
+        return self.child.serving
 
     @property
     def stop_requested(self) -> bool:

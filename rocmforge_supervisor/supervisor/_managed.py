@@ -572,7 +572,7 @@ class ManagedModel:
             if self.retired:
                 raise ModelRetired(f"model {self.name!r} was replaced or removed", hint="retry")
             server = self.server
-            if self.state == ModelState.READY and server is not None and server.alive:
+            if self.state == ModelState.READY and server is not None and server.serving:
                 return server
             if self.state == ModelState.FAILED:
                 raise ModelFailed(
@@ -626,7 +626,8 @@ class ManagedModel:
                 await slots.acquire()
                 # The wait for a slot can be long: the child may have died, or the model may be
                 # draining by now. Then give the slot back and wait for the next ready child.
-                if self.state == ModelState.READY and server is self.server and server.alive:
+                # (A child the watchdog just killed is alive until its exit is noticed: not serving.)
+                if self.state == ModelState.READY and server is self.server and server.serving:
                     break
                 slots.release()
         finally:

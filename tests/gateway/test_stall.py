@@ -136,7 +136,7 @@ def test_a_request_queued_before_a_stall_is_not_replayed_when_its_own_child_dies
     out: dict[str, httpx.Response] = {}
 
     def plain() -> None:
-        body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
+        body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True}
         with service.client() as c:
             out["r"] = c.post("/v1/completions", json=body)
 

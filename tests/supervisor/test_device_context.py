@@ -31,8 +31,7 @@ from rocmforge_supervisor.supervisor._placement import (
 from tests.hardware.conftest import FIXTURES, machine_settings
 from tests.models.conftest import GIB, MIB, model_like
 from tests.support.gpu_procs import write_kfd
-
-from .conftest import running
+from tests.support.supervised import running
 
 #: A Qwen2.5-0.5B-like shape at Q4_K_M (tied embedding): ~0.4 GiB of allocations at ctx 4096.
 SMALL = model_like(
