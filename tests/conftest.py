@@ -38,7 +38,7 @@ def forge_settings() -> ForgeSettings:
 @pytest.fixture(scope="session")
 def llama_server_bin(forge_settings: ForgeSettings) -> Path:
     """The project's llama-server, found the way every command finds it."""
-    from rocmforge_supervisor.build import locate_llama_server
+    from rocmforge_supervisor.binaries import locate_llama_server
 
     return locate_llama_server(forge_settings).path
 
@@ -112,7 +112,7 @@ def no_orphans() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def rpc_server_bin(forge_settings: ForgeSettings) -> Path:
     """llama.cpp's RPC worker from the project's `forge build --rpc` (`make setup` builds it)."""
-    from rocmforge_supervisor.build import locate_rpc_server
+    from rocmforge_supervisor.binaries import locate_rpc_server
 
     return locate_rpc_server(forge_settings)
 
@@ -120,7 +120,7 @@ def rpc_server_bin(forge_settings: ForgeSettings) -> Path:
 @pytest.fixture(scope="session")
 def rpc_llama_server_bin(forge_settings: ForgeSettings) -> Path:
     """A llama-server that accepts --rpc (the same `forge build --rpc`)."""
-    from rocmforge_supervisor.build import locate_llama_server
+    from rocmforge_supervisor.binaries import locate_llama_server
 
     return locate_llama_server(forge_settings, rpc=True).path
 

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..build import BACKENDS, RPC_SERVER_TARGET  # the light ``_plan`` only: the build package is lazy
+from ..binaries import BACKENDS, RPC_SERVER_TARGET  # the light ``_plan`` only: the build package is lazy
 from ._common import console, err_console, get_settings
 
 if TYPE_CHECKING:
-    from ..build import BuildResult
-    from ..build._builder import ProgressFn
+    from ..binaries import BuildResult
+    from ..binaries._builder import ProgressFn
 
 __all__ = ["plain_progress", "register"]
 
@@ -57,7 +57,7 @@ def build(
     ),
 ) -> None:
     """Build llama-server from the pinned llama.cpp (cached), or print the one in use."""
-    from ..build import build_llama_server, locate_llama_server, locate_rpc_server  # start-up time
+    from ..binaries import build_llama_server, locate_llama_server, locate_rpc_server  # start-up time
 
     settings = get_settings()
     if whisper:
@@ -144,7 +144,7 @@ def _build_whisper(
 ) -> None:
     """``forge build --whisper``: whisper-server, or with ``--print-path`` the one models would use."""
     from .._errors import UsageError
-    from ..build import build_whisper_server, locate_whisper_server
+    from ..binaries import build_whisper_server, locate_whisper_server
 
     for name, given in (("--source", source is not None), ("--rpc", rpc), ("--portable", portable)):
         if given:

@@ -51,7 +51,7 @@ def worker(
     """Run llama.cpp RPC workers (rpc-server) on this machine's devices until SIGTERM/Ctrl-C."""
     import anyio  # start-up time: commands import what they use
 
-    from ..build import locate_rpc_server
+    from ..binaries import locate_rpc_server
     from ..hardware import child_env, detect
     from ..process import ChildEvent, is_loopback_host, run_supervised, worker_specs
 

@@ -1,6 +1,6 @@
 """``forge doctor``: checks every layer below it (hardware, the build, the process environment).
 
-A package of its own, above build/, process/ and hardware/, because it uses all three; inside
+A package of its own, above binaries/, process/ and hardware/, because it uses all three; inside
 hardware/ it made hardware reach up into the layers that depend on it.
 """
 

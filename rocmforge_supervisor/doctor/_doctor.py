@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 from .._errors import ForgeError
 from .._units import format_bytes
 from ..activity import database_problem
-from ..build import locate_llama_server, probe_binary
+from ..binaries import locate_llama_server, probe_binary
 from ..config import ForgeSettings
 from ..hardware import Device, Inventory, child_env, detect, device_json, gfx_target_name, parse_gfx_override
 from ..process import clean_child_env

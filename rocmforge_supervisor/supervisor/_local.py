@@ -25,7 +25,7 @@ import anyio
 from anyio.from_thread import BlockingPortal
 
 from .._errors import InstanceError, ModelCrashed, UsageError
-from ..build import locate_llama_server
+from ..binaries import locate_llama_server
 from ..client import TextModel
 from ..config import ForgeSettings, GpuChoice, GpuLayers, get_settings, parse_gpu, parse_gpu_layers
 from ..hardware import detect

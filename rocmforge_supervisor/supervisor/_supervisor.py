@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 
 from .._errors import ModelNotFound, ModelRetired, PlacementError, ServiceError, UsageError
-from ..build import locate_llama_server
+from ..binaries import locate_llama_server
 from ..client import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig
 from ..hardware import Inventory, detect, discover_workers, refresh_usage

@@ -25,8 +25,8 @@ import anyio
 
 from .._errors import PlacementError
 from .._units import format_bytes
-from ..build import locate_whisper_server
-from ..build._locate import build_info_of
+from ..binaries import locate_whisper_server
+from ..binaries._locate import build_info_of
 from ..config import ForgeSettings, GpuChoice
 from ..hardware import Device, Inventory, child_env
 from ..models import (

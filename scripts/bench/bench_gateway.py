@@ -409,7 +409,7 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from rocmforge_supervisor.build import locate_llama_server
+    from rocmforge_supervisor.binaries import locate_llama_server
     from rocmforge_supervisor.config import get_settings
     from rocmforge_supervisor.models import BASE_MODEL, ensure_embedded
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import anyio
 import httpx
 
-from rocmforge_supervisor.build import locate_llama_server
+from rocmforge_supervisor.binaries import locate_llama_server
 from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.models import resolve_model_path
 from rocmforge_supervisor.process import InstanceSpec, LlamaServer, free_port

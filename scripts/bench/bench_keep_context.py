@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from rocmforge_supervisor.build import locate_llama_server
+from rocmforge_supervisor.binaries import locate_llama_server
 from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.models import DEFAULT_MODEL, ensure_embedded
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from rocmforge_supervisor.build import locate_llama_server
+from rocmforge_supervisor.binaries import locate_llama_server
 from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.hardware import cpu_flags, cpu_model_name
 from rocmforge_supervisor.models import resolve_model_path

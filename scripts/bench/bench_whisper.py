@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rocmforge_supervisor._whisper_argv import whisper_argv  # noqa: E402
-from rocmforge_supervisor.build import locate_whisper_server  # noqa: E402
-from rocmforge_supervisor.build._whisper import _source_tree  # noqa: E402
+from rocmforge_supervisor.binaries import locate_whisper_server  # noqa: E402
+from rocmforge_supervisor.binaries._whisper import _source_tree  # noqa: E402
 from rocmforge_supervisor.config import ForgeSettings  # noqa: E402
 from rocmforge_supervisor.process import free_port  # noqa: E402
 from tests.support.whisper_ct2 import fetch_tiny_en  # noqa: E402

@@ -8,8 +8,8 @@ from typing import cast
 
 import pytest
 
-from rocmforge_supervisor.build import BuildResult
-from rocmforge_supervisor.build._builder import ProgressFn
+from rocmforge_supervisor.binaries import BuildResult
+from rocmforge_supervisor.binaries._builder import ProgressFn
 from rocmforge_supervisor.cli._build import plain_progress
 
 

@@ -82,7 +82,7 @@ def test_gpus_json_imports_no_client_server_or_model_stack(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
     assert any(d["vendor"] == "cpu" for d in json.loads(proc.stdout)["devices"])
     assert _top(modules) & (_SERVER_AND_MODELS | _CLIENTS) == set()
-    assert not {"rocmforge_supervisor.supervisor", "rocmforge_supervisor.build._builder"} & modules
+    assert not {"rocmforge_supervisor.supervisor", "rocmforge_supervisor.binaries._builder"} & modules
 
 
 @pytest.mark.parametrize(

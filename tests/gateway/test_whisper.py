@@ -333,7 +333,7 @@ def test_the_whisper_child_is_argv_built_for_whisper_server() -> None:
 
 
 def test_the_build_plan_builds_whisper_server(tmp_path: Path) -> None:
-    from rocmforge_supervisor.build import make_plan
+    from rocmforge_supervisor.binaries import make_plan
 
     plan = make_plan(
         backend="cpu",
@@ -348,7 +348,7 @@ def test_the_build_plan_builds_whisper_server(tmp_path: Path) -> None:
 
 
 def test_a_failing_selftest_is_reported(tmp_path: Path) -> None:
-    from rocmforge_supervisor.build._whisper import whisper_selftest
+    from rocmforge_supervisor.binaries._whisper import whisper_selftest
 
     model = tmp_path / "m.bin"
     model.write_bytes(b"lmgg")
@@ -400,7 +400,7 @@ def test_a_refused_build_leaves_no_cache_entry(tmp_path: Path) -> None:
     """The one install step of both builders: a self-test that refuses the build (here: raises)
     leaves neither the entry nor a staging directory; a passing one appears whole, metadata last."""
     from rocmforge_supervisor._errors import SelfTestFailed
-    from rocmforge_supervisor.build._builder import install_staged
+    from rocmforge_supervisor.binaries._builder import install_staged
 
     def refuse(staging: Path) -> dict[str, object]:
         (staging / "bin" / "whisper-server").write_text("built")

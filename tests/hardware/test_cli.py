@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from rocmforge_supervisor.build import ListedDevice
+from rocmforge_supervisor.binaries import ListedDevice
 from rocmforge_supervisor.cli import _hardware
 from rocmforge_supervisor.config import get_settings
 from rocmforge_supervisor.doctor import compare_listing, load_target

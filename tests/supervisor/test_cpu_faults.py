@@ -1,6 +1,6 @@
 """A child that dies of a CPU fault says what happened and what to do (the FAKE llama-server dies
 of the real signal at the moment a real build does: SIGILL while loading, SIGSEGV on the first
-completion; tests/build/test_selftest.py has the same faults through the build self-test)."""
+completion; tests/binaries/test_selftest.py has the same faults through the build self-test)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ async def test_a_crash_on_the_first_completion_names_the_cause(
 def test_no_repack_children_are_placed_without_the_repacked_copy(tmp_path: Path) -> None:
     """On a CPU where the self-test gives every child --no-repack, placement must not count the
     CPU_REPACK copy of the weights that such a child never makes."""
-    from rocmforge_supervisor.build._tinymodel import write_selftest_gguf
+    from rocmforge_supervisor.binaries._tinymodel import write_selftest_gguf
     from rocmforge_supervisor.models import inspect_gguf
     from rocmforge_supervisor.supervisor._placement_types import PlacementRequest, _apply_args
 

@@ -29,7 +29,7 @@ SENTENCE = "The quick brown fox jumps over the lazy dog."
 
 def whisper_server_or_skip(settings: ForgeSettings) -> Path:
     from rocmforge_supervisor._errors import BinaryNotFound
-    from rocmforge_supervisor.build import locate_whisper_server
+    from rocmforge_supervisor.binaries import locate_whisper_server
 
     try:
         return locate_whisper_server(settings)
@@ -49,7 +49,7 @@ def whisper_model_or_skip(settings: ForgeSettings) -> tuple[Path, bool]:
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         print(f"no real whisper weights ({exc}): the words are not checked", file=sys.stderr)
     from rocmforge_supervisor._errors import ForgeError
-    from rocmforge_supervisor.build._whisper import _source_tree
+    from rocmforge_supervisor.binaries._whisper import _source_tree
 
     try:
         model = _source_tree(settings) / "models" / "for-tests-ggml-tiny.bin"

@@ -24,10 +24,16 @@ import pytest
 
 from rocmforge_supervisor import SelfTestFailed
 from rocmforge_supervisor._version import LLAMA_CPP_COMMIT
-from rocmforge_supervisor.build import _builder, build_llama_server, cache_key, locate_llama_server, make_plan
-from rocmforge_supervisor.build._plan import isa_fingerprint
-from rocmforge_supervisor.build._selftest import proven, run_selftest
-from rocmforge_supervisor.build._source import SourceTree
+from rocmforge_supervisor.binaries import (
+    _builder,
+    build_llama_server,
+    cache_key,
+    locate_llama_server,
+    make_plan,
+)
+from rocmforge_supervisor.binaries._plan import isa_fingerprint
+from rocmforge_supervisor.binaries._selftest import proven, run_selftest
+from rocmforge_supervisor.binaries._source import SourceTree
 from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.hardware import cpu_flags
 from rocmforge_supervisor.process import crash_advice

@@ -14,8 +14,8 @@ import pytest
 from rocmforge_supervisor import BinaryNotFound, SourceError, ToolchainMissing, UsageError
 from rocmforge_supervisor._errors import BuildError
 from rocmforge_supervisor._version import LLAMA_CPP_COMMIT
-from rocmforge_supervisor.build import _source as source_module
-from rocmforge_supervisor.build import (
+from rocmforge_supervisor.binaries import _source as source_module
+from rocmforge_supervisor.binaries import (
     build_llama_server,
     cache_key,
     choose_backend,
@@ -23,7 +23,7 @@ from rocmforge_supervisor.build import (
     make_plan,
     probe_binary,
 )
-from rocmforge_supervisor.build._plan import RocmToolchain
+from rocmforge_supervisor.binaries._plan import RocmToolchain
 from rocmforge_supervisor.config import ForgeSettings
 
 FORGE = [sys.executable, "-m", "rocmforge_supervisor.cli"]
