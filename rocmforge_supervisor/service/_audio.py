@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse, Response
 from .._errors import InvalidRequest, PayloadTooLarge, ServerError
 from ._errors_http import error_response
 from ._relay import Opened
-from ._routes import ForwardRoute
+from ._routes import ForwardRoute, replayed
 
 __all__ = [
     "FORMATS",
@@ -99,17 +99,8 @@ def _text(form: Any, name: str) -> str | None:
 
 async def parse_form(request: Request, body: bytes, limit: int) -> AudioForm:
     """The upload's fields, checked (an :class:`InvalidRequest` naming the field, or a 413)."""
-    sent = False
-
-    async def replay() -> dict[str, object]:
-        nonlocal sent
-        if sent:
-            return {"type": "http.request", "body": b"", "more_body": False}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
     try:
-        async with Request(request.scope, replay).form() as form:
+        async with replayed(request, body).form() as form:
             upload = form.get("file")
             if not isinstance(upload, UploadFile):
                 raise InvalidRequest(

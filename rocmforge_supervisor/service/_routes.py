@@ -32,6 +32,7 @@ __all__ = [
     "ForwardRoute",
     "dialect_for_path",
     "model_from_request",
+    "replayed",
     "resolve_name",
     "takes_json",
 ]
@@ -150,12 +151,10 @@ async def model_from_request(route: ForwardRoute, request: Request, body: bytes)
     return found, stream
 
 
-async def _form_fields(request: Request, body: bytes, names: tuple[str, ...]) -> dict[str, str | None]:
-    """Text fields of a multipart or urlencoded body that was already read into ``body``.
-
-    Parsed by starlette's form parser (python-multipart) over a replay of the bytes, so the
-    original body is forwarded unchanged.
-    """
+def replayed(request: Request, body: bytes) -> Request:
+    """``request`` again, over a body already read into ``body``: for starlette's form parser
+    (python-multipart) after the body was read whole (its size checked), so the original bytes
+    can still be forwarded unchanged."""
     sent = False
 
     async def replay() -> dict[str, object]:
@@ -165,8 +164,17 @@ async def _form_fields(request: Request, body: bytes, names: tuple[str, ...]) ->
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
+    return Request(request.scope, replay)
+
+
+async def _form_fields(request: Request, body: bytes, names: tuple[str, ...]) -> dict[str, str | None]:
+    """Text fields of a multipart or urlencoded body that was already read into ``body``.
+
+    Parsed by starlette's form parser (python-multipart) over a replay of the bytes, so the
+    original body is forwarded unchanged.
+    """
     try:
-        async with Request(request.scope, replay).form() as form:
+        async with replayed(request, body).form() as form:
             values = {n: form.get(n) for n in names}
     except (AssertionError, ValueError, KeyError) as exc:
         raise UsageError(
