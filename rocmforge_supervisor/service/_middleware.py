@@ -74,7 +74,7 @@ class RequestContext:
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), rid_header]
+                message["headers"] = _with_id(message.get("headers", []), rid_header)
             await send(message)
 
         recorder = self.state.recorder
@@ -108,7 +108,7 @@ class RequestContext:
             nonlocal status, completed
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), rid_header]
+                message["headers"] = _with_id(message.get("headers", []), rid_header)
             elif message["type"] == "http.response.body" and draft.capture:
                 recorder.keep_response(draft, message.get("body", b""))
             await send(message)
@@ -248,3 +248,13 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise _too_large(limit, request.url.path)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _with_id(
+    headers: list[tuple[bytes, bytes]], rid_header: tuple[bytes, bytes]
+) -> list[tuple[bytes, bytes]]:
+    """The response's headers with the request id once: a response that already says it (an
+    error rendered with it, a relayed answer) keeps its own; read once per response, not per chunk."""
+    if any(k.lower() == b"x-request-id" for k, _ in headers):
+        return list(headers)
+    return [*headers, rid_header]
