@@ -144,22 +144,27 @@ def _tensors(v: dict[str, Array], n_audio: int, n_text: int) -> list[tuple[str, 
     add("encoder.conv1.bias", v["encoder/conv1/bias"].reshape(-1, 1))
     add("encoder.conv2.weight", v["encoder/conv2/weight"])
     add("encoder.conv2.bias", v["encoder/conv2/bias"].reshape(-1, 1))
-    for i in range(n_audio):
-        src, dst = f"encoder/layer_{i}", f"encoder.blocks.{i}"
+
+    def self_attention(dst: str, src: str) -> None:
         ln(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
         qkv(f"{dst}.attn", f"{src}/self_attention/linear_0")
         lin(f"{dst}.attn.out", f"{src}/self_attention/linear_1")
+
+    def mlp(dst: str, src: str) -> None:
         ln(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
         lin(f"{dst}.mlp.0", f"{src}/ffn/linear_0")
         lin(f"{dst}.mlp.2", f"{src}/ffn/linear_1")
+
+    for i in range(n_audio):
+        src, dst = f"encoder/layer_{i}", f"encoder.blocks.{i}"
+        self_attention(dst, src)
+        mlp(dst, src)
     ln("encoder.ln_post", "encoder/layer_norm")
     add("decoder.positional_embedding", v["decoder/position_encodings/encodings"])
     add("decoder.token_embedding.weight", v["decoder/embeddings/weight"])
     for i in range(n_text):
         src, dst = f"decoder/layer_{i}", f"decoder.blocks.{i}"
-        ln(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
-        qkv(f"{dst}.attn", f"{src}/self_attention/linear_0")
-        lin(f"{dst}.attn.out", f"{src}/self_attention/linear_1")
+        self_attention(dst, src)
         ln(f"{dst}.cross_attn_ln", f"{src}/attention/layer_norm")
         lin(f"{dst}.cross_attn.query", f"{src}/attention/linear_0")
         kw, kb = (
@@ -170,9 +175,7 @@ def _tensors(v: dict[str, Array], n_audio: int, n_text: int) -> list[tuple[str, 
         add(f"{dst}.cross_attn.value.weight", kw[1])
         add(f"{dst}.cross_attn.value.bias", kb[1])
         lin(f"{dst}.cross_attn.out", f"{src}/attention/linear_2")
-        ln(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
-        lin(f"{dst}.mlp.0", f"{src}/ffn/linear_0")
-        lin(f"{dst}.mlp.2", f"{src}/ffn/linear_1")
+        mlp(dst, src)
     ln("decoder.ln", "decoder/layer_norm")
     return out
 
