@@ -238,7 +238,8 @@ class StreamPool:
         no byte came back and the child still lives (the rule of ``client.asend``). Errors are
         mapped by ``map_httpx_errors`` (``ServerUnavailable``). The caller must close it."""
         key = upstream.base_url
-        head = self._request(key, method, path, content, headers)
+        with map_httpx_errors(upstream, streaming=False):
+            head = self._request(key, method, path, content, headers)
         for attempt in (1, 2):
             with map_httpx_errors(upstream, streaming=False):
                 try:
