@@ -70,6 +70,9 @@ class _Conn(asyncio.Protocol):
         self._eof = False
         self._lost: Exception | None = None
         self._paused = False
+        #: The pool's idle list while the connection waits there: a server that closes it then
+        #: (its 5 s idle close, or the child gone for good) takes it out, so no socket lingers.
+        self.parked: list[_Conn] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCP transport is not an asyncio.Transport subclass; it has the same methods
@@ -85,12 +88,21 @@ class _Conn(asyncio.Protocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._wake()
+        self._unpark()
         return False  # the transport closes itself
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True
         self._lost = exc
         self._wake()
+        self._unpark()
+
+    def _unpark(self) -> None:
+        if self.parked is not None:
+            if self in self.parked:
+                self.parked.remove(self)
+            self.parked = None
+            self.close()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -277,6 +289,7 @@ class StreamPool:
             conn.close()
             return
         conn.idle_since = time.monotonic()
+        conn.parked = idle
         idle.append(conn)
 
     async def aclose(self) -> None:
@@ -284,6 +297,7 @@ class StreamPool:
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for c in conns:
+                c.parked = None
                 c.close()
 
     async def send(
@@ -334,6 +348,7 @@ class StreamPool:
         now = time.monotonic()
         while idle:
             conn = idle.pop()
+            conn.parked = None
             if now - conn.idle_since < KEEPALIVE_EXPIRY and conn.usable:
                 return conn
             conn.close()

@@ -152,9 +152,11 @@ async def test_real_child_reuses_a_finished_connection_and_a_left_stream_frees_t
 
 
 @asynccontextmanager
-async def _fake_upstream(*answers: bytes) -> AsyncIterator[tuple[Upstream, list[int]]]:
+async def _fake_upstream(
+    *answers: bytes, hold: anyio.Event | None = None
+) -> AsyncIterator[tuple[Upstream, list[int]]]:
     """A fake child: for each connection, read the request head, write the next scripted answer
-    and close. Returns its upstream and a count of connections."""
+    and close (once ``hold`` is set, if given). Returns its upstream and a count of connections."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     accepted = [0]
@@ -169,6 +171,8 @@ async def _fake_upstream(*answers: bytes) -> AsyncIterator[tuple[Upstream, list[
                     data += await client.receive()
                 if script:
                     await client.send(script.pop(0))
+                if hold is not None:
+                    await hold.wait()
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 pass
 
@@ -244,3 +248,20 @@ async def test_header_injection_is_refused_before_sending() -> None:
         await pool.send(
             Upstream("http://127.0.0.1:1"), "POST", "/x", content=b"", headers={"X-Request-ID": "a\r\nB: c"}
         )
+
+
+async def test_fake_upstream_closing_an_idle_connection_takes_it_out_of_the_pool() -> None:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    pool = StreamPool()
+    close = anyio.Event()
+    async with _fake_upstream(ok, hold=close) as (up, _):
+        with anyio.fail_after(10):
+            r = await pool.send(up, "POST", "/x", content=b"{}", headers={})
+            assert await r.aread() == b"{}"
+            await r.aclose()
+            idle = pool._idle[up.base_url]
+            assert len(idle) == 1  # read whole, kept alive: parked
+            close.set()
+            while idle:  # noqa: ASYNC110 — the protocol callback of the server closing it takes it out
+                await anyio.sleep(0.01)
+    await pool.aclose()
