@@ -7,7 +7,8 @@ progress) → ``supervisor.acquire`` (a slot, as an :class:`Upstream`) → ``cli
 (retry on a stale keep-alive, httpx errors typed) → stream through or buffer → release.
 
 Nothing is translated: the body goes through unchanged and the reply comes back unchanged, streams
-chunk by chunk (``aiter_raw``), so every dialect llama-server speaks (OpenAI, Anthropic, Responses,
+as the raw blocks that arrived (a streamed request goes through the relay's own HTTP/1.1 client,
+``_upstream_http``, with the same error mapping and retry rule; the rest through httpx), so every dialect llama-server speaks (OpenAI, Anthropic, Responses,
 native) works with its own clients. Only the tail of a stream is kept, for the usage counters and
 to notice a stream that ended without its last event; a child that dies mid-stream ends the
 client's stream with an error event in the route's dialect. Streams that wait for their first
