@@ -265,3 +265,23 @@ async def test_fake_upstream_closing_an_idle_connection_takes_it_out_of_the_pool
             while idle:  # noqa: ASYNC110 — the protocol callback of the server closing it takes it out
                 await anyio.sleep(0.01)
     await pool.aclose()
+
+
+async def test_fake_upstream_reading_pauses_while_the_relay_is_behind() -> None:
+    """A slow client: past 1 MiB read ahead, the socket is not read (the child is held back by
+    TCP, as httpx's pull reads held it); reading the backlog resumes it, and nothing is lost."""
+    block = b"x" * 65536
+    body = (b"10000\r\n" + block + b"\r\n") * 48 + b"0\r\n\r\n"  # 3 MiB in 64 KiB chunks
+    pool = StreamPool()
+    async with _fake_upstream(HEAD + body) as (up, _):
+        with anyio.fail_after(20):
+            r = await pool.send(up, "POST", "/x", content=b"{}", headers={})
+            conn = r._conn
+            assert conn is not None
+            while not conn._paused:  # noqa: ASYNC110 — set by the protocol's data_received
+                await anyio.sleep(0.01)
+            assert len(conn._incoming) < 2 * (1 << 20)
+            got = b"".join([b async for b in r.aiter_raw()])
+            assert got == block * 48 and not conn._paused
+            await r.aclose()
+    await pool.aclose()
