@@ -2,10 +2,20 @@
 
 from ._sse import SSEDecoder
 from ._textmodel import Liveness, TextModel
-from ._transport import Upstream, asend, async_pool, socket_gone_as_httpx_error
+from ._transport import (
+    KEEPALIVE_EXPIRY,
+    RETRYABLE,
+    Upstream,
+    asend,
+    async_pool,
+    map_httpx_errors,
+    socket_gone_as_httpx_error,
+)
 from ._types import GenerateOptions, Message, Token, Usage
 
 __all__ = [
+    "KEEPALIVE_EXPIRY",
+    "RETRYABLE",
     "GenerateOptions",
     "Liveness",
     "Message",
@@ -16,5 +26,6 @@ __all__ = [
     "Usage",
     "asend",
     "async_pool",
+    "map_httpx_errors",
     "socket_gone_as_httpx_error",
 ]

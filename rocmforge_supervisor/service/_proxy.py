@@ -7,7 +7,8 @@ progress) → ``supervisor.acquire`` (a slot, as an :class:`Upstream`) → ``cli
 (retry on a stale keep-alive, httpx errors typed) → stream through or buffer → release.
 
 Nothing is translated: the body goes through unchanged and the reply comes back unchanged, streams
-chunk by chunk (``aiter_raw``), so every dialect llama-server speaks (OpenAI, Anthropic, Responses,
+as the raw blocks that arrived (a streamed request goes through the relay's own HTTP/1.1 client,
+``_upstream_http``, with the same error mapping and retry rule; the rest through httpx), so every dialect llama-server speaks (OpenAI, Anthropic, Responses,
 native) works with its own clients. Only the tail of a stream is kept, for the usage counters and
 to notice a stream that ended without its last event; a child that dies mid-stream ends the
 client's stream with an error event in the route's dialect. Streams that wait for their first
@@ -31,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
-from ..client import asend
+from ..client import Upstream, asend
 from ._audio import is_translation, parse_form, relay, to_inference
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
 from ._listing import check_media, check_tools, model_list
@@ -49,6 +50,7 @@ from ._relay import Opened, RelayResponse
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, body_limit, request_id, state_of
 from ._tools import asks_for_tools
+from ._upstream_http import StreamResponse, supports
 from ._validate import check_fields, parse_object
 
 __all__ = ["FORWARDED", "open_upstream", "routes"]
@@ -119,6 +121,37 @@ def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
 
 
 @asynccontextmanager
+async def _slot(
+    st: GatewayState,
+    name: str,
+    path: str,
+    loaded: Callable[[], None] | None,
+    sending: Callable[[], None] | None,
+) -> AsyncIterator[Upstream]:
+    """A slot at model ``name`` (waiting for its load up to ``load_wait``), released on exit."""
+    if path != "/inference" and st.supervisor.config_of(name).backend == "whisper":
+        raise InvalidRequest(
+            f"model {name!r} is a whisper (speech to text) model: it answers only "
+            "/v1/audio/transcriptions and /v1/audio/translations",
+            param="model",
+            hint="name a llama model of GET /v1/models for this route",
+        )
+    load_wait = st.supervisor.load_wait(name)
+    async with st.supervisor.acquire(name, load_wait=load_wait, loaded=loaded) as upstream:
+        note_timing(slot=True)  # the activity record's queue wait, for every dialect
+        if sending is not None:
+            sending()
+        yield upstream
+
+
+def _request_headers(upstream: Upstream, content_type: str, rid: str | None) -> dict[str, str]:
+    headers = {"Content-Type": content_type}
+    if rid:
+        headers["X-Request-ID"] = rid
+    return upstream.headers(headers)
+
+
+@asynccontextmanager
 async def open_upstream(
     st: GatewayState,
     name: str,
@@ -135,24 +168,43 @@ async def open_upstream(
     streaming response to one request; both released on exit. Also the Ollama API's way in.
     ``loaded`` is called once the model is ready (the wait for a slot begins), ``sending`` once
     the slot is ours, just before the request goes to the child."""
-    if path != "/inference" and st.supervisor.config_of(name).backend == "whisper":
-        raise InvalidRequest(
-            f"model {name!r} is a whisper (speech to text) model: it answers only "
-            "/v1/audio/transcriptions and /v1/audio/translations",
-            param="model",
-            hint="name a llama model of GET /v1/models for this route",
-        )
-    load_wait = st.supervisor.load_wait(name)
-    async with st.supervisor.acquire(name, load_wait=load_wait, loaded=loaded) as upstream:
-        note_timing(slot=True)  # the activity record's queue wait, for every dialect
-        if sending is not None:
-            sending()
-        headers = {"Content-Type": content_type}
-        if rid:
-            headers["X-Request-ID"] = rid
+    async with _slot(st, name, path, loaded, sending) as upstream:
         response = await asend(
-            st.upstream, upstream, method, path, content=body, headers=upstream.headers(headers)
+            st.upstream,
+            upstream,
+            method,
+            path,
+            content=body,
+            headers=_request_headers(upstream, content_type, rid),
         )
+        try:
+            yield response
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+
+@asynccontextmanager
+async def _open_stream(
+    st: GatewayState,
+    name: str,
+    method: str,
+    path: str,
+    body: bytes,
+    rid: str | None,
+    *,
+    content_type: str,
+    loaded: Callable[[], None],
+) -> AsyncIterator[httpx.Response | StreamResponse]:
+    """:func:`open_upstream` for a streamed request: through the relay's own client
+    (``_upstream_http``, measured faster per chunk) where it can carry it, httpx otherwise."""
+    async with _slot(st, name, path, loaded, None) as upstream:
+        headers = _request_headers(upstream, content_type, rid)
+        response: httpx.Response | StreamResponse
+        if supports(upstream, path):
+            response = await st.streams.send(upstream, method, path, content=body, headers=headers)
+        else:
+            response = await asend(st.upstream, upstream, method, path, content=body, headers=headers)
         try:
             yield response
         finally:
@@ -174,6 +226,7 @@ class _Forwarder:
         request: tuple[str, bytes, str],
         *,
         retry: bool = False,
+        stream: bool = False,
     ) -> None:
         self.st = st
         self.route = route
@@ -182,6 +235,7 @@ class _Forwarder:
         self.received = received
         self.path, self.body, self.content_type = request
         self.retry = retry
+        self.stream = stream
 
     def _stalls(self) -> int | None:
         """The model's watchdog resets so far (a change means the watchdog reset its child)."""
@@ -249,20 +303,32 @@ class _Forwarder:
         """The answer; a ServerUnavailable returned (not raised): the child went away before
         answering, which the caller may retry. Every other error is raised."""
         stack = AsyncExitStack()
-        try:
-            upstream = await stack.enter_async_context(
-                open_upstream(
-                    self.st,
-                    self.name,
-                    self.route.method,
-                    self.path,
-                    self.body,
-                    self.rid,
-                    content_type=self.content_type,
-                    loaded=loaded,
-                    sending=sending,
-                )
+        opening = (
+            _open_stream(
+                self.st,
+                self.name,
+                self.route.method,
+                self.path,
+                self.body,
+                self.rid,
+                content_type=self.content_type,
+                loaded=loaded,
             )
+            if self.stream and sending is None
+            else open_upstream(
+                self.st,
+                self.name,
+                self.route.method,
+                self.path,
+                self.body,
+                self.rid,
+                content_type=self.content_type,
+                loaded=loaded,
+                sending=sending,
+            )
+        )
+        try:
+            upstream: httpx.Response | StreamResponse = await stack.enter_async_context(opening)
         except ServerUnavailable as exc:  # no answer at all: the child went away
             await stack.aclose()
             return exc
@@ -300,7 +366,7 @@ class _Forwarder:
 
         return Opened(200, headers, chunks=relay, close=close)
 
-    async def _relay(self, upstream: httpx.Response) -> AsyncGenerator[bytes, None]:
+    async def _relay(self, upstream: httpx.Response | StreamResponse) -> AsyncGenerator[bytes, None]:
         first = True
         tail = b""
         status = "200"
@@ -398,7 +464,9 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
             except ForgeError as exc:  # the forwarder counted its own; the form's are a 4xx
                 return error_response(exc, rid, dialect)
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        fwd = _Forwarder(st, route, name, rid, received, (path, body, content_type), retry=not stream)
+        fwd = _Forwarder(
+            st, route, name, rid, received, (path, body, content_type), retry=not stream, stream=stream
+        )
         return RelayResponse(
             fwd.open, dialect=dialect, request_id=rid, stream=stream, interval=st.sse_keepalive
         )

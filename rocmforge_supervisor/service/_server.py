@@ -194,6 +194,7 @@ async def _run_locked(
             s.close()
         with anyio.CancelScope(shield=True):
             await state.upstream.aclose()
+            await state.streams.aclose()
             if state.recorder.store is not None:  # what is queued is committed
                 await anyio.to_thread.run_sync(state.recorder.store.close)
         info = read_service_info(supervisor.state_dir)

@@ -17,6 +17,7 @@ from ..config import ForgeConfig, ForgeSettings
 from ..supervisor import Supervisor
 from ._metrics import Metrics
 from ._recording import Recorder
+from ._upstream_http import StreamPool
 
 __all__ = ["AUDIO_PATHS", "GatewayState", "body_limit", "request_id", "state_of"]
 
@@ -79,6 +80,8 @@ class GatewayState:
         #: Set when the service starts stopping: endless responses (events, log follow) end then.
         self.closing = anyio.Event()
         self.upstream: httpx.AsyncClient = async_pool(httpx.Timeout(None, connect=5.0), max_keepalive=512)
+        #: The relay's own connections for streamed answers (``_upstream_http``: issue 21).
+        self.streams = StreamPool(connect_timeout=5.0, max_idle=512)
 
     def apply(self, config: ForgeConfig) -> None:
         """A reloaded config's ``[server]`` settings that the gateway reads per request, from the

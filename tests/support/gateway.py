@@ -83,6 +83,7 @@ async def serving(
             sock.close()
             with anyio.CancelScope(shield=True):
                 await state.upstream.aclose()
+                await state.streams.aclose()
                 if state.recorder.store is not None:
                     await anyio.to_thread.run_sync(state.recorder.store.close)
 
