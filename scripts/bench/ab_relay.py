@@ -90,6 +90,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from rocmforge_supervisor.build import locate_llama_server
+
     from rocmforge_supervisor.config import get_settings
     from tests.support.tiny_gguf import write_tiny_gguf
 
