@@ -201,28 +201,33 @@ class ChildProcess:
             stdbuf = shutil.which("stdbuf")  # printf to a pipe is block-buffered: line-buffer it
             cmd = [stdbuf, "-oL", *argv] if stdbuf else argv
         try:
-            self._process = await anyio.open_process(
-                with_parent_death(cmd),
-                stdin=None,
-                stdout=subprocess.PIPE if self.kind.log_on_stdout else subprocess.DEVNULL,
-                stderr=subprocess.STDOUT if self.kind.log_on_stdout else subprocess.PIPE,
-                env=env,
-                start_new_session=True,
-            )
+            # Shielded: a cancellation inside asyncio's subprocess creation kills the new child
+            # but leaves it unreaped (a ResourceWarning, a zombie); once it exists, the caller's
+            # cleanup stops and reaps it like any other.
+            with anyio.CancelScope(shield=True):
+                process = await anyio.open_process(
+                    with_parent_death(cmd),
+                    stdin=None,
+                    stdout=subprocess.PIPE if self.kind.log_on_stdout else subprocess.DEVNULL,
+                    stderr=subprocess.STDOUT if self.kind.log_on_stdout else subprocess.PIPE,
+                    env=env,
+                    start_new_session=True,
+                )
         except OSError as exc:
             raise StartFailed(
                 f"could not start {argv[0]}: {exc.strerror or exc}",
                 hint=self.kind.spawn_hint,
                 reason="crashed",
             ) from exc
-        self.pid = self._process.pid
+        self._process = process
+        self.pid = process.pid
         self._drain_done = anyio.Event()
         self.last_output = time.monotonic()
         self.state = "loading"
-        stream = self._process.stdout if self.kind.log_on_stdout else self._process.stderr
+        stream = process.stdout if self.kind.log_on_stdout else process.stderr
         assert stream is not None
         tg.start_soon(self._drain, stream)
-        tg.start_soon(self._watch_exit, self._process)
+        tg.start_soon(self._watch_exit, process)
 
     async def wait_ready(self, *, ready_timeout: float | None, stall_timeout: float | None = None) -> None:
         """Until the kind's readiness signal; else the child is stopped and the kind's
