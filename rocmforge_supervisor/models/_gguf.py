@@ -21,6 +21,9 @@ from gguf.constants import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType
 from .._errors import InvalidModelFile, ModelNotFound
 from ._names import parse_split_name
 
+#: whisper.cpp's model files start with ``ggml`` as a little-endian int (the bytes ``lmgg``).
+_GGML_MAGIC = 0x67676D6C
+
 __all__ = ["SUPPORTED_GGUF_VERSIONS", "GGUFInfo", "inspect_gguf", "read_gguf_keys"]
 
 #: The GGUF versions llama.cpp (and the gguf package) read.
@@ -234,6 +237,12 @@ def _check_prefix(path: Path) -> None:
             hint="download the model again",
         )
     (magic,) = struct.unpack("<I", head[:4])
+    if magic == _GGML_MAGIC:  # whisper.cpp's own format: served by the whisper backend
+        raise InvalidModelFile(
+            f"{path} is a whisper.cpp (GGML) model, not a GGUF one: llama-server cannot load it",
+            hint='serve it with forge serve: [models.NAME] path = "…" backend = "whisper" '
+            "(POST /v1/audio/transcriptions)",
+        )
     if magic != GGUF_MAGIC:
         raise InvalidModelFile(
             f"{path} is not a GGUF model: it starts with {head[:4]!r}, expected b'GGUF'",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -93,8 +94,14 @@ def test_inspect_bad_files(tmp_path: Path, tiny_gguf: Path) -> None:
     notes.write_text("not a model\n")
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny_gguf.read_bytes()[:-5000])
+    whisper = tmp_path / "ggml-tiny.bin"  # whisper.cpp's header: the ggml magic, then its hparams
+    whisper.write_bytes(struct.pack("<11i", 0x67676D6C, 51865, 1500, 384, 6, 4, 448, 384, 6, 4, 1))
     for path, needle in (
         (notes, "is not a GGUF model"),
+        (
+            whisper,
+            'is a whisper.cpp (GGML) model, not a GGUF one: llama-server cannot load it — serve it with forge serve: [models.NAME] path = "…" backend = "whisper"',
+        ),
         (cut, "is truncated"),
         (tmp_path / "nope.gguf", "no model file"),
     ):
