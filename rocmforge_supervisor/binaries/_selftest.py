@@ -29,6 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 from filelock import FileLock
@@ -43,7 +44,7 @@ from ..process import crash_advice, describe_returncode, free_port, kill_process
 from ._plan import isa_fingerprint, isa_flags
 from ._tinymodel import N_SPECIAL_TOKENS, write_selftest_gguf
 
-__all__ = ["WORKAROUNDS", "Attempt", "SelfTest", "binary_stamp", "proven", "run_selftest"]
+__all__ = ["WORKAROUNDS", "Attempt", "SelfTest", "binary_stamp", "proven", "run_selftest", "wait_health"]
 
 #: The flags tried, in order, when the default ones die of a CPU fault. ``--no-repack``: no extra
 #: buffer types (AMX, CPU_REPACK), so ggml's plain CPU kernels run (PR #26954's crash is in AMX).
@@ -358,17 +359,27 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)  # anything it forked into its group
 
 
-def _serve_one(proc: subprocess.Popen[str], client: httpx.Client, deadline: float) -> str:
-    """ "ok", "not ready" (it exited or never came up), "timeout", or what it answered instead."""
+def wait_health(
+    proc: subprocess.Popen[str] | subprocess.Popen[bytes], client: httpx.Client, deadline: float
+) -> Literal["ok", "exited", "timeout"]:
+    """Until the server under test answers ``GET /health`` 200 ("ok"), exits, or ``deadline``
+    passes: the readiness both self-tests (llama-server's, whisper-server's) wait for."""
     while True:
         if proc.poll() is not None:
-            return "not ready"
+            return "exited"
         if time.monotonic() > deadline:
             return "timeout"
         with contextlib.suppress(httpx.HTTPError):
             if client.get("/health").status_code == 200:
-                break
+                return "ok"
         time.sleep(0.1)
+
+
+def _serve_one(proc: subprocess.Popen[str], client: httpx.Client, deadline: float) -> str:
+    """ "ok", "not ready" (it exited or never came up), "timeout", or what it answered instead."""
+    ready = wait_health(proc, client, deadline)
+    if ready != "ok":
+        return "not ready" if ready == "exited" else "timeout"
     # Random weights: the byte and control tokens are banned so the text is valid UTF-8 (the
     # server's output parser refuses a lone continuation byte with a 500).
     body = {

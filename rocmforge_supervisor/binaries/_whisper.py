@@ -44,6 +44,7 @@ from ..hardware import cpu_flags
 from ..process import describe_returncode, free_port, with_parent_death
 from ._builder import ProgressFn, _remove_leftovers, _run_plan, detected_gpu_targets, install_staged
 from ._plan import Backend, cache_key, choose_backend, isa_fingerprint, make_plan
+from ._selftest import wait_health
 from ._source import _download_sdist, _unpack_vendor
 
 __all__ = [
@@ -243,15 +244,9 @@ def whisper_selftest(binary: Path, model: Path, timeout: float = 120.0) -> tuple
 
 def _serve_one(proc: subprocess.Popen[bytes], port: int, deadline: float) -> str:
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as client:
-        while True:
-            if proc.poll() is not None:
-                return "exited before it answered /health"
-            if time.monotonic() > deadline:
-                return "not ready in time"
-            with contextlib.suppress(httpx.HTTPError):
-                if client.get("/health").status_code == 200:
-                    break
-            time.sleep(0.1)
+        ready = wait_health(proc, client, deadline)
+        if ready != "ok":
+            return "exited before it answered /health" if ready == "exited" else "not ready in time"
         try:
             r = client.post(
                 "/inference",

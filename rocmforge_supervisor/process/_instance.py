@@ -31,6 +31,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -47,6 +48,7 @@ from ._child import ChildKind, ChildProcess, HttpOk, OwnsChild
 from ._env import clean_child_env
 from ._logs import LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
 from ._logs import crash_cause as cause_in_log
+from ._model_kind import ModelServerKind
 from ._ports import free_port, port_is_free
 from ._spec import START_HINTS, InstanceSpec, crash_advice, describe_returncode, unwrap_group
 from ._whisper_server import WhisperServerKind
@@ -58,33 +60,21 @@ _COMPUTED_RE = re.compile(r"print_timing|prompt eval time")
 
 
 @dataclass(frozen=True)
-class LlamaServerKind(ChildKind):
+class LlamaServerKind(ModelServerKind):
     """llama-server, as a :class:`ChildKind`: it binds its port before it loads the model and
     answers ``/health`` 503 until then, so ready is a 200 (asked at once after ``listening on``);
     running out of device memory ends a load at once; its failures are read from its log."""
 
-    alias: str
-    log_path: str | None = None
-
     program: ClassVar[str] = "llama-server"
     readiness: ClassVar[HttpOk] = HttpOk("/health", hurry=LISTENING_RE)
     spawn_hint: ClassVar[str] = "run `forge build`, or check FORGE_LLAMA_SERVER"
+    hints: ClassVar[Mapping[str, str]] = START_HINTS
     fail_fast: ClassVar[tuple[tuple[str, re.Pattern[str], str], ...]] = (
         ("oom", OOM_PATTERNS, "out of device memory while loading"),
     )
 
     def classify(self, tail: list[str], returncode: int | None) -> str:
         return "illegal_instruction" if returncode == -signal.SIGILL else classify_failure(tail)
-
-    def failure(self, reason: str, message: str, child: ChildProcess) -> StartFailed:
-        return StartFailed(
-            f"llama-server for {self.alias!r} failed to start: {message}",
-            hint=START_HINTS.get(reason),
-            returncode=child.returncode,
-            reason=reason,
-            stderr_tail=child.log.tail(15),
-            log_path=self.log_path,
-        )
 
     def crash_cause(
         self, tail: list[str], returncode: int | None, *, computed: bool, amx: bool

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._errors import StartFailed
-from ._child import ChildKind, ChildProcess, HttpOk
+from ._child import HttpOk
+from ._model_kind import ModelServerKind
 from ._spec import crash_advice
 
 __all__ = ["WhisperServerKind"]
@@ -42,31 +43,20 @@ _HINTS = {
 
 
 @dataclass(frozen=True)
-class WhisperServerKind(ChildKind):
+class WhisperServerKind(ModelServerKind):
     """whisper-server: ready at its first ``/health`` 200 (it binds after the load)."""
-
-    alias: str
-    log_path: str | None = None
 
     program: ClassVar[str] = "whisper-server"
     readiness: ClassVar[HttpOk] = HttpOk("/health")
     spawn_hint: ClassVar[str] = "run `forge build --whisper`, or check FORGE_WHISPER_SERVER"
+    hints: ClassVar[Mapping[str, str]] = _HINTS
+    default_hint: ClassVar[str | None] = "see its log"
 
     def classify(self, tail: list[str], returncode: int | None) -> str:
         if returncode == -signal.SIGILL:
             return "illegal_instruction"
         text = "\n".join(tail)
         return next((reason for reason, pattern in _CLASSIFY if pattern.search(text)), "crashed")
-
-    def failure(self, reason: str, message: str, child: ChildProcess) -> StartFailed:
-        return StartFailed(
-            f"whisper-server for {self.alias!r} failed to start: {message}",
-            hint=_HINTS.get(reason, "see its log"),
-            returncode=child.returncode,
-            reason=reason,
-            stderr_tail=child.log.tail(15),
-            log_path=self.log_path,
-        )
 
     def crash_cause(
         self, tail: list[str], returncode: int | None, *, computed: bool, amx: bool

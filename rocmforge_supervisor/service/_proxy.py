@@ -303,29 +303,11 @@ class _Forwarder:
         """The answer; a ServerUnavailable returned (not raised): the child went away before
         answering, which the caller may retry. Every other error is raised."""
         stack = AsyncExitStack()
+        request = (self.st, self.name, self.route.method, self.path, self.body, self.rid)
         opening = (
-            _open_stream(
-                self.st,
-                self.name,
-                self.route.method,
-                self.path,
-                self.body,
-                self.rid,
-                content_type=self.content_type,
-                loaded=loaded,
-            )
+            _open_stream(*request, content_type=self.content_type, loaded=loaded)
             if self.stream and sending is None
-            else open_upstream(
-                self.st,
-                self.name,
-                self.route.method,
-                self.path,
-                self.body,
-                self.rid,
-                content_type=self.content_type,
-                loaded=loaded,
-                sending=sending,
-            )
+            else open_upstream(*request, content_type=self.content_type, loaded=loaded, sending=sending)
         )
         try:
             upstream: httpx.Response | StreamResponse = await stack.enter_async_context(opening)

@@ -83,6 +83,19 @@ def _tab_to(driver: WebDriver, selector: str, limit: int = 60) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # three loads and a generation of the real model, in a browser
+def _recorded_machine_env(key: str) -> dict[str, str]:
+    """Discovery reads a recorded machine (a 7800 XT and a 780M iGPU), and the service wants
+    ``key``: the Devices panel has a GPU bar and a skipped iGPU; the models run on the CPU."""
+    machine = Path(__file__).parents[1] / "fixtures" / "sysfs" / "apu780m_rx7800xt"
+    return {
+        "FORGE_API_KEY": key,
+        "FORGE_SYSFS_ROOT": str(machine / "sys"),
+        "FORGE_DEV_ROOT": str(machine / "dev"),
+        "FORGE_USE_AMDSMI": "0",
+        "FORGE_USE_NVML": "0",
+    }
+
+
 def test_status_page_live_actions_crash_and_chat(
     tmp_path: Path, smollm2_path: Path, tiny_gguf: Path, llama_server_bin: Path
 ) -> None:
@@ -195,14 +208,7 @@ def test_status_page_asks_for_the_api_key(tmp_path: Path, tiny_gguf: Path, llama
     cfg = _config(tmp_path, tiny_gguf, "tiny")
     # Discovery reads a recorded machine (a 7800 XT and a 780M iGPU): the Devices panel shows a GPU
     # bar and the skipped iGPU with its reason. The model itself runs on the CPU.
-    machine = Path(__file__).parents[1] / "fixtures" / "sysfs" / "apu780m_rx7800xt"
-    env = {
-        "FORGE_API_KEY": key,
-        "FORGE_SYSFS_ROOT": str(machine / "sys"),
-        "FORGE_DEV_ROOT": str(machine / "dev"),
-        "FORGE_USE_AMDSMI": "0",
-        "FORGE_USE_NVML": "0",
-    }
+    env = _recorded_machine_env(key)
     with (
         running_service(cfg, tmp_path / "state", llama_server_bin, api_key=key, extra_env=env) as svc,
         chromium(tmp_path / "profile", 390, 844) as d,
@@ -296,14 +302,7 @@ def test_every_control_is_reachable_from_390_px_up(
         f.write(
             f'[models.broken]\npath = "{tiny_gguf}"\ngpu = "cpu"\npreload = true\nargs = ["--no-such-flag"]\n'
         )
-    machine = Path(__file__).parents[1] / "fixtures" / "sysfs" / "apu780m_rx7800xt"
-    env = {
-        "FORGE_API_KEY": key,
-        "FORGE_SYSFS_ROOT": str(machine / "sys"),
-        "FORGE_DEV_ROOT": str(machine / "dev"),
-        "FORGE_USE_AMDSMI": "0",
-        "FORGE_USE_NVML": "0",
-    }
+    env = _recorded_machine_env(key)
     with (
         running_service(cfg, tmp_path / "state", llama_server_bin, api_key=key, extra_env=env) as svc,
         chromium(tmp_path / "profile", 1366, 900) as d,
