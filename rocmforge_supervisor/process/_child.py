@@ -49,7 +49,7 @@ import psutil
 
 from .._errors import StartFailed
 from ..client import socket_gone_as_httpx_error
-from ._logs import LogRing, lines_of
+from ._logs import LogRing, line_blocks_of
 from ._spawn import with_parent_death
 from ._spec import InstanceState, describe_returncode
 
@@ -388,13 +388,23 @@ class ChildProcess:
             self.last_output = time.monotonic()
 
         try:
-            async for line in lines_of(stream, on_chunk=seen):
-                self._on_line(line)
+            async for lines in line_blocks_of(stream, on_chunk=seen):
+                self._on_lines(lines)
         finally:
             self._drain_done.set()
 
-    def _on_line(self, line: str) -> None:
-        self.log.add(line)
+    def _on_lines(self, lines: list[str]) -> None:
+        """A read's lines: logged together; the start's signs (readiness, ``fail_fast``) are
+        looked for only until it is ready (:meth:`wait_ready` is their only reader), so a serving
+        child's chatter costs a write and the kind's own look (see ``line_blocks_of``)."""
+        self.log.add_lines(lines)
+        starting = self.state != "ready"
+        for line in lines:
+            if starting:
+                self._start_signs(line)
+            self.kind.on_line(line, self)
+
+    def _start_signs(self, line: str) -> None:
         readiness = self.kind.readiness
         if isinstance(readiness, HttpOk) and readiness.hurry is not None and readiness.hurry.search(line):
             self.listening_at = time.monotonic()
@@ -409,7 +419,6 @@ class ChildProcess:
                     self.flags.add(reason)
                     self._wake.set()
                     break
-        self.kind.on_line(line, self)
 
     async def _watch_exit(self, proc: anyio.abc.Process) -> None:
         await proc.wait()

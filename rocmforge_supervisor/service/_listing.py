@@ -149,7 +149,7 @@ async def check_tools(facts: ModelFacts, name: str, body: dict[str, Any]) -> Non
 def check_media(supervisor: Supervisor, name: str, body: dict[str, Any], *, allow_remote: bool) -> None:
     """A 400 when ``body``'s images/audio cannot go to model ``name`` (:mod:`._media`): the one
     check every API's requests meet, with whether the model has a projector (``mmproj``)."""
-    has_projector = bool(supervisor.view(name).config.mmproj)
+    has_projector = bool(supervisor.config_of(name).mmproj)
     refuse_unusable_media(name, body, has_projector=has_projector, allow_remote=allow_remote)
 
 

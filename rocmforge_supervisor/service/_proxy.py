@@ -387,6 +387,9 @@ class _Forwarder:
             note_finish(tail=tail)
 
 
+_DECODER = json.JSONDecoder()
+
+
 def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
     """Token counters from the last usage object in the response (cheap: only the tail is read)."""
     i = tail.rfind(b'"usage"')
@@ -394,7 +397,7 @@ def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
         return
     try:
         start = tail.index(b"{", i)
-        usage, _ = json.JSONDecoder().raw_decode(tail[start:].decode("utf-8", "replace"))
+        usage, _ = _DECODER.raw_decode(tail[start:].decode("utf-8", "replace"))
     except ValueError:
         return
     if isinstance(usage, dict):
@@ -450,7 +453,12 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
             st, route, name, rid, received, (path, body, content_type), retry=not stream, stream=stream
         )
         return RelayResponse(
-            fwd.open, dialect=dialect, request_id=rid, stream=stream, interval=st.sse_keepalive
+            fwd.open,
+            dialect=dialect,
+            request_id=rid,
+            stream=stream,
+            interval=st.sse_keepalive,
+            close=stream and not st.keep_alive_streams,
         )
 
     forward.__name__ = f"forward_{route.path.strip('/').replace('/', '_').replace('-', '_')}"

@@ -109,12 +109,16 @@ class RelayResponse:
         request_id: str | None,
         stream: bool,
         interval: float = 0.0,
+        close: bool = False,
     ) -> None:
         self.opener = opener
         self.dialect = dialect
         self.request_id = request_id
         self.stream = stream
         self.interval = interval if stream else 0.0
+        #: A streamed answer ends its connection (``Connection: close``; see the config's
+        #: ``keep_alive_streams``); an error rendered before the stream began keeps it.
+        self.close = close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The request's own task opens the upstream and relays its body; side tasks (streams only)
@@ -165,6 +169,8 @@ class RelayResponse:
         h.update({k.lower(): v for k, v in upstream.items()})
         if self.request_id:
             h["x-request-id"] = self.request_id
+        if self.close:
+            h["connection"] = "close"
         return [(k.encode(), v.encode("latin-1")) for k, v in h.items()]
 
     async def _send_whole(self, opened: Opened, send: Send) -> None:

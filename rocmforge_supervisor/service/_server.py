@@ -245,6 +245,7 @@ def _gateway(
         reload=reload,
         cors_origins=list(server_cfg.cors_origins),
         sse_keepalive=server_cfg.sse_keepalive,
+        keep_alive_streams=server_cfg.keep_alive_streams,
         settings=config.settings,
         metrics_public=server_cfg.metrics_public,
         keys=KeyRing.from_config(server_cfg),

@@ -35,6 +35,7 @@ class GatewayState:
         reload: Callable[[], Awaitable[dict[str, Any]]] | None = None,
         cors_origins: list[str] | None = None,
         sse_keepalive: float = 5.0,
+        keep_alive_streams: bool = False,
         settings: ForgeSettings | None = None,
         metrics_public: bool = False,
         keys: KeyRing | None = None,
@@ -53,6 +54,8 @@ class GatewayState:
         self.metrics_public = metrics_public
         #: Seconds between ``: keep-alive`` comments while a stream waits (0: off).
         self.sse_keepalive = sse_keepalive
+        #: The client's connection stays open after a streamed answer (server.keep_alive_streams).
+        self.keep_alive_streams = keep_alive_streams
         self.settings = settings
         self.cors_origins = list(cors_origins or [])
         self.supervisor = supervisor
@@ -91,6 +94,7 @@ class GatewayState:
         self.max_body_bytes = server.max_body_bytes
         self.model_dirs = [p.resolve() for p in config.model_dirs]
         self.sse_keepalive = server.sse_keepalive
+        self.keep_alive_streams = server.keep_alive_streams
         self.metrics_public = server.metrics_public
         self.allow_remote_media = server.allow_remote_media
         self.recorder.capture_max_bytes = server.capture_max_bytes

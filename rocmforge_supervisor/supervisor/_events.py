@@ -81,6 +81,11 @@ class EventBus:
                 self._subscribers.discard(send)
         return ev
 
+    @property
+    def listened(self) -> bool:
+        """Someone subscribes now (what was published with nobody listening is only history)."""
+        return bool(self._subscribers)
+
     def history(self, model: str | None = None) -> list[Event]:
         return [e for e in self._history if model is None or e.model == model]
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .._errors import ModelLoading
+from ._status import ModelState
 
 if TYPE_CHECKING:
     from ..process import LlamaServer
@@ -39,6 +40,9 @@ async def wait_ready_within(
     m: ManagedModel, start: Callable[[ManagedModel], None], load_wait: float | None
 ) -> LlamaServer:
     """``m.wait_ready(start)``, but at most ``load_wait`` s (None: as long as it takes)."""
+    server = m.server
+    if m.state == ModelState.READY and not m.retired and server is not None and server.serving:
+        return server  # every request to a loaded model: no timeout scope to build and tear down
     if load_wait is None:
         return await m.wait_ready(start)
     with anyio.move_on_after(load_wait):

@@ -459,7 +459,8 @@ class Supervisor:
 
     def _log_forwarder(self, name: str) -> Callable[[str], None]:
         def forward(line: str) -> None:
-            self.log_bus.publish(name, EventKind.LOG, line=line)
+            if self.log_bus.listened:  # a serving child prints ~110 lines per request: no event for nobody
+                self.log_bus.publish(name, EventKind.LOG, line=line)
 
         return forward
 

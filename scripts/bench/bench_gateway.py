@@ -4,7 +4,13 @@ llama-server served directly and through llama.cpp's own router (`llama-server -
 Processes (all real): `forge serve` (its child serves the model), a *direct* llama-server started with
 the child's exact command line (same binary, model and flags; a key of ours: the child's own key file
 is gone once it started), and a *router* llama-server with `--models-dir` and the same flags. The load
-generator is this process, with long-lived keep-alive clients (httpx, as an SDK would hold them).
+generator is this process: every concurrent stream is its own long-lived httpx client (one kept-alive
+connection, as each of N SDK users would hold it). Not one client shared by all streams: llama-server
+closes a connection after every streamed answer and the gateway keeps it, so a shared pool held N idle
+connections only on the gateway's path, and httpcore's pool scans every connection it holds for each
+request it assigns (O(N) per request, with a poll of each idle socket): at 32 streams that spread the
+requests' sending over 0.3–0.5 s, which this bench then reported as the gateway's added TTFT
+(issue 21: the requests reached the gateway's socket that late, the gateway's loop was idle).
 Rounds are interleaved — for each round, each concurrency, the three paths in rotating order — and
 medians reported, because the machine is shared and noisy.
 
@@ -16,12 +22,13 @@ gateway and the router vs direct, their added TTFT p50 and CPU per chunk, and th
 share while it forwards them (the figures of issue 21's goal).
 
 Usage: .venv/bin/python scripts/bench/bench_gateway.py [--model PATH] [--rounds 3] [--tokens 64]
-       [--concurrency 1 4 16] [--ceiling 32 64]
+       [--concurrency 1 4 16] [--ceiling 32 64] [--pin] [--ceiling-router]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -94,7 +101,7 @@ class Path_:
     key: str | None
     model: str
     pid: int
-    client: httpx.AsyncClient | None = None
+    clients: list[httpx.AsyncClient] = field(default_factory=list)
     tps: dict[int, list[float]] = field(default_factory=dict)
     ttft: dict[int, list[float]] = field(default_factory=dict)
     errors: int = 0
@@ -169,28 +176,90 @@ def router_args(child: list[str], models_dir: Path, port: int) -> list[str]:
     ]
 
 
+_CPUS = sorted(os.sched_getaffinity(0))
+
+
+def place(paths: list[Path_], pin: bool) -> None:
+    """``--pin``: every model server (a llama-server without ``--models-dir``: the direct twin, each
+    child of forge and of the router) onto the first CPU this process may use, and the proxies
+    (forge serve, the router) and this load generator onto the others. The GPU box's layout on a
+    CPU box: there the model computes on the GPU and the gateway has cores of its own; unpinned on
+    2 cores, the child's compute, the gateway and the load generator share both, so every ms of
+    the gateway's CPU is taken from the model (what the default, unpinned run shows). Threads are
+    pinned one by one (``sched_setaffinity`` is per thread); a child the router starts later
+    inherits the router's CPUs, so this runs again after each warm-up."""
+    if not pin:
+        return
+    cpus = _CPUS  # as at the start: this process is pinned itself after the first call
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs two CPUs or more")
+    model_cpus, proxy_cpus = set(cpus[:1]), set(cpus[1:])
+
+    def pin_threads(pid: int, where: set[int]) -> None:
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task.name), where)
+
+    for p in paths:
+        root = psutil.Process(p.pid)
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                args = proc.cmdline()
+                model = bool(args) and "llama-server" in Path(args[0]).name and "--models-dir" not in args
+                pin_threads(proc.pid, model_cpus if model else proxy_cpus)
+    pin_threads(os.getpid(), proxy_cpus)
+
+
 # -- load -------------------------------------------------------------------------------------------
 
 
-async def stream_one(p: Path_, body: dict[str, Any]) -> tuple[float | None, int, bool]:
-    assert p.client is not None
+def open_clients(paths: list[Path_], n: int) -> None:
+    """``n`` clients per path (kept across rounds): stream ``i`` of a round always uses client ``i``."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    for p in paths:
+        p.clients = [httpx.AsyncClient(timeout=STALL, limits=limits) for _ in range(n)]
+
+
+async def close_clients(paths: list[Path_]) -> None:
+    for p in paths:
+        for c in p.clients:
+            await c.aclose()
+        p.clients = []
+
+
+async def stream_one(
+    p: Path_, client: httpx.AsyncClient, body: dict[str, Any]
+) -> tuple[float | None, int, bool]:
     t0 = time.perf_counter()
     ttft, n, done = None, 0, False
     try:
-        async with p.client.stream("POST", f"{p.url}/v1/completions", json=body, headers=p.headers) as r:
+        async with client.stream("POST", f"{p.url}/v1/completions", json=body, headers=p.headers) as r:
             if r.status_code != 200:
-                await r.aread()
+                _first_error(p, f"{r.status_code} {(await r.aread())[:200]!r}")
                 return None, 0, False
             async for raw in r.aiter_raw():
                 if ttft is None and b"data: {" in raw:
                     ttft = time.perf_counter() - t0
                 n += raw.count(b"data: {")
                 if b'"error"' in raw:
+                    _first_error(p, f"an error event {raw[:200]!r}")
                     return ttft, n, False
                 done = done or b"data: [DONE]" in raw
-    except httpx.HTTPError:
+    except httpx.HTTPError as exc:
+        _first_error(p, f"{type(exc).__name__}: {exc}")
         return ttft, n, False
     return ttft, n, done
+
+
+_SAID: set[str] = set()
+
+
+def _first_error(p: Path_, what: str) -> None:
+    """The first failure of each path, on stderr: an error count says nothing of its cause."""
+    if p.name not in _SAID:
+        _SAID.add(p.name)
+        print(f"{p.name}: first error: {what}", file=sys.stderr, flush=True)
 
 
 async def run_round(
@@ -206,13 +275,13 @@ async def run_round(
     }
     results: list[tuple[float | None, int, bool]] = []
 
-    async def one() -> None:
-        results.append(await stream_one(p, body))
+    async def one(client: httpx.AsyncClient) -> None:
+        results.append(await stream_one(p, client, body))
 
     t0 = time.perf_counter()
     async with anyio.create_task_group() as tg:
-        for _ in range(conc):
-            tg.start_soon(one)
+        for client in p.clients[:conc]:
+            tg.start_soon(one, client)
     wall = time.perf_counter() - t0
     chunks = sum(n for _, n, _ in results)
     ttfts = [t for t, _, _ in results if t is not None]
@@ -248,10 +317,10 @@ async def probe_health(p: Path_, out: list[float], stop: anyio.Event) -> None:
 
 
 async def measure(paths: list[Path_], args: argparse.Namespace) -> dict[str, list[float]]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)  # httpx's 5 s expiry
+    open_clients(paths, max(args.concurrency))
     for p in paths:
-        p.client = httpx.AsyncClient(timeout=STALL, limits=limits)
         await run_round(p, 1, 4)  # warm: the router loads its model on the first request
+    place(paths, args.pin)
     probes: dict[str, list[float]] = {p.name: [] for p in paths}
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
@@ -259,9 +328,7 @@ async def measure(paths: list[Path_], args: argparse.Namespace) -> dict[str, lis
             tg.start_soon(probe_health, p, probes[p.name], stop)
         await rounds(paths, args)
         stop.set()
-    for p in paths:
-        assert p.client is not None
-        await p.client.aclose()
+    await close_clients(paths)
     return probes
 
 
@@ -322,7 +389,7 @@ def table(
 
 
 async def ceiling(
-    gw: Path_, direct: Path_, router: Path_ | None, streams: list[int], tokens: int
+    gw: Path_, direct: Path_, router: Path_ | None, streams: list[int], tokens: int, *, pin: bool
 ) -> list[str]:
     """Each stream count ``reps`` times, the paths in rotating order (the box is shared: medians).
     The goal of issue 21 is read off the table: gateway ratio >= 0.98, its added TTFT p50 within
@@ -337,12 +404,11 @@ async def ceiling(
         + " |",
         "|---|---|" + "---|---|---|" * len(others) + "---|---|",
     ]
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    clients = [httpx.AsyncClient(timeout=STALL, limits=limits) for _ in paths]
+    open_clients(paths, max(streams))
     try:
-        for p, c in zip(paths, clients, strict=True):
-            p.client = c
+        for p in paths:
             await run_round(p, streams[0], 8, ignore_eos=True)  # warm (the router loads its model now)
+        place(paths, pin)
         for n in streams:
             rates: dict[str, list[float]] = {p.name: [] for p in paths}
             ttft: dict[str, list[float]] = {p.name: [] for p in paths}
@@ -374,8 +440,7 @@ async def ceiling(
             )
             print("ceiling " + out[-1], file=sys.stderr, flush=True)
     finally:
-        for c in clients:
-            await c.aclose()
+        await close_clients(paths)
     return out
 
 
@@ -400,6 +465,12 @@ def main() -> None:
         "streams of the tiny model: its child idle, the warm-up hung)",
     )
     ap.add_argument("--pause", type=float, default=1.0, help="idle seconds between rounds")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="the model servers on the first CPU, the proxies and the load generator on the rest "
+        "(the GPU box's layout: see place())",
+    )
     ap.add_argument(
         "--threads",
         type=int,
@@ -450,7 +521,7 @@ parallel = {n_ceil}
 max_concurrency = {n_ceil}
 queue = 4096
 preload = true
-"""
+{threads}"""
     cfg.write_text(text)
     env = dict(os.environ, FORGE_STATE_DIR=str(tmp / "state"), FORGE_LLAMA_SERVER=str(binary))
     key_file = tmp / "bench.key"
@@ -495,7 +566,7 @@ preload = true
             for p in paths:
                 rss[p.name] = psutil.Process(p.pid).memory_info().rss / 2**20
             print(
-                f"\n## Gateway data path ({args.rounds} interleaved rounds, medians; {args.tokens} tokens, parallel {args.parallel}, --threads {args.threads or 'default'}, {model.name}, CPU)\n"
+                f"\n## Gateway data path ({args.rounds} interleaved rounds, medians; {args.tokens} tokens, parallel {args.parallel}, --threads {args.threads or 'default'}{', pinned (--pin)' if args.pin else ''}, {model.name}, CPU)\n"
             )
             print(table(paths, ka, rss, args.concurrency))
             print(f"\nforge serve RSS: idle {idle_rss:.0f} MiB, after the rounds {rss['forge']:.0f} MiB")
@@ -525,9 +596,10 @@ preload = true
                 g = Path_("forge", url, None, "tiny", svc.pid)
                 print(
                     f"\n## Ceiling: tiny GGUF, one slot per stream, ignore_eos, {args.ceiling_tokens} tokens, "
+                    f"--threads {args.threads or 'default'}{', pinned (--pin)' if args.pin else ''}, "
                     "3 interleaved runs per row, medians\n"
                 )
-                rows = await ceiling(g, d, r, args.ceiling, args.ceiling_tokens)
+                rows = await ceiling(g, d, r, args.ceiling, args.ceiling_tokens, pin=args.pin)
                 print("\n".join(rows))
                 print(f"machine after the ceiling: {machine_load()}")
 

@@ -1,5 +1,5 @@
 """A reload and the ``[server]`` settings: those the gateway reads per request apply from the next
-request on (``metrics_public``, ``max_body_bytes``, ``sse_keepalive``, ``allow_remote_media``,
+request on (``metrics_public``, ``max_body_bytes``, ``sse_keepalive``, ``keep_alive_streams``, ``allow_remote_media``,
 ``context_max_bytes``, ``activity_keep_days``…); those read once at start (the sockets, the log
 format…) are named in the reload's answer as ``restart_required``, never silently ignored."""
 
@@ -23,6 +23,7 @@ async def test_live_server_settings_apply_and_the_others_are_named_restart_requi
         "metrics_public": True,
         "max_body_bytes": 2000,
         "sse_keepalive": 0.1,
+        "keep_alive_streams": True,
         "allow_remote_media": True,
         "context_max_bytes": 12345,
         "activity_keep_days": 2,
@@ -35,6 +36,7 @@ async def test_live_server_settings_apply_and_the_others_are_named_restart_requi
         assert (await gw.client.get("/metrics")).status_code == 401
         first = await gw.client.post(path, json=body, headers=ROOT)
         assert first.status_code == 200 and b"keep-alive" not in first.content
+        assert first.headers["connection"] == "close"  # keep_alive_streams' default
 
         r = await gw.client.post("/api/reload", headers=ROOT)
         assert r.status_code == 200, r.text
@@ -47,6 +49,7 @@ async def test_live_server_settings_apply_and_the_others_are_named_restart_requi
         assert too_big.status_code == 413 and "2000" in too_big.json()["error"]["message"]
         late = await gw.client.post(path, json=body, headers=ROOT)
         assert late.status_code == 200 and late.content.startswith(b": keep-alive\n\n")
+        assert late.headers.get("connection") != "close"
         # No HTTP answer shows these cheaply: the values the next request and the next save read.
         assert gw.state.allow_remote_media is True
         assert gw.sup.context_store.max_bytes == 12345

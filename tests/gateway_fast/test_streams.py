@@ -119,3 +119,41 @@ async def test_an_error_within_the_interval_keeps_its_status_and_one_after_it_is
         assert r.status_code == 200 and r.content.startswith(KEEPALIVE)
         event = r.content.rstrip().rsplit(b"\n\n", 1)[-1]
         assert event.startswith(b"data: {") and b"fake failure" in event and b"[DONE]" not in r.content
+
+
+def _local_port(r: Any) -> int:
+    """The client's own port of the connection a response came on (a new one: a new port)."""
+    port: int = r.extensions["network_stream"].get_extra_info("client_addr")[1]
+    return port
+
+
+@pytest.mark.parametrize("keep", [False, True])
+async def test_a_streamed_answer_ends_its_connection_unless_keep_alive_streams(
+    serve: Serve, keep: bool
+) -> None:
+    """``server.keep_alive_streams`` (issue 21): off, a streamed answer says ``Connection: close``
+    and the client's next request goes on a new connection, as llama-server's own does (a pooling
+    client then holds no idle connection to scan); on, the connection is kept. A non-streamed
+    answer keeps it either way."""
+    async with serve({"m": {"preload": True}}, server={"keep_alive_streams": keep}) as gw:
+        path, body = chat("openai", "m", stream=False)
+        whole = await gw.client.post(path, json=body)
+        assert whole.status_code == 200 and whole.headers.get("connection") != "close"
+        ports = [_local_port(whole)]
+        for _ in range(2):
+            async with gw.client.stream("POST", path, json={**body, "stream": True}) as r:
+                assert r.status_code == 200
+                ports.append(_local_port(r))  # while it is open: a closed socket has no address
+                text = b"".join([c async for c in r.aiter_raw()])
+            assert b"data: [DONE]" in text
+            assert (r.headers.get("connection") == "close") is not keep
+        after = await gw.client.post(path, json=body)
+        assert after.status_code == 200
+        ports.append(_local_port(after))
+    # non-streamed, stream, stream, non-streamed: kept -> one connection; closed -> a new one
+    # after each stream (the first stream still reuses the non-streamed answer's connection)
+    assert ports[1] == ports[0]
+    if keep:
+        assert len(set(ports)) == 1, ports
+    else:
+        assert ports[2] != ports[1] and ports[3] != ports[2], ports

@@ -12,7 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import anyio
+import anyio.abc
+import pytest
+
 from rocmforge_supervisor.process import LogRing, without_idle
+from rocmforge_supervisor.process._logs import line_blocks_of, lines_of
 
 HOLDER = """
 import sys
@@ -87,3 +92,55 @@ def test_idle_runs_collapse_into_one_note() -> None:
         "[forge] (2 idle lines 'all slots are idle' hidden)",
     ]
     assert list(without_idle(["a", "b"])) == ["a", "b"]
+
+
+def test_lines_read_together_are_one_write_and_every_listener_sees_each(tmp_path: Path) -> None:
+    """``add_lines`` (a read's lines, issue 21): the ring and the file get them in order, each
+    listener each line, and ``forge logs`` (the file) has them at once (one flushed write)."""
+    ring = LogRing(tmp_path / "m.log", maxlen=3)
+    seen: list[str] = []
+    ring.subscribe(seen.append)
+    try:
+        ring.add("first")
+        ring.add_lines(["a", "b", "c"])
+        ring.add_lines([])
+        assert (tmp_path / "m.log").read_text() == "first\na\nb\nc\n"
+        assert seen == ["first", "a", "b", "c"]
+        assert ring.tail(5) == ["a", "b", "c"] and ring.total_lines == 4
+    finally:
+        ring.close()
+
+
+@pytest.mark.anyio
+async def test_a_pipe_read_in_pieces_comes_out_as_whole_lines_per_read() -> None:
+    """``line_blocks_of``: what one read completes is one block; a line split across reads is
+    joined; the unterminated last line comes at the end; ``lines_of`` gives the same lines."""
+    reads = [b"one\ntw", b"o\nthree\nfo", b"ur", b"\nfive"]
+
+    async def pipe() -> anyio.abc.ByteReceiveStream:
+        send, receive = anyio.create_memory_object_stream[bytes](len(reads))
+        for r in reads:
+            send.send_nowait(r)
+        send.close()
+        return _Bytes(receive)
+
+    ticks: list[int] = []
+    async with await pipe() as stream:
+        blocks = [b async for b in line_blocks_of(stream, on_chunk=lambda: ticks.append(1))]
+    assert blocks == [["one"], ["two", "three"], ["four"], ["five"]]
+    assert len(ticks) == len(reads)  # every read counts as output, newline or not
+    async with await pipe() as stream:
+        assert [line async for line in lines_of(stream)] == ["one", "two", "three", "four", "five"]
+
+
+class _Bytes(anyio.abc.ByteReceiveStream):
+    """A memory stream as the byte stream a child's pipe is (``receive`` raises EndOfStream)."""
+
+    def __init__(self, inner: anyio.abc.ObjectReceiveStream[bytes]) -> None:
+        self.inner = inner
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        return await self.inner.receive()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
