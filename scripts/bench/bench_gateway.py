@@ -214,16 +214,25 @@ def place(paths: list[Path_], pin: bool) -> None:
 # -- load -------------------------------------------------------------------------------------------
 
 
+#: ``--shared-client``: one client per path for every stream (as one ``AsyncOpenAI`` would be).
+SHARED = False
+
+
 def open_clients(paths: list[Path_], n: int) -> None:
-    """``n`` clients per path (kept across rounds): stream ``i`` of a round always uses client ``i``."""
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    """``n`` clients per path (kept across rounds): stream ``i`` of a round always uses client ``i``;
+    with ``--shared-client`` one pooled client (the OpenAI SDK's limits) is all ``n``."""
     for p in paths:
-        p.clients = [httpx.AsyncClient(timeout=STALL, limits=limits) for _ in range(n)]
+        if SHARED:
+            pooled = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+            p.clients = [httpx.AsyncClient(timeout=STALL, limits=pooled)] * n
+        else:
+            one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+            p.clients = [httpx.AsyncClient(timeout=STALL, limits=one) for _ in range(n)]
 
 
 async def close_clients(paths: list[Path_]) -> None:
     for p in paths:
-        for c in p.clients:
+        for c in set(p.clients):
             await c.aclose()
         p.clients = []
 
@@ -466,6 +475,17 @@ def main() -> None:
     )
     ap.add_argument("--pause", type=float, default=1.0, help="idle seconds between rounds")
     ap.add_argument(
+        "--shared-client",
+        action="store_true",
+        help="one pooled httpx client per path for all its streams (the OpenAI SDK's shape: see the "
+        "module docstring and server.keep_alive_streams)",
+    )
+    ap.add_argument(
+        "--keep-alive-streams",
+        action="store_true",
+        help="forge keeps the client's connection after a streamed answer (server.keep_alive_streams)",
+    )
+    ap.add_argument(
         "--pin",
         action="store_true",
         help="the model servers on the first CPU, the proxies and the load generator on the rest "
@@ -479,6 +499,8 @@ def main() -> None:
         "barrier turns any other load into 10x swings of every path; 0 = llama-server's default)",
     )
     args = ap.parse_args()
+    global SHARED
+    SHARED = args.shared_client
 
     from rocmforge_supervisor.binaries import locate_llama_server
     from rocmforge_supervisor.config import get_settings
@@ -502,6 +524,9 @@ def run(args: argparse.Namespace, binary: Path, model: Path, tmp: Path) -> None:
     cfg = tmp / "forge.toml"
     threads = f'args = ["--threads", "{args.threads}"]\n' if args.threads else ""
     text = f"""
+[server]
+keep_alive_streams = {str(args.keep_alive_streams).lower()}
+
 [models.bench]
 path = "{model}"
 gpu = "cpu"
@@ -566,7 +591,7 @@ preload = true
             for p in paths:
                 rss[p.name] = psutil.Process(p.pid).memory_info().rss / 2**20
             print(
-                f"\n## Gateway data path ({args.rounds} interleaved rounds, medians; {args.tokens} tokens, parallel {args.parallel}, --threads {args.threads or 'default'}{', pinned (--pin)' if args.pin else ''}, {model.name}, CPU)\n"
+                f"\n## Gateway data path ({args.rounds} interleaved rounds, medians; {args.tokens} tokens, parallel {args.parallel}, --threads {args.threads or 'default'}{', pinned (--pin)' if args.pin else ''}{', one shared client' if SHARED else ''}{', streams kept alive' if args.keep_alive_streams else ''}, {model.name}, CPU)\n"
             )
             print(table(paths, ka, rss, args.concurrency))
             print(f"\nforge serve RSS: idle {idle_rss:.0f} MiB, after the rounds {rss['forge']:.0f} MiB")
@@ -596,7 +621,9 @@ preload = true
                 g = Path_("forge", url, None, "tiny", svc.pid)
                 print(
                     f"\n## Ceiling: tiny GGUF, one slot per stream, ignore_eos, {args.ceiling_tokens} tokens, "
-                    f"--threads {args.threads or 'default'}{', pinned (--pin)' if args.pin else ''}, "
+                    f"--threads {args.threads or 'default'}{', pinned (--pin)' if args.pin else ''}"
+                    f"{', one shared client' if SHARED else ''}"
+                    f"{', streams kept alive' if args.keep_alive_streams else ''}, "
                     "3 interleaved runs per row, medians\n"
                 )
                 rows = await ceiling(g, d, r, args.ceiling, args.ceiling_tokens, pin=args.pin)
