@@ -185,9 +185,10 @@ class ServerConfig(_Section):
     """Keep the client's connection open after a streamed answer (SSE). Off by default, as
     llama-server and its router do: a client that pools its connections (httpx, so the OpenAI and
     Anthropic SDKs) scans every idle one it holds for each request it sends, so a burst of N streams
-    on kept connections took it O(N^2) work before the requests left (measured at 32 streams through
-    one shared httpx client: first token p50 +87..+182 ms over direct kept, +30..+87 ms closed;
-    issue 21). Closing costs a client a new loopback connection per stream (~1 ms at c=1 here).
+    on kept connections took it O(N^2) work before the requests left (issue 21: 32 streams through
+    one shared httpx client, ``bench_gateway.py --pin --shared-client [--keep-alive-streams]``: first
+    token p50 +109 ms over direct kept, +30 ms closed). Closing costs a client a new loopback
+    connection per stream (~1 ms at c=1 here).
     Non-streamed answers always keep the connection."""
     ollama_port: int | None = Field(default=None, ge=0, le=65535)
     """A second listener for Ollama clients, which look on 11434 (same routes, same auth)."""
