@@ -44,7 +44,16 @@ from ..process import crash_advice, describe_returncode, free_port, kill_process
 from ._plan import isa_fingerprint, isa_flags
 from ._tinymodel import N_SPECIAL_TOKENS, write_selftest_gguf
 
-__all__ = ["WORKAROUNDS", "Attempt", "SelfTest", "binary_stamp", "proven", "run_selftest", "wait_health"]
+__all__ = [
+    "WORKAROUNDS",
+    "Attempt",
+    "SelfTest",
+    "binary_stamp",
+    "proven",
+    "run_selftest",
+    "stop_server",
+    "wait_health",
+]
 
 #: The flags tried, in order, when the default ones die of a CPU fault. ``--no-repack``: no extra
 #: buffer types (AMX, CPU_REPACK), so ggml's plain CPU kernels run (PR #26954's crash is in AMX).
@@ -328,7 +337,7 @@ def _attempt_once(
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as client:
                 outcome = _serve_one(proc, client, deadline)
         finally:
-            _stop(proc)
+            stop_server(proc)
             lines.join(5)
             if proc.stdout is not None:
                 proc.stdout.close()
@@ -345,8 +354,9 @@ def _attempt_once(
     return _attempt_result(lines, args, False, what, rc, stage), False
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM to the child's group, a bounded wait, then SIGKILL: nothing of the test stays."""
+def stop_server(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server under test's group, a bounded wait, then SIGKILL: nothing of the
+    test stays (both self-tests, llama-server's and whisper-server's)."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

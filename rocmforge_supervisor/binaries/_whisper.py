@@ -16,7 +16,6 @@ well), ``GET /health`` 200, then one ``POST /inference`` of a generated 16 kHz W
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
@@ -44,7 +43,7 @@ from ..hardware import cpu_flags
 from ..process import describe_returncode, free_port, with_parent_death
 from ._builder import ProgressFn, _remove_leftovers, _run_plan, detected_gpu_targets, install_staged
 from ._plan import Backend, cache_key, choose_backend, isa_fingerprint, make_plan
-from ._selftest import wait_health
+from ._selftest import stop_server, wait_health
 from ._source import _download_sdist, _unpack_vendor
 
 __all__ = [
@@ -224,15 +223,7 @@ def whisper_selftest(binary: Path, model: Path, timeout: float = 120.0) -> tuple
         try:
             outcome = _serve_one(proc, port, deadline)
         finally:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            stop_server(proc)
         if outcome == "ok":
             return True, "served /health and one /inference"
         log.seek(0)

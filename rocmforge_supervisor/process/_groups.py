@@ -29,7 +29,7 @@ _REAPER = (
 )
 
 
-def kill_process_group(proc: subprocess.Popen[str]) -> None:
+def kill_process_group(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
     """SIGKILL ``proc``'s group (it must lead one: ``start_new_session=True``) and reap it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)

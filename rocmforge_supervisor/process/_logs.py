@@ -39,7 +39,6 @@ __all__ = [
     "classify_failure",
     "crash_cause",
     "line_blocks_of",
-    "lines_of",
     "without_idle",
 ]
 
@@ -103,24 +102,17 @@ def release_log(path: Path) -> None:
         os.close(held[0])  # closing the fd drops the flock
 
 
-async def lines_of(
-    stream: anyio.abc.ByteReceiveStream, on_chunk: Callable[[], object] | None = None
-) -> AsyncIterator[str]:
-    """A child's pipe as decoded lines until it closes, the last unterminated one included.
-    ``on_chunk`` runs for every read, newline or not (llama-server's load progress dots have none)."""
-    async for lines in line_blocks_of(stream, on_chunk):
-        for line in lines:
-            yield line
-
-
 async def line_blocks_of(
     stream: anyio.abc.ByteReceiveStream, on_chunk: Callable[[], object] | None = None
 ) -> AsyncIterator[list[str]]:
-    """:func:`lines_of` a read at a time: the complete lines of each read as one list (the last
-    unterminated line at the end). Why blocks (issue 21): at ``-lv 4`` a llama-server with 32 slots
-    prints ~110 lines per request (its prompt-cache trace), thousands in a burst when a batch of
-    requests lands; taken a line at a time (a write, listeners, patterns each) they held the
-    gateway's event loop for tens of ms while those requests waited to be read."""
+    """A child's pipe as decoded lines until it closes, a read at a time: the complete lines of each
+    read as one list, the last unterminated line at the end. ``on_chunk`` runs for every read,
+    newline or not (llama-server's load progress dots have none).
+
+    Why blocks (issue 21): at ``-lv 4`` a llama-server with 32 slots prints ~110 lines per request
+    (its prompt-cache trace), thousands in a burst when a batch of requests lands; taken a line at
+    a time (a write, listeners, patterns each) they held the gateway's event loop for tens of ms
+    while those requests waited to be read."""
     pending = b""
     with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
         async for chunk in stream:
