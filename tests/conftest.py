@@ -44,6 +44,16 @@ def llama_server_bin(forge_settings: ForgeSettings) -> Path:
 
 
 @pytest.fixture(scope="session")
+def llama_server_flags(forge_settings: ForgeSettings) -> tuple[str, ...]:
+    """The flags forge gives every child of :func:`llama_server_bin` on this CPU (its self-test's
+    workaround: ``--no-repack`` where ggml's AMX kernels crash): a test that starts the binary
+    itself must add them, or it dies of SIGILL on an AMX CPU where forge's children do not."""
+    from rocmforge_supervisor.binaries import locate_llama_server
+
+    return locate_llama_server(forge_settings).child_args
+
+
+@pytest.fixture(scope="session")
 def gemma_path(forge_settings: ForgeSettings) -> Path:
     """The real gemma-3-270m Q4_K_M GGUF (the embedded base model: no chat template, SWA layers)."""
     from rocmforge_supervisor.models import BASE_MODEL, ensure_embedded
@@ -125,13 +135,15 @@ def rpc_llama_server_bin(forge_settings: ForgeSettings) -> Path:
     return locate_llama_server(forge_settings, rpc=True).path
 
 
-@pytest.fixture
-def fake_bin(tmp_path: Path) -> Path:
+@pytest.fixture(scope="session")
+def fake_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An executable named ``llama-server`` that runs tests/support/fake_llama_server.py (a FAKE:
-    see its docstring) with ``argv[0] = llama-server``, for the state-machine and signal tests."""
+    see its docstring) with ``argv[0] = llama-server``, for the state-machine and signal tests.
+
+    One file for the session: a ``Supervisor`` given a binary self-tests it once per file (path,
+    mtime, size), as it would a real one, and every test after the first reads that record."""
     fake = Path(__file__).resolve().parent / "support" / "fake_llama_server.py"
-    path = tmp_path / "fake-bin" / "llama-server"
-    path.parent.mkdir()
+    path = tmp_path_factory.mktemp("fake-bin") / "llama-server"
     path.write_text(f'#!/bin/bash\nexec -a llama-server "{sys.executable}" "{fake}" "$@"\n')
     path.chmod(0o755)
     return path

@@ -31,6 +31,7 @@ __all__ = [
     "ListedDevice",
     "build_info_of",
     "cached_builds",
+    "child_flags",
     "locate_llama_server",
     "locate_rpc_server",
     "parse_device_list",
@@ -76,6 +77,18 @@ class BinaryInfo:
         """This binary, proven on this CPU (raises :class:`SelfTestFailed` when it is not)."""
         result = proven(self.path, settings, build_info=build_info)
         return BinaryInfo(**{**self.__dict__, "selftest": result})
+
+
+def child_flags(binary: Path, settings: ForgeSettings) -> tuple[str, ...]:
+    """The flags every child of ``binary`` needs on this CPU (``--no-repack`` where ggml's AMX
+    kernels crash): its self-test's result from a forge build's ``build-info.json`` or an earlier
+    run's record, else the self-test run now, once. () when self-tests are off (``FORGE_SELFTEST``).
+
+    For a binary a caller names directly (a ``Supervisor`` given a path, a bench): the same flags
+    :func:`locate_llama_server` gives the one it finds. Raises :class:`SelfTestFailed`.
+    """
+    result = proven(binary, settings, build_info=build_info_of(binary))
+    return result.child_args if result is not None else ()
 
 
 def build_info_of(binary: Path) -> dict[str, object] | None:

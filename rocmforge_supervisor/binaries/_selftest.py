@@ -40,7 +40,7 @@ from .._files import write_text_atomic
 from ..config import ForgeSettings
 from ..hardware import cpu_flags, cpu_model_name
 from ..models import REQUIRED_VERBOSITY
-from ..process import crash_advice, describe_returncode, free_port, kill_process_group, with_parent_death
+from ..process import crash_advice, describe_returncode, free_port, stop_process_group, with_parent_death
 from ._plan import isa_fingerprint, isa_flags
 from ._tinymodel import N_SPECIAL_TOKENS, write_selftest_gguf
 
@@ -355,18 +355,9 @@ def _attempt_once(
 
 
 def stop_server(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the server under test's group, a bounded wait, then SIGKILL: nothing of the
-    test stays (both self-tests, llama-server's and whisper-server's)."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            kill_process_group(proc)
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # anything it forked into its group
+    """The server under test stopped with its whole group (both self-tests, llama-server's and
+    whisper-server's): process/'s stop, the only sender of signals."""
+    stop_process_group(proc, timeout=10)
 
 
 def wait_health(

@@ -2,7 +2,7 @@
 llama-server and rpc-server on top of it."""
 
 from ._env import clean_child_env
-from ._groups import GroupReaper, kill_process_group
+from ._groups import GroupReaper, kill_process_group, stop_process_group
 from ._instance import LlamaServer
 from ._ledger import ChildLedger
 from ._logs import IDLE_LINE_RE, LogRing, classify_failure, crash_cause, without_idle
@@ -36,6 +36,7 @@ __all__ = [
     "free_port",
     "is_loopback_host",
     "kill_process_group",
+    "stop_process_group",
     "port_is_free",
     "run_supervised",
     "unwrap_group",

@@ -1,7 +1,8 @@
-"""Killing a whole process group: the one signal-sending helper outside :class:`LlamaServer`.
+"""Stopping a whole process group that a synchronous caller started (``start_new_session=True``).
 
 ``forge build`` runs cmake in its own session; an interrupted build must take every compiler job
-with it, and that signal is sent here so that ``process/`` stays the only sender of signals.
+with it. The build self-tests start a server for one completion and stop it the same way. Those
+signals are sent here so that ``process/`` stays the only sender of signals (a test greps for it).
 
 A forge killed outright (SIGKILL, the OOM killer) runs no cleanup, and ``PR_SET_PDEATHSIG`` would
 reach cmake only, not ninja or the compilers it forks. So a build's group is also watched by a
@@ -18,7 +19,7 @@ import signal
 import subprocess
 import sys
 
-__all__ = ["GroupReaper", "kill_process_group"]
+__all__ = ["GroupReaper", "kill_process_group", "stop_process_group"]
 
 _REAPER = (
     "import os,signal,sys\n"
@@ -34,6 +35,21 @@ def kill_process_group(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) ->
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def stop_process_group(proc: subprocess.Popen[str] | subprocess.Popen[bytes], timeout: float = 10) -> None:
+    """SIGTERM to ``proc``'s group, ``timeout`` seconds for it to exit, then SIGKILL; reaped. Once
+    the leader is gone, whatever it forked into its group is killed too: nothing stays."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_process_group(proc)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # anything it forked into its group
 
 
 class GroupReaper:

@@ -73,8 +73,14 @@ class LlamaServerKind(ModelServerKind):
         ("oom", OOM_PATTERNS, "out of device memory while loading"),
     )
 
+    #: This CPU has AMX and the child runs without ``--no-repack`` (InstanceSpec.amx_unprotected):
+    #: a SIGILL is ggml's AMX defect at the pin, which a rebuild does not fix.
+    amx: bool = False
+
     def classify(self, tail: list[str], returncode: int | None) -> str:
-        return "illegal_instruction" if returncode == -signal.SIGILL else classify_failure(tail)
+        if returncode == -signal.SIGILL:
+            return "amx_fault" if self.amx else "illegal_instruction"
+        return classify_failure(tail)
 
     def crash_cause(
         self, tail: list[str], returncode: int | None, *, computed: bool, amx: bool
@@ -82,7 +88,7 @@ class LlamaServerKind(ModelServerKind):
         # An RPC worker it placed layers on died; else a CPU fault says what it means: an
         # instruction this CPU lacks (SIGILL), or a crash in the first computation (the AMX defect
         # at the pin, when the self-test was skipped or overridden).
-        return cause_in_log(tail) or crash_advice(returncode, computed=computed, amx=amx)
+        return cause_in_log(tail) or crash_advice(returncode, computed=computed, amx=amx and self.amx)
 
     def on_line(self, line: str, child: ChildProcess) -> None:
         if "computed" not in child.flags and _COMPUTED_RE.search(line):
@@ -104,7 +110,7 @@ class LlamaServer(OwnsChild):
         kind: ChildKind = (
             WhisperServerKind(spec.alias, log_path)
             if spec.backend == "whisper"
-            else LlamaServerKind(spec.alias, log_path)
+            else LlamaServerKind(spec.alias, log_path, amx=spec.amx_unprotected())
         )
         self.child = ChildProcess(
             kind,

@@ -12,6 +12,7 @@ from .._argv import server_argv
 from .._whisper_argv import whisper_argv
 
 __all__ = [
+    "AMX_SIGILL_ADVICE",
     "START_HINTS",
     "InstanceSpec",
     "InstanceState",
@@ -21,6 +22,23 @@ __all__ = [
 ]
 
 InstanceState = Literal["new", "starting", "loading", "ready", "stopping", "exited"]
+
+#: A portable (run-time dispatch) build or a rebuild on this machine: what SIGILL asks for where
+#: the CPU has no AMX.
+_SIGILL_ADVICE = (
+    "the CPU refused an instruction this llama-server was compiled for (SIGILL): build one for this "
+    "machine with `forge build --force`, or one for any x86-64 CPU with `forge build --portable`"
+)
+
+#: SIGILL on an AMX CPU from a child started without the self-test's workaround: a rebuild makes
+#: the same binary and the same crash (ggml asks the kernel for AMX tile state on its main thread
+#: only, PR #26954), so the advice is the flags, not ``forge build --force``.
+AMX_SIGILL_ADVICE = (
+    "this Intel CPU has AMX, whose ggml kernels die of SIGILL at this llama.cpp (PR #26954) unless "
+    "the child runs with --no-repack; forge gives every child the flags its build self-test "
+    "recorded, and this one ran without them: leave FORGE_SELFTEST on (or add --no-repack to the "
+    "model's args), and see `forge doctor`"
+)
 
 #: What to do about a start failure, by its reason (:func:`classify_failure`'s classes).
 START_HINTS = {
@@ -36,24 +54,20 @@ START_HINTS = {
     "crashed": "see the log lines above",
     "illegal_instruction": "the CPU lacks an instruction this llama-server was compiled for: "
     "`forge build --force` builds one for this machine, `forge build --portable` one for any x86-64",
+    # The same death on an AMX CPU of a child without --no-repack (see AMX_SIGILL_ADVICE).
+    "amx_fault": AMX_SIGILL_ADVICE,
 }
-
-#: A portable (run-time dispatch) build or a rebuild on this machine: what SIGILL always asks for.
-_SIGILL_ADVICE = (
-    "the CPU refused an instruction this llama-server was compiled for (SIGILL): build one for this "
-    "machine with `forge build --force`, or one for any x86-64 CPU with `forge build --portable`"
-)
 
 
 def crash_advice(rc: int | None, *, computed: bool, amx: bool = False) -> str | None:
     """What a child's death by a CPU fault means, and what to do; None for other ends.
 
     ``computed``: the child had finished a computation before (a crash later is not the build's
-    first-compute fault). ``amx``: this CPU has Intel AMX, whose ggml kernels crash at the pinned
-    llama.cpp (PR #26954) unless children run with ``--no-repack``.
+    first-compute fault). ``amx``: this CPU has Intel AMX and the child ran without
+    ``--no-repack``: ggml's AMX kernels crash at the pinned llama.cpp (PR #26954) without it.
     """
     if rc == -signal.SIGILL:
-        return _SIGILL_ADVICE
+        return AMX_SIGILL_ADVICE if amx else _SIGILL_ADVICE
     if rc in (-signal.SIGSEGV, -signal.SIGBUS) and not computed:
         first = "it crashed in its first computation"
         if amx:
@@ -106,6 +120,13 @@ class InstanceSpec:
     api_key: str | None = None  # None: a new random key per start; "": no key (loopback only)
     backend: Literal["llama", "whisper"] = "llama"
     """Which server ``binary`` is: the argv is built for it (readiness is ``/health`` 200 for both)."""
+    amx: bool = False
+    """This CPU has Intel AMX (its ggml kernels die at the pin unless ``--no-repack`` is given):
+    what a CPU fault of the child means."""
+
+    def amx_unprotected(self) -> bool:
+        """An AMX CPU and a child without ``--no-repack``: a SIGILL is ggml's AMX defect."""
+        return self.amx and not any(a in ("-nr", "--no-repack") for a in self.extra_args)
 
     def args(self, port: int, api_key_file: Path) -> list[str]:
         if self.backend == "whisper":

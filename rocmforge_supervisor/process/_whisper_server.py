@@ -61,4 +61,5 @@ class WhisperServerKind(ModelServerKind):
     def crash_cause(
         self, tail: list[str], returncode: int | None, *, computed: bool, amx: bool
     ) -> str | None:
-        return crash_advice(returncode, computed=computed, amx=amx)
+        # Its SIGILL advice stays the build's: the AMX one names llama-server's workaround flag.
+        return crash_advice(returncode, computed=computed, amx=amx and returncode != -signal.SIGILL)

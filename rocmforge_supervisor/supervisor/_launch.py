@@ -26,7 +26,7 @@ from typing import Literal
 
 from .._argv import embedding_args, fallback_chat_template_args, mmproj_args, outputs_every_token, rpc_args
 from ..config import ForgeSettings, GpuChoice, GpuLayers, ModelConfig, gpu_layers_for_placement
-from ..hardware import Inventory, WorkerReport, child_env
+from ..hardware import Inventory, WorkerReport, child_env, cpu_flags
 from ..models import (
     REQUIRED_VERBOSITY,
     AllocationLedger,
@@ -284,6 +284,7 @@ def build_plan(
         # llama-server prints its per-device buffer sizes (what it really allocated) only at -lv 4.
         verbosity=REQUIRED_VERBOSITY if verbosity is None else verbosity,
         line_listeners=[ledger.feed, *line_listeners],
+        amx="amx_int8" in cpu_flags(),
     )
     return LaunchPlan(
         spec=instance,

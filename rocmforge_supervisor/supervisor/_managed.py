@@ -59,7 +59,7 @@ _NO_SAVE = frozenset({"removed", "failed replacement"})
 
 #: Start failures that a restart cannot fix: the model fails at once, with the reason.
 _FATAL_START = frozenset(
-    {"file_not_found", "invalid_model", "unsupported", "bad_args", "illegal_instruction"}
+    {"file_not_found", "invalid_model", "unsupported", "bad_args", "illegal_instruction", "amx_fault"}
 )
 
 

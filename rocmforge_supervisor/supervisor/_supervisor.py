@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 
 from .._errors import ModelNotFound, ModelRetired, PlacementError, ServiceError, UsageError
-from ..binaries import locate_llama_server
+from ..binaries import child_flags, locate_llama_server
 from ..client import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig
 from ..hardware import Inventory, detect, discover_workers, refresh_usage
@@ -56,14 +56,15 @@ _WORKER_PROBE_TIMEOUT = 10.0
 class Supervisor:
     """Every configured model of one ``forge serve``, their children, and the placement lock.
 
-    ``binary`` overrides the llama-server found from the settings: a test passes its fake here.
+    ``binary`` overrides the llama-server found from the settings (a test passes its fake here);
+    its children get the flags its self-test recorded on this CPU, as a located binary's do.
     """
 
     def __init__(self, config: ForgeConfig, *, binary: Path | None = None) -> None:
         self.config = config
         self.settings: ForgeSettings = config.settings
         self.binary = binary
-        #: Flags every child needs on this CPU: the located binary's self-test workaround.
+        #: Flags every child needs on this CPU: the binary's self-test workaround (set in run()).
         self.binary_args: tuple[str, ...] = ()
         self.events = EventBus()
         self.log_bus = EventBus(history=0, buffer=1024)  # child log lines, for `forge logs -f`
@@ -127,6 +128,8 @@ class Supervisor:
             found = await anyio.to_thread.run_sync(lambda: locate_llama_server(self.settings, rpc=rpc))
             self.binary = found.path
             self.binary_args = found.child_args
+        else:  # a binary named by the caller is proven on this CPU like a located one
+            self.binary_args = await anyio.to_thread.run_sync(child_flags, self.binary, self.settings)
         self.inventory = await anyio.to_thread.run_sync(detect, self.settings)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)

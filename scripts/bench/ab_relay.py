@@ -89,8 +89,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
 
-    from rocmforge_supervisor.build import locate_llama_server
-
+    from rocmforge_supervisor.binaries import locate_llama_server
     from rocmforge_supervisor.config import get_settings
     from tests.support.tiny_gguf import write_tiny_gguf
 

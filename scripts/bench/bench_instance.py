@@ -38,11 +38,19 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-async def readiness(binary: Path, model: Path, n: int, state: Path) -> dict[str, float]:
+async def readiness(
+    binary: Path, flags: tuple[str, ...], model: Path, n: int, state: Path
+) -> dict[str, float]:
     lags, totals = [], []
     for _ in range(n):
         spec = InstanceSpec(
-            binary=binary, model_path=model, alias="b", ctx_size=512, cpu_only=True, state_dir=state
+            binary=binary,
+            model_path=model,
+            alias="b",
+            ctx_size=512,
+            cpu_only=True,
+            state_dir=state,
+            extra_args=flags,  # the self-test's flags on this CPU (--no-repack on AMX), as forge's children
         )
         t0 = time.monotonic()
         async with LlamaServer(spec) as s:
@@ -56,11 +64,11 @@ async def readiness(binary: Path, model: Path, n: int, state: Path) -> dict[str,
     }
 
 
-def manual_first_token(binary: Path, model: Path, prompt: str) -> float:
+def manual_first_token(binary: Path, flags: tuple[str, ...], model: Path, prompt: str) -> float:
     port = free_port()
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [str(binary), "-m", str(model), "--port", str(port), "-c", "512", "--no-webui"],
+        [str(binary), "-m", str(model), "--port", str(port), "-c", "512", "--no-webui", *flags],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -142,17 +150,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     args = ap.parse_args()
     settings = ForgeSettings()
-    binary = locate_llama_server(settings).path
+    found = locate_llama_server(settings)
+    binary, flags = found.path, found.child_args
     model = resolve_model_path(args.model, settings)
     out: dict[str, object] = {"binary": str(binary), "model": str(model)}
     with tempfile.TemporaryDirectory() as tmp:
-        out["readiness"] = anyio.run(readiness, binary, model, args.loads, Path(tmp))
+        out["readiness"] = anyio.run(readiness, binary, flags, model, args.loads, Path(tmp))
         print(json.dumps(out["readiness"]), flush=True)
 
         env = dict(os.environ, FORGE_STATE_DIR=tmp)
         manual, forge = [], []
         for _ in range(args.runs):
-            manual.append(manual_first_token(binary, model, "The capital of France is"))
+            manual.append(manual_first_token(binary, flags, model, "The capital of France is"))
             forge.append(forge_first_token(args.model, "The capital of France is", env))
         out["first_token"] = {
             "manual_p50_s": statistics.median(manual),

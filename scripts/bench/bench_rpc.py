@@ -57,7 +57,8 @@ async def complete(server: LlamaServer, prompt: str, tokens: int) -> tuple[str, 
 async def main(args: argparse.Namespace) -> dict[str, object]:
     settings = ForgeSettings()
     rpc_server = locate_rpc_server(settings)
-    llama = locate_llama_server(settings, rpc=True).path
+    found = locate_llama_server(settings, rpc=True)
+    llama, flags = found.path, list(found.child_args)  # the self-test's flags (--no-repack on AMX)
     model = resolve_model_path(args.model, settings)
     state = Path(tempfile.mkdtemp(prefix="bench-rpc-"))
     ports = [free_port(), free_port()]
@@ -94,7 +95,13 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             binary=llama,
             alias="split",
             n_gpu_layers="all",
-            extra_args=["--rpc", ",".join(f"127.0.0.1:{p}" for p in ports), "--tensor-split", "0.5,0.5"],
+            extra_args=[
+                "--rpc",
+                ",".join(f"127.0.0.1:{p}" for p in ports),
+                "--tensor-split",
+                "0.5,0.5",
+                *flags,
+            ],
             **common,  # type: ignore[arg-type]
         )
         single = InstanceSpec(

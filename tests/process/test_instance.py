@@ -199,3 +199,31 @@ def test_parent_sigkill_takes_the_child_down(llama_server_bin: Path, tiny_gguf: 
         parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+@pytest.mark.parametrize(
+    ("amx", "args", "reason"),
+    [
+        (True, [], "amx_fault"),  # an AMX CPU, no workaround: ggml's AMX defect, not the build
+        (True, ["--no-repack"], "illegal_instruction"),  # the workaround was on: a real ISA fault
+        (False, [], "illegal_instruction"),
+    ],
+)
+async def test_sigill_advice_names_the_amx_workaround_where_it_applies(
+    fake_bin: Path, tiny_gguf: Path, tmp_path: Path, amx: bool, args: list[str], reason: str
+) -> None:
+    """The round-3 check on an AMX Xeon: a child without ``--no-repack`` died of SIGILL and forge
+    said ``forge build --force``, which rebuilds the same crash. On an AMX CPU without the
+    workaround the advice is the flag and the self-test; elsewhere it stays a rebuild. (The FAKE
+    llama-server dies of the real SIGILL while loading.)"""
+    spec = _spec(fake_bin, tiny_gguf, tmp_path, amx=amx, extra_args=["--fake-die", "SIGILL", *args])
+    with pytest.raises(StartFailed) as info:
+        async with LlamaServer(spec):
+            pass
+    err = info.value
+    assert err.reason == reason and "SIGILL" in err.message
+    advice = f"{err.message} {err.hint}"
+    if reason == "amx_fault":
+        assert "--no-repack" in advice and "AMX" in advice and "forge build --force" not in advice
+    else:
+        assert "forge build --force" in advice and "AMX" not in advice

@@ -4,11 +4,13 @@ completion; tests/binaries/test_selftest.py has the same faults through the buil
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from rocmforge_supervisor._errors import ServiceError
@@ -72,3 +74,39 @@ def test_no_repack_children_are_placed_without_the_repacked_copy(tmp_path: Path)
     with_copy = estimate_memory(info, n_gpu_layers=0, ctx_size=256, parallel=1, repack=True)
     without = estimate_memory(info, n_gpu_layers=0, ctx_size=256, parallel=1, repack=False)
     assert with_copy.total_bytes - without.total_bytes == repacked
+
+
+def _amx_like_fake(folder: Path) -> Path:
+    """A FAKE llama-server that dies of SIGILL on its first completion unless ``--no-repack`` is on
+    its command line: an AMX Xeon's child at the pinned llama.cpp (PR #26954), on any CPU."""
+    fake = Path(__file__).resolve().parents[1] / "support" / "fake_llama_server.py"
+    path = folder / "amx-bin" / "llama-server"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "#!/bin/bash\nexport FAKE_LLAMA_DIE_ON_REQUEST=SIGILL FAKE_LLAMA_WORKS_WITH=--no-repack\n"
+        f'exec -a llama-server "{sys.executable}" "{fake}" "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
+async def test_a_binary_given_by_path_gets_the_flags_its_self_test_found(
+    make_config: MakeConfig, tmp_path: Path
+) -> None:
+    """Round 3's ``make test`` on an AMX CPU: a Supervisor given a binary path started children
+    without the self-test's ``--no-repack`` and each died of SIGILL at its first compute. The
+    binary is now proven on this CPU (the self-test runs once, its record kept) like a located one,
+    and every child gets the flags that passed."""
+    binary = _amx_like_fake(tmp_path)
+    async with running(make_config({"m": {}}), binary, timeout=60) as sup:
+        assert sup.binary_args == ("--no-repack",)
+        m = sup.get("m")
+        async with sup.acquire("m") as upstream:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            headers = {"Authorization": f"Bearer {upstream.api_key}"}
+            async with httpx.AsyncClient(base_url=upstream.base_url, headers=headers) as c:
+                r = await c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert m.server is not None and m.server.pid is not None
+        assert "--no-repack" in psutil.Process(m.server.pid).cmdline()
+        assert m.restarts == 0
