@@ -7,6 +7,7 @@ from ._instance import LlamaServer
 from ._ledger import ChildLedger
 from ._logs import IDLE_LINE_RE, LogRing, classify_failure, crash_cause, without_idle
 from ._ports import free_port, port_is_free
+from ._programs import LLAMA_SERVER, WHISPER_SERVER, CommandProgram, ServerProgram
 from ._restart import Breaker, ChildEvent, RestartPolicy
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
 from ._spawn import with_parent_death
@@ -15,9 +16,12 @@ from ._statelock import StateDirLock
 
 __all__ = [
     "IDLE_LINE_RE",
+    "LLAMA_SERVER",
+    "WHISPER_SERVER",
     "Breaker",
     "ChildEvent",
     "ChildLedger",
+    "CommandProgram",
     "GroupReaper",
     "InstanceSpec",
     "InstanceState",
@@ -25,6 +29,7 @@ __all__ = [
     "LogRing",
     "RestartPolicy",
     "RpcWorker",
+    "ServerProgram",
     "StateDirLock",
     "WorkerEvent",
     "WorkerSpec",
@@ -36,9 +41,9 @@ __all__ = [
     "free_port",
     "is_loopback_host",
     "kill_process_group",
-    "stop_process_group",
     "port_is_free",
     "run_supervised",
+    "stop_process_group",
     "unwrap_group",
     "with_parent_death",
     "without_idle",

@@ -50,8 +50,8 @@ import psutil
 from .._errors import StartFailed
 from ..client import socket_gone_as_httpx_error
 from ._logs import LogRing, line_blocks_of
+from ._outcomes import InstanceState, describe_returncode
 from ._spawn import with_parent_death
-from ._spec import InstanceState, describe_returncode
 
 __all__ = ["ChildKind", "ChildProcess", "HttpOk", "LogLine", "OwnsChild", "PortBound", "Readiness"]
 
@@ -135,8 +135,19 @@ class ChildProcess:
     Reusable after an exit through :meth:`reset` (a start retried on another port).
     """
 
-    def __init__(self, kind: ChildKind, log_ring: LogRing, *, label: str, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        kind: ChildKind,
+        log_ring: LogRing,
+        *,
+        label: str,
+        host: str = "127.0.0.1",
+        readiness: Readiness | None = None,
+    ) -> None:
         self.kind = kind
+        #: What says it is ready: the kind's, unless this child's program names its own (a user's
+        #: command: its ``health`` path or ``ready_log`` line).
+        self.readiness: Readiness = readiness if readiness is not None else kind.readiness
         self.log = log_ring
         self.label = label  # the model alias, the worker name: for the supervisor's log
         self.host = host
@@ -233,7 +244,7 @@ class ChildProcess:
         """Until the kind's readiness signal; else the child is stopped and the kind's
         :class:`StartFailed` raised: it exited, a ``fail_fast`` line, no output for
         ``stall_timeout``, not ready after ``ready_timeout``, or :meth:`stop` asked meanwhile."""
-        readiness = self.kind.readiness
+        readiness = self.readiness
         started = time.monotonic()
         delay = _POLL_FIRST
         async with contextlib.AsyncExitStack() as stack:
@@ -405,7 +416,7 @@ class ChildProcess:
             self.kind.on_line(line, self)
 
     def _start_signs(self, line: str) -> None:
-        readiness = self.kind.readiness
+        readiness = self.readiness
         if isinstance(readiness, HttpOk) and readiness.hurry is not None and readiness.hurry.search(line):
             self.listening_at = time.monotonic()
             self.flags.add("listening")

@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import shutil
-import signal
 import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -44,55 +40,14 @@ import httpx
 from .._argv import redact
 from .._errors import InstanceError, StartFailed, UsageError
 from ..client import socket_gone_as_httpx_error
-from ._child import ChildKind, ChildProcess, HttpOk, OwnsChild
+from ._child import ChildProcess, OwnsChild
 from ._env import clean_child_env
-from ._logs import LISTENING_RE, OOM_PATTERNS, LogRing, classify_failure
-from ._logs import crash_cause as cause_in_log
-from ._model_kind import ModelServerKind
+from ._llama_kind import LlamaServerKind
+from ._logs import LogRing
 from ._ports import free_port, port_is_free
-from ._spec import START_HINTS, InstanceSpec, crash_advice, describe_returncode, unwrap_group
-from ._whisper_server import WhisperServerKind
+from ._spec import InstanceSpec, describe_returncode, unwrap_group
 
-__all__ = ["LlamaServer", "LlamaServerKind"]
-
-#: A finished request's timing line (``slot print_timing: … prompt eval time``): it computed.
-_COMPUTED_RE = re.compile(r"print_timing|prompt eval time")
-
-
-@dataclass(frozen=True)
-class LlamaServerKind(ModelServerKind):
-    """llama-server, as a :class:`ChildKind`: it binds its port before it loads the model and
-    answers ``/health`` 503 until then, so ready is a 200 (asked at once after ``listening on``);
-    running out of device memory ends a load at once; its failures are read from its log."""
-
-    program: ClassVar[str] = "llama-server"
-    readiness: ClassVar[HttpOk] = HttpOk("/health", hurry=LISTENING_RE)
-    spawn_hint: ClassVar[str] = "run `forge build`, or check FORGE_LLAMA_SERVER"
-    hints: ClassVar[Mapping[str, str]] = START_HINTS
-    fail_fast: ClassVar[tuple[tuple[str, re.Pattern[str], str], ...]] = (
-        ("oom", OOM_PATTERNS, "out of device memory while loading"),
-    )
-
-    #: This CPU has AMX and the child runs without ``--no-repack`` (InstanceSpec.amx_unprotected):
-    #: a SIGILL is ggml's AMX defect at the pin, which a rebuild does not fix.
-    amx: bool = False
-
-    def classify(self, tail: list[str], returncode: int | None) -> str:
-        if returncode == -signal.SIGILL:
-            return "amx_fault" if self.amx else "illegal_instruction"
-        return classify_failure(tail)
-
-    def crash_cause(
-        self, tail: list[str], returncode: int | None, *, computed: bool, amx: bool
-    ) -> str | None:
-        # An RPC worker it placed layers on died; else a CPU fault says what it means: an
-        # instruction this CPU lacks (SIGILL), or a crash in the first computation (the AMX defect
-        # at the pin, when the self-test was skipped or overridden).
-        return cause_in_log(tail) or crash_advice(returncode, computed=computed, amx=amx and self.amx)
-
-    def on_line(self, line: str, child: ChildProcess) -> None:
-        if "computed" not in child.flags and _COMPUTED_RE.search(line):
-            child.flags.add("computed")
+__all__ = ["LlamaServer", "LlamaServerKind"]  # the kind lives in _llama_kind; kept here for callers
 
 
 class LlamaServer(OwnsChild):
@@ -106,17 +61,12 @@ class LlamaServer(OwnsChild):
         self.log = LogRing(spec.log_path)
         for listener in spec.line_listeners:
             self.log.subscribe(listener)
-        log_path = str(spec.log_path) if spec.log_path else None
-        kind: ChildKind = (
-            WhisperServerKind(spec.alias, log_path)
-            if spec.backend == "whisper"
-            else LlamaServerKind(spec.alias, log_path, amx=spec.amx_unprotected())
-        )
         self.child = ChildProcess(
-            kind,
+            spec.program.kind(spec),
             self.log,
             label=spec.alias,
             host=spec.host,
+            readiness=spec.program.readiness(),
         )
         self.started_at: float | None = None  # time.time()
         self.ready_at: float | None = None
@@ -352,7 +302,7 @@ class LlamaServer(OwnsChild):
         config_home.mkdir(parents=True, exist_ok=True)
         env = clean_child_env(
             os.environ if self.spec.parent_env is None else self.spec.parent_env,
-            mask=self.spec.mask,
+            mask={**self.spec.program.env(), **self.spec.mask},
             config_home=config_home,
         )
         argv = self.spec.args(port, self._key_file)

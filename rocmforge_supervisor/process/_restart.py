@@ -30,7 +30,7 @@ import anyio
 import anyio.abc
 
 from .._errors import StartFailed
-from ._spec import describe_returncode
+from ._outcomes import describe_returncode
 
 __all__ = ["Breaker", "ChildEvent", "ChildEventFn", "RestartPolicy", "Restartable", "exit_words", "supervise"]
 

@@ -34,8 +34,8 @@ from .._errors import StartFailed
 from ._child import ChildKind, ChildProcess, OwnsChild, PortBound
 from ._env import clean_child_env
 from ._logs import LogRing
+from ._outcomes import describe_returncode
 from ._restart import ChildEventFn, RestartPolicy, supervise
-from ._spec import describe_returncode
 
 __all__ = [
     "RpcServerKind",

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from ._child import HttpOk
 from ._model_kind import ModelServerKind
-from ._spec import crash_advice
+from ._outcomes import crash_advice
 
 __all__ = ["WhisperServerKind"]
 

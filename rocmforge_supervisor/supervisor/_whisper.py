@@ -40,7 +40,7 @@ from ..models import (
     resolve_model_path,
     whisper_state_bytes,
 )
-from ..process import InstanceSpec
+from ..process import WHISPER_SERVER, InstanceSpec
 from ._launch import LaunchPlan
 from ._placement import _chosen
 from ._placement_types import LoadedModel, PlacementDecision, free_memory
@@ -137,7 +137,7 @@ def plan_launch(
         ready_timeout=ready_timeout,
         stop_timeout=stop_timeout,
         line_listeners=[WhisperLedgerFeed(ledger, gpus or None), *line_listeners],
-        backend="whisper",
+        program=WHISPER_SERVER,
     )
     return LaunchPlan(spec=instance, decision=decision, model_path=info.path, info=info, actual=ledger)
 

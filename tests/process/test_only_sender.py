@@ -30,12 +30,12 @@ def _is_sender(call: ast.Call) -> bool:
 def _senders(tree: ast.AST) -> list[int]:
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            if _is_sender(node):
-                lines.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.module == "os":
-            if any(a.name in ("kill", "killpg") for a in node.names):
-                lines.append(node.lineno)
+        if (isinstance(node, ast.Call) and _is_sender(node)) or (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "os"
+            and any(a.name in ("kill", "killpg") for a in node.names)
+        ):
+            lines.append(node.lineno)
     return lines
 
 

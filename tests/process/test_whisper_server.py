@@ -14,7 +14,7 @@ import pytest
 
 from rocmforge_supervisor import StartFailed
 from rocmforge_supervisor.config import ForgeSettings
-from rocmforge_supervisor.process import InstanceSpec, LlamaServer
+from rocmforge_supervisor.process import WHISPER_SERVER, InstanceSpec, LlamaServer
 from rocmforge_supervisor.process._whisper_server import WhisperServerKind
 from tests.support.whisper import whisper_model_or_skip, whisper_server_or_skip
 
@@ -26,7 +26,7 @@ def _spec(binary: Path, model: Path, tmp_path: Path, **kw: object) -> InstanceSp
         "binary": binary,
         "model_path": model,
         "alias": "stt",
-        "backend": "whisper",
+        "program": WHISPER_SERVER,
         "cpu_only": True,
         "log_path": tmp_path / "stt.log",
         "state_dir": tmp_path / "state",

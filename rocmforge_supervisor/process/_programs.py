@@ -1,0 +1,139 @@
+"""Which server program a model child runs: how its command line is built, which
+:class:`~._child.ChildKind` describes it, what tells that it is ready, whether it takes forge's key.
+
+One value per kind of model server (:data:`LLAMA_SERVER`, :data:`WHISPER_SERVER`, a
+:class:`CommandProgram` per ``backend = "command"`` model) on :attr:`InstanceSpec.program`; the
+rest of a child's life is the same :class:`~._instance.LlamaServer` for all of them, so nothing
+in ``process/`` asks which backend a model has.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from .._argv import server_argv
+from .._whisper_argv import whisper_argv
+from ._child import ChildKind, HttpOk, LogLine, Readiness
+from ._command_server import CommandServerKind, command_argv
+from ._llama_kind import LlamaServerKind
+from ._whisper_server import WhisperServerKind
+
+if TYPE_CHECKING:
+    from ._spec import InstanceSpec
+
+__all__ = ["LLAMA_SERVER", "WHISPER_SERVER", "CommandProgram", "ServerProgram"]
+
+
+class ServerProgram(Protocol):
+    """What a model child's program is, to the one lifecycle."""
+
+    @property
+    def takes_key(self) -> bool:
+        """It reads forge's per-child key (``--api-key-file``); else it listens on loopback unkeyed."""
+        ...
+
+    def argv(self, spec: InstanceSpec, port: int, api_key_file: Path | None) -> list[str]: ...
+
+    def kind(self, spec: InstanceSpec) -> ChildKind: ...
+
+    def readiness(self) -> Readiness | None:
+        """None: the kind's own."""
+        ...
+
+    def env(self) -> Mapping[str, str]:
+        """Set on top of the cleaned environment (before the device mask)."""
+        ...
+
+
+@dataclass(frozen=True)
+class _LlamaServer:
+    takes_key: bool = True
+
+    def argv(self, spec: InstanceSpec, port: int, api_key_file: Path | None) -> list[str]:
+        return server_argv(
+            binary=spec.binary,
+            model_path=spec.model_path,
+            host=spec.host,
+            port=port,
+            alias=spec.alias,
+            api_key_file=api_key_file,
+            ctx_size=spec.ctx_size,
+            cpu_only=spec.cpu_only,
+            n_gpu_layers=spec.n_gpu_layers,
+            parallel=spec.parallel,
+            verbosity=spec.verbosity,
+            extra_args=spec.extra_args,
+        )
+
+    def kind(self, spec: InstanceSpec) -> ChildKind:
+        log_path = str(spec.log_path) if spec.log_path else None
+        return LlamaServerKind(spec.alias, log_path, amx=spec.amx_unprotected())
+
+    def readiness(self) -> Readiness | None:
+        return None
+
+    def env(self) -> Mapping[str, str]:
+        return {}
+
+
+@dataclass(frozen=True)
+class _WhisperServer:
+    takes_key: bool = False  # whisper-server has no API key
+
+    def argv(self, spec: InstanceSpec, port: int, api_key_file: Path | None) -> list[str]:
+        return whisper_argv(
+            binary=spec.binary,
+            model_path=spec.model_path,
+            host=spec.host,
+            port=port,
+            cpu_only=spec.cpu_only,
+            extra_args=spec.extra_args,
+        )
+
+    def kind(self, spec: InstanceSpec) -> ChildKind:
+        return WhisperServerKind(spec.alias, str(spec.log_path) if spec.log_path else None)
+
+    def readiness(self) -> Readiness | None:
+        return None
+
+    def env(self) -> Mapping[str, str]:
+        return {}
+
+
+LLAMA_SERVER: ServerProgram = _LlamaServer()
+WHISPER_SERVER: ServerProgram = _WhisperServer()
+
+
+@dataclass(frozen=True)
+class CommandProgram:
+    """A user's OpenAI-compatible server (``backend = "command"``): ``cmd`` with ``${PORT}``,
+    ``${HOST}``, ``${MODEL}``, ``${NAME}``; ready when ``GET health`` answers 200, or (``ready_log``)
+    when it prints a matching line. ``spec.extra_args`` are appended (the model's ``args``)."""
+
+    cmd: tuple[str, ...]
+    health: str = "/health"
+    ready_log: str | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: What ``${MODEL}`` becomes: the model's path as configured (not necessarily a file).
+    model: str = ""
+    takes_key: bool = False
+
+    def argv(self, spec: InstanceSpec, port: int, api_key_file: Path | None) -> list[str]:
+        filled = command_argv(self.cmd, port=port, host=spec.host, model=self.model, name=spec.alias)
+        return [*filled, *spec.extra_args]
+
+    def kind(self, spec: InstanceSpec) -> ChildKind:
+        sign = f"the log line {self.ready_log!r}" if self.ready_log else f"GET {self.health} = 200"
+        return CommandServerKind(spec.alias, str(spec.log_path) if spec.log_path else None, ready_sign=sign)
+
+    def readiness(self) -> Readiness | None:
+        if self.ready_log:
+            return LogLine(re.compile(self.ready_log))
+        return HttpOk(self.health)
+
+    def env(self) -> Mapping[str, str]:
+        return self.extra_env
