@@ -420,8 +420,13 @@ def _check_model_names(cfg: ForgeConfig) -> None:
     error, for ``--check-config`` and for ``serve`` alike: it can never load, and a typo is better
     told with its "did you mean" before the start than as a missing file at the first request."""
     from ..models import unknown_name  # start-up time: only serve needs the catalog
+    from ..supervisor import backend_of
 
-    bad = [(name, err) for name, m in cfg.models.items() if (err := unknown_name(m.path)) is not None]
+    bad = [
+        (name, err)
+        for name, m in cfg.models.items()
+        if backend_of(m).reads_path and (err := unknown_name(m.path)) is not None
+    ]
     if not bad:
         return
     first_name, first = bad[0]

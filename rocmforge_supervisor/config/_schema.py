@@ -21,17 +21,27 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag
-from .._whisper_argv import whisper_owned_flag
+from ._backends import DEFAULT_COMMAND_ROUTES, ONE_AT_A_TIME, BackendName, key_problem
 from ._explain import custom, translate
 from ._names import is_loopback
 from ._settings import ForgeSettings
-from ._values import GpuChoice, GpuLayers, Reserve, parse_gpu, parse_gpu_layers, parse_reserve, reserve_bytes
+from ._values import (
+    GpuChoice,
+    GpuLayers,
+    Reserve,
+    parse_bytes,
+    parse_gpu,
+    parse_gpu_layers,
+    parse_reserve,
+    reserve_bytes,
+)
 
 __all__ = [
     "ForgeConfig",
@@ -52,6 +62,15 @@ def _gpu_layers(value: Any) -> Any:
         return parse_gpu_layers(value)
     except ValueError as exc:
         raise custom("gpu_layers", str(exc)) from None
+
+
+def _bytes_or_none(value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        return parse_bytes(value)
+    except ValueError as exc:
+        raise custom("bytes", str(exc)) from None
 
 
 def _gpu(value: Any) -> Any:
@@ -316,15 +335,9 @@ _NOT_IN_FINGERPRINT = frozenset(
         "pinned",
         "capture",
         "stall_timeout",
+        "routes",  # the gateway's side: which requests it sends, not how the child runs
     }
 )
-
-
-#: ``[models.NAME]`` keys that only mean something to llama-server.
-_LLAMA_ONLY = (
-    "ctx_size", "gpu_layers", "parallel", "max_concurrency", "sleep_idle", "embeddings",
-    "max_tokens", "keep_context", "mmproj", "mmproj_offload", "workers",
-)  # fmt: skip
 
 
 class ModelConfig(_Section):
@@ -332,10 +345,12 @@ class ModelConfig(_Section):
 
     path: str = Field(min_length=1)
     """A GGUF path, an embedded default's name (``gemma-3-270m``) or ``hf:org/repo:QUANT``."""
-    backend: Literal["llama", "whisper"] = "llama"
-    """The server that runs it: ``llama`` (llama-server) or ``whisper`` (whisper.cpp's
+    backend: BackendName = "llama"
+    """The server that runs it: ``llama`` (llama-server), ``whisper`` (whisper.cpp's
     whisper-server, for a whisper GGML model: speech to text on ``/v1/audio/transcriptions`` and
-    ``/v1/audio/translations``; it serves one request at a time, so ``max_concurrency`` is 1)."""
+    ``/v1/audio/translations``; it serves one request at a time, so ``max_concurrency`` is 1), or
+    ``command``: any OpenAI-compatible server, started as ``cmd`` (vLLM, SGLang, koboldcpp,
+    another llama-server build…); then ``path`` is what ``${MODEL}`` stands for."""
     ctx_size: int | None = Field(default=None, ge=0)
     gpu_layers: GpuLayersField = None
     """None: forge decides from the memory estimate; or a number, ``"auto"`` (llama-server fits),
@@ -383,35 +398,41 @@ class ModelConfig(_Section):
     """RPC workers (``[[workers]]``): ``auto`` uses the fewest that hold it when the model does not
     fit on this machine; ``only``: always on the fewest workers, never here; ``all``: a share on every
     usable worker; ``never``: this machine only."""
+    cmd: list[str] = Field(default_factory=list)
+    """``backend = "command"``: the server's command line; ``${PORT}`` (required), ``${HOST}``,
+    ``${MODEL}`` (``path``) and ``${NAME}`` are filled in at each start, ``args`` appended."""
+    health: str | None = None
+    """``backend = "command"``: the path that answers 200 once it is ready (default ``/health``)."""
+    ready_log: str | None = None
+    """``backend = "command"``: ready when it prints a line matching this regular expression
+    (instead of ``health``)."""
+    routes: list[str] | None = None
+    """``backend = "command"``: the OpenAI routes it serves (default: chat/completions,
+    completions, embeddings); a request on another route is refused before it is queued."""
+    memory: Annotated[int | None, BeforeValidator(_bytes_or_none)] = None
+    """``backend = "command"``: the device memory it takes on each device it is placed on
+    (``"12GiB"``), for placement; None: placed without a memory check."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """``backend = "command"``: extra environment for the command (the device mask is forge's)."""
 
     @property
     def effective_max_concurrency(self) -> int:
-        if self.backend == "whisper":
+        if self.backend in ONE_AT_A_TIME:
             return 1  # whisper-server serves one request at a time (a global mutex): the rest queue
         return self.max_concurrency or self.parallel or 4
 
+    @property
+    def command_routes(self) -> tuple[str, ...]:
+        """What a ``backend = "command"`` model serves (its ``routes``, else the OpenAI ones)."""
+        return tuple(self.routes) if self.routes is not None else DEFAULT_COMMAND_ROUTES
+
     @model_validator(mode="after")
-    def _whisper_keys(self) -> ModelConfig:
-        """A whisper model has no context, slots, layers split or projector: a llama-only key set
-        on one would be silently ignored, so it is refused by name."""
-        if self.backend != "whisper":
-            return self
-        for arg in self.args:
-            if whisper_owned_flag(arg):
-                raise custom(
-                    "owned_flag",
-                    f"{arg!r} is set by forge itself on a whisper child and cannot be passed in args",
-                )
-        for key in _LLAMA_ONLY:
-            value = getattr(self, key)
-            if key == "max_concurrency" and value == 1:
-                continue
-            if value not in (None, False, "auto") and not (key == "workers" and value == "never"):
-                raise custom(
-                    "whisper_key",
-                    f'{key} does not apply to a backend = "whisper" model: remove it '
-                    "(whisper-server has no such setting; pass its own flags in args)",
-                )
+    def _backend_keys(self) -> ModelConfig:
+        """A key that means nothing to the model's server would be silently ignored: refused by
+        name (the rules per backend are ``config/_backends.py``'s)."""
+        problem = key_problem(self)
+        if problem is not None:
+            raise custom(*problem)
         return self
 
     @field_validator("mmproj")
@@ -429,7 +450,9 @@ class ModelConfig(_Section):
 
     @field_validator("args")
     @classmethod
-    def _no_owned_flags(cls, args: list[str]) -> list[str]:
+    def _no_owned_flags(cls, args: list[str], info: ValidationInfo) -> list[str]:
+        if info.data.get("backend") == "command":
+            return args  # the user's own command line: forge owns none of its flags
         for arg in args:
             if arg.partition("=")[0].replace("_", "-") == "--slot-save-path":
                 raise custom(

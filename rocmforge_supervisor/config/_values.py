@@ -18,6 +18,7 @@ __all__ = [
     "GpuRef",
     "Reserve",
     "gpu_layers_for_placement",
+    "parse_bytes",
     "parse_gpu",
     "parse_gpu_layers",
     "parse_reserve",
@@ -141,3 +142,22 @@ def parse_reserve(value: object) -> Reserve:
 def reserve_bytes(reserve: Reserve, total: int) -> int:
     """The reserve on a device of ``total`` bytes."""
     return int(total * reserve) if isinstance(reserve, float) else int(reserve)
+
+
+BYTES_HELP = 'bytes: an integer or a size such as "12GiB", "512MiB"'
+
+
+def parse_bytes(value: object) -> int:
+    """A byte count from an integer or a size with a binary unit (``"12GiB"``). ValueError
+    otherwise (a fraction means nothing here)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not {BYTES_HELP}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{value!r} is negative; use {BYTES_HELP}")
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", value.strip().lower().replace(" ", ""))
+        if m and m.group(2) in _RESERVE_UNITS:
+            return int(float(m.group(1)) * _RESERVE_UNITS[m.group(2)])
+    raise ValueError(f"{value!r} is not {BYTES_HELP}")

@@ -196,13 +196,15 @@ class LlamaServer(OwnsChild):
         self.child.kill(reason)
 
     async def health(self, timeout: float = 2.0) -> int | None:
-        """HTTP status of ``/health`` (200 ready, 503 loading), None when it did not answer."""
+        """HTTP status of ``/health`` (200 ready, 503 loading; a command's own health path, or 200
+        for any answer when it has none), None when it did not answer."""
+        path, any_answer = self.spec.program.liveness()
         try:
             # verify=False: plain http on loopback; a default client loads the CA bundle (~38 ms CPU).
             async with httpx.AsyncClient(timeout=timeout, trust_env=False, verify=False) as c:
                 with socket_gone_as_httpx_error(self.base_url):
-                    r = await c.get(f"{self.base_url}/health")
-                return r.status_code
+                    r = await c.get(f"{self.base_url}{path}")
+                return 200 if any_answer else r.status_code
         except httpx.HTTPError:
             return None
 

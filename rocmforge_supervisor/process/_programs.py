@@ -48,6 +48,11 @@ class ServerProgram(Protocol):
         """Set on top of the cleaned environment (before the device mask)."""
         ...
 
+    def liveness(self) -> tuple[str, bool]:
+        """What the health watcher asks once it is ready: (path, whether any HTTP answer means
+        alive rather than only a 200)."""
+        ...
+
 
 @dataclass(frozen=True)
 class _LlamaServer:
@@ -79,6 +84,9 @@ class _LlamaServer:
     def env(self) -> Mapping[str, str]:
         return {}
 
+    def liveness(self) -> tuple[str, bool]:
+        return "/health", False
+
 
 @dataclass(frozen=True)
 class _WhisperServer:
@@ -102,6 +110,9 @@ class _WhisperServer:
 
     def env(self) -> Mapping[str, str]:
         return {}
+
+    def liveness(self) -> tuple[str, bool]:
+        return "/health", False
 
 
 LLAMA_SERVER: ServerProgram = _LlamaServer()
@@ -137,3 +148,7 @@ class CommandProgram:
 
     def env(self) -> Mapping[str, str]:
         return self.extra_env
+
+    def liveness(self) -> tuple[str, bool]:
+        # Ready by a log line: it may have no health route; any HTTP answer says it is not hung.
+        return ("/", True) if self.ready_log else (self.health, False)

@@ -7,7 +7,7 @@ ends in ``failed to initialize whisper context`` and exit 3; a port in use in ``
 server socket`` (classified ``bind``, so :class:`LlamaServer`'s start retries on another port, as
 for llama-server). Everything else of a model child — the port, the key file, the log, the stop —
 is the same class, :class:`~._instance.LlamaServer`, which picks this kind for
-``InstanceSpec.backend == "whisper"``.
+``InstanceSpec.program`` :data:`~._programs.WHISPER_SERVER`.
 """
 
 from __future__ import annotations

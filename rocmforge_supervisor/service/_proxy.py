@@ -33,6 +33,7 @@ from starlette.routing import BaseRoute, Route
 
 from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
 from ..client import Upstream, asend
+from ..supervisor import backend_of
 from ._audio import is_translation, parse_form, relay, to_inference
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
 from ._listing import check_media, check_tools, model_list
@@ -129,12 +130,14 @@ async def _slot(
     sending: Callable[[], None] | None,
 ) -> AsyncIterator[Upstream]:
     """A slot at model ``name`` (waiting for its load up to ``load_wait``), released on exit."""
-    if path != "/inference" and st.supervisor.config_of(name).backend == "whisper":
+    config = st.supervisor.config_of(name)
+    backend = backend_of(config)
+    if not backend.serves(config, path.partition("?")[0]):
+        shown = sorted(r for r in backend.routes_of(config) or () if r.startswith("/v1/"))
         raise InvalidRequest(
-            f"model {name!r} is a whisper (speech to text) model: it answers only "
-            "/v1/audio/transcriptions and /v1/audio/translations",
+            f"model {name!r} is {backend.what}: it answers only {', '.join(shown)}",
             param="model",
-            hint="name a llama model of GET /v1/models for this route",
+            hint="name a model of GET /v1/models that serves this route",
         )
     load_wait = st.supervisor.load_wait(name)
     async with st.supervisor.acquire(name, load_wait=load_wait, loaded=loaded) as upstream:
@@ -430,9 +433,9 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
             else:
                 asked, stream = await model_from_request(route, request, body)
                 name = resolve_name(asked, st.supervisor.names())
-                backend = st.supervisor.config_of(name).backend  # 404 before queueing
+                config = st.supervisor.config_of(name)  # 404 before queueing
                 admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
-                whisper = backend == "whisper"
+                whisper = backend_of(config).transcribes
                 if not whisper and is_translation(route.path):
                     raise InvalidRequest(
                         f"model {name!r} does not translate audio: translations need a "

@@ -1,5 +1,6 @@
 """Supervision: in-process loads, placement, and the multi-model supervisor behind `forge serve`."""
 
+from ._backends import BACKENDS, Backend, backend_of
 from ._events import Event, EventBus, EventKind
 from ._launch import LaunchPlan, ModelSpec
 from ._local import LoadOptions, LocalModel, aload_model, load_model, plan_local_load
@@ -9,6 +10,8 @@ from ._supervisor import Supervisor
 from ._view import ChildEndpoint, ModelView
 
 __all__ = [
+    "BACKENDS",
+    "Backend",
     "Breaker",
     "ChildEndpoint",
     "Event",
@@ -24,6 +27,7 @@ __all__ = [
     "ModelView",
     "Supervisor",
     "aload_model",
+    "backend_of",
     "load_model",
     "plan_local_load",
 ]

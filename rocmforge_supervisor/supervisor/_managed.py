@@ -39,6 +39,7 @@ from ..process import (
     describe_returncode,
     unwrap_group,
 )
+from ._backends import backend_of
 from ._events import EventBus, EventKind
 from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan
@@ -296,7 +297,7 @@ class ManagedModel:
                     await self._restore_context(server, plan)
                     self._on_ready(server)
                 tg.start_soon(self._watch_health, server)
-                if self.config.backend == "llama":  # whisper-server has no /slots to watch
+                if backend_of(self.config).has_slots:  # whisper-server, a command: no /slots to watch
                     tg.start_soon(self._watch_progress, server)
                 tg.start_soon(self._watch_ttl)
                 if self.config.sleep_idle:

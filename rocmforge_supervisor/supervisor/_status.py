@@ -115,7 +115,7 @@ class ModelStatus:
     contexts: dict[str, Any] = field(default_factory=dict)
     """Its saved KV-cache slots (count, tokens, bytes, newest) and this run's save/restore totals."""
     backend: str = "llama"
-    """The server that runs it: ``llama`` (llama-server) or ``whisper`` (whisper-server)."""
+    """The server that runs it: ``llama`` (llama-server), ``whisper`` (whisper-server) or ``command``."""
 
     def to_json(self) -> dict[str, Any]:
         return {

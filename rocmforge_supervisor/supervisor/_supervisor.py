@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,22 +22,21 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._errors import ModelNotFound, ModelRetired, PlacementError, ServiceError, UsageError
+from .._errors import ModelNotFound, ModelRetired, ServiceError, UsageError
 from ..binaries import child_flags, locate_llama_server
 from ..client import Upstream
-from ..config import ForgeConfig, ForgeSettings, ModelConfig
-from ..hardware import Inventory, detect, discover_workers, refresh_usage
+from ..config import ForgeConfig, ForgeSettings, ModelConfig, WorkerConfig
+from ..hardware import Inventory, detect, refresh_usage
 from ..process import ChildLedger, LlamaServer
+from ._backends import backend_of
 from ._context_store import ContextStore
 from ._device_context import CONTEXT_FILE, DeviceContexts, learn_from_child
 from ._events import EventBus, EventKind
 from ._keep_context import ContextKeeper
-from ._launch import LaunchPlan, ModelSpec, ResolvedModel, build_plan, decide, decide_on_workers, resolve
+from ._launch import LaunchPlan
 from ._managed import ManagedModel
-from ._placement import PlacementDecision
 from ._status import ModelState, ModelStatus
 from ._view import ModelView, model_view
-from ._whisper import plan_whisper
 from ._yielding import PressureMonitor
 
 __all__ = ["ReloadSummary", "Supervisor"]
@@ -45,12 +44,6 @@ __all__ = ["ReloadSummary", "Supervisor"]
 log = logging.getLogger("rocmforge.supervisor")
 
 ReloadSummary = dict[str, list[str]]
-
-#: After an eviction: how long to wait for the driver to hand the memory back (Ollama waits 5 s).
-_RELEASE_TIMEOUT = 5.0
-_RELEASE_POLL = 0.25
-#: Seconds an RPC worker may take to answer the device probe (a held one never answers).
-_WORKER_PROBE_TIMEOUT = 10.0
 
 
 class Supervisor:
@@ -74,7 +67,7 @@ class Supervisor:
         self.started_at = time.time()
         self.inventory: Inventory | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._placement_lock = anyio.Lock()
+        self.placement_lock = anyio.Lock()
         self._reload_lock = anyio.Lock()
         self.state_dir: Path = config.state_dir
         self.log_dir: Path = config.log_dir
@@ -100,7 +93,7 @@ class Supervisor:
             fingerprint=fp,
             contexts=self.keeper(name),
         )
-        m.on_ready.append(lambda _m: self._record_children())
+        m.on_ready.append(lambda _m: self.record_children())
         m.on_ready.append(self._learn_device_context)
         return m
 
@@ -159,7 +152,7 @@ class Supervisor:
         async with anyio.create_task_group() as tg:
             for m in list(self.models.values()):
                 tg.start_soon(m.unload, "shutdown")
-        self._record_children()
+        self.record_children()
 
     def force_stop(self) -> None:
         """A forced exit: drains in progress end now, and the shutdown does not drain."""
@@ -178,6 +171,11 @@ class Supervisor:
             self._tg.start_soon(fn, *args)
 
     # -- requests ------------------------------------------------------------------------------
+
+    @property
+    def workers(self) -> list[WorkerConfig]:
+        """The configured RPC workers (``[[workers]]``)."""
+        return self.config.workers
 
     def get(self, name: str) -> ManagedModel:
         try:
@@ -260,7 +258,7 @@ class Supervisor:
         await m.unload(save=not forget)
         if forget:
             await anyio.to_thread.run_sync(self.keeper(name).forget)
-        self._record_children()
+        self.record_children()
         return m.status()
 
     def status(self) -> list[ModelStatus]:
@@ -369,116 +367,25 @@ class Supervisor:
     # -- the launch pipeline, with eviction in the middle ------------------------------------------
 
     async def _plan(self, m: ManagedModel) -> LaunchPlan:
-        if m.config.backend == "whisper":  # whisper-server: its own short pipeline
-            return await plan_whisper(self, m)
-        spec = ModelSpec.from_config(m.config, workers_configured=bool(self.config.workers))
-        slot_dir = self.keeper(m.name).slot_dir() if m.config.keep_context else None
-        # Resolving may download (hf:), inspecting reads the GGUF: not on the event loop.
-        model = await anyio.to_thread.run_sync(resolve, spec, self.settings)
-        async with self._placement_lock:
-            decision, inventory = await self._decide(m, spec, model)
-        return build_plan(
-            spec,
-            m.name,
-            model,
-            decision,
-            inventory,
-            self.settings,
-            binary=self.binary or Path("llama-server"),
-            binary_args=self.binary_args,
-            log_path=self.log_dir / f"{m.name}.log",
-            state_dir=self.state_dir,
-            stall_timeout=self.policy.load_stall_timeout,
-            ready_timeout=self.policy.load_deadline(model.info.file_size_bytes),
-            stop_timeout=self.policy.stop_timeout,
-            line_listeners=[self._log_forwarder(m.name)],
-            slot_save_dir=slot_dir,
-        )
+        """The model's backend plans its launch (the backends table): resolve, place, argv."""
+        return await backend_of(m.config).plan(self, m)
 
-    async def _decide(
-        self, m: ManagedModel, spec: ModelSpec, model: ResolvedModel
-    ) -> tuple[PlacementDecision, Inventory]:
-        """Here (evicting idle models if it must), or on RPC workers when the spec says so or
-        (``auto``) when it does not fit here."""
-        inventory = await self._refresh_inventory()
-        if spec.workers in ("only", "all"):
-            return await self._decide_on_workers(m, spec, model), inventory
-        loaded = [lm for o in self.models.values() if o is not m and (lm := o.as_loaded()) is not None]
-        contexts = await anyio.to_thread.run_sync(self.device_contexts.for_devices, inventory.devices)
-        try:
-            decision = decide(
-                spec,
-                m.name,
-                model,
-                inventory,
-                loaded,
-                allow_evict=True,
-                binary_args=self.binary_args,
-                device_context=contexts,
-            )
-        except PlacementError:
-            if spec.workers == "never":
-                raise
-            return await self._decide_on_workers(m, spec, model), inventory
-        if decision.evict:
-            inventory = await self._evict(decision, for_model=m.name)
-        return decision, inventory
-
-    async def _decide_on_workers(
-        self, m: ManagedModel, spec: ModelSpec, model: ResolvedModel
-    ) -> PlacementDecision:
-        """Probe the configured workers no other model holds, then plan on them (pure)."""
-        held = {
-            w.worker
-            for o in self.models.values()
-            if o is not m and o.running and o.plan is not None
-            for w in o.plan.workers
-        }
-        free = [w.address for w in self.config.workers if w.address not in held]
-        binary = self.binary or Path("llama-server")
-        reports = await anyio.to_thread.run_sync(
-            lambda: discover_workers(binary, free, timeout=_WORKER_PROBE_TIMEOUT)
-        )
-        return decide_on_workers(spec, m.name, model, reports, held)
-
-    async def _refresh_inventory(self) -> Inventory:
+    async def refresh_inventory(self) -> Inventory:
         if self.inventory is None:
             self.inventory = await anyio.to_thread.run_sync(detect, self.settings)
         self.inventory = await anyio.to_thread.run_sync(refresh_usage, self.inventory, self.settings)
         return self.inventory
 
-    async def _evict(self, decision: PlacementDecision, *, for_model: str) -> Inventory:
-        """Unload what placement chose, then wait (bounded) until the drivers hand the memory back."""
-        for victim in decision.evict:
-            other = self.models.get(victim)
-            if other is not None:
-                self.events.publish(victim, EventKind.EVICT, for_model=for_model)
-                await other.unload("evicted")
-        with anyio.move_on_after(_RELEASE_TIMEOUT):
-            # Polled: the drivers' counters change with no event to wait on.
-            while _short(_free_by_device(await self._refresh_inventory()), decision.need_bytes):  # noqa: ASYNC110
-                await anyio.sleep(_RELEASE_POLL)
-        return await self._refresh_inventory()
-
-    def _log_forwarder(self, name: str) -> Callable[[str], None]:
+    def log_forwarder(self, name: str) -> Callable[[str], None]:
         def forward(line: str) -> None:
             if self.log_bus.listened:  # a serving child prints ~110 lines per request: no event for nobody
                 self.log_bus.publish(name, EventKind.LOG, line=line)
 
         return forward
 
-    def _record_children(self) -> None:
+    def record_children(self) -> None:
         """The ledger the next run's stale-child sweep reads."""
         self.ledger.record((m.name, m.server) for m in self.models.values() if m.server is not None)
-
-
-def _free_by_device(inventory: Inventory) -> dict[str, int]:
-    return {d.key: d.vram_free_bytes for d in inventory.devices if d.usable}
-
-
-def _short(free: Mapping[str, int], need: Mapping[str, int]) -> dict[str, int]:
-    """Per device: the bytes still missing."""
-    return {k: v - free.get(k, 0) for k, v in need.items() if free.get(k, 0) < v}
 
 
 def _upstream(server: LlamaServer) -> Upstream:

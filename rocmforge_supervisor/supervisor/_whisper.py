@@ -41,13 +41,13 @@ from ..models import (
     whisper_state_bytes,
 )
 from ..process import WHISPER_SERVER, InstanceSpec
+from ._host import PlacementHost
 from ._launch import LaunchPlan
 from ._placement import _chosen
 from ._placement_types import LoadedModel, PlacementDecision, free_memory
 
 if TYPE_CHECKING:
     from ._managed import ManagedModel
-    from ._supervisor import Supervisor
 
 __all__ = ["decide_whisper", "plan_whisper"]
 
@@ -153,11 +153,11 @@ def _resolve(ref: str, settings: ForgeSettings) -> tuple[Path, GGUFInfo, bool]:
     return binary, info, gpu_capable
 
 
-async def plan_whisper(sup: Supervisor, m: ManagedModel) -> LaunchPlan:
+async def plan_whisper(sup: PlacementHost, m: ManagedModel) -> LaunchPlan:
     """The supervisor's ``_plan`` for a whisper model (placement under its lock)."""
     binary, info, gpu_capable = await anyio.to_thread.run_sync(_resolve, m.config.path, sup.settings)
-    async with sup._placement_lock:
-        inventory = await sup._refresh_inventory()
+    async with sup.placement_lock:
+        inventory = await sup.refresh_inventory()
         loaded = [lm for o in sup.models.values() if o is not m and (lm := o.as_loaded()) is not None]
         decision = decide_whisper(m.name, info, m.config.gpu, inventory, loaded, gpu_capable=gpu_capable)
     return plan_launch(
@@ -173,5 +173,5 @@ async def plan_whisper(sup: Supervisor, m: ManagedModel) -> LaunchPlan:
         stall_timeout=sup.policy.load_stall_timeout,
         ready_timeout=sup.policy.load_deadline(info.file_size_bytes),
         stop_timeout=sup.policy.stop_timeout,
-        line_listeners=[sup._log_forwarder(m.name)],
+        line_listeners=[sup.log_forwarder(m.name)],
     )

@@ -19,19 +19,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 
 from .._units import format_bytes
 from ..hardware import Device, ProcessMemory, process_memory
 from ._events import EventKind
+from ._host import PlacementHost
 from ._managed import ManagedModel
 from ._pressure import Candidate, DeviceSample, Eviction, PressureWatch
 from ._status import ModelState
-
-if TYPE_CHECKING:
-    from ._supervisor import Supervisor
 
 __all__ = ["PressureMonitor"]
 
@@ -47,7 +44,7 @@ def settle_seconds(interval: float) -> float:
 class PressureMonitor:
     """The poll and its memory (the policy's hysteresis, which models were where)."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
+    def __init__(self, supervisor: PlacementHost) -> None:
         self._sup = supervisor
         self.watch = PressureWatch(cooldown=settle_seconds(supervisor.policy.pressure_interval))
         self._placed: set[tuple[str, str]] = set()  # (model, device) at the last poll
@@ -73,7 +70,7 @@ class PressureMonitor:
         if not models:  # nothing to yield: no reads, and every device forgets its baseline
             self._note_moves({}, time.monotonic())
             return self.watch.observe([], [])
-        inventory = await sup._refresh_inventory()
+        inventory = await sup.refresh_inventory()
         held = {m.name: dict(loaded.bytes_by_device) for m in models if (loaded := m.as_loaded())}
         keys = {k for b in held.values() for k, v in b.items() if v > 0}
         devices = [d for d in inventory.devices if d.key in keys and d.usable]
@@ -150,7 +147,7 @@ class PressureMonitor:
         who = f"{name or 'a process'} (pid {pid})" if pid is not None else "other programs"
         why = f"{format_bytes(ev.free)} free, below the reserve of {format_bytes(ev.reserve)}"
         log.warning("%s: %s took memory (%s): unloading %s", ev.device, who, why, ", ".join(ev.models))
-        async with sup._placement_lock:
+        async with sup.placement_lock:
             for victim in ev.models:
                 m = sup.models.get(victim)
                 # Ready and idle now, or spared: it got busy, went, or crashed since the poll (a
@@ -172,7 +169,7 @@ class PressureMonitor:
                     message=f"unloaded to yield memory on {ev.device} to {who}: {why}",
                 )
                 await m.unload("pressure")
-        sup._record_children()
+        sup.record_children()
 
 
 def _attributed(

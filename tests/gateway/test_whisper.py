@@ -276,7 +276,7 @@ def test_config_names_the_backend_field_and_its_choices(
     bad = write_config(tmp_path / "forge.toml", '[models.x]\npath = "m.bin"\nbackend = "vllm"\n')
     with pytest.raises(ConfigError) as err:
         load_config(bad, forge_settings, env={})
-    assert "models.x.backend" in str(err.value) and "'llama' or 'whisper'" in str(err.value)
+    assert "models.x.backend" in str(err.value) and "'llama', 'whisper' or 'command'" in str(err.value)
     llama_key = write_config(
         tmp_path / "forge2.toml", '[models.x]\npath = "m.bin"\nbackend = "whisper"\nctx_size = 512\n'
     )

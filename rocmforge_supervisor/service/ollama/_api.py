@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, Route
 from ... import __version__
 from ..._errors import ForgeError, InvalidRequest, ModelNotFound, RequestRejected, UsageError
 from ...client import SSEDecoder
-from ...supervisor import Supervisor
+from ...supervisor import Supervisor, backend_of
 from .._errors_http import UpstreamModel, error_response, upstream_error
 from .._listing import ModelFacts, check_media, check_tools
 from .._recording import admit_model, note_finish, note_status, note_timing, note_usage
@@ -116,9 +116,10 @@ async def api_show(b: OllamaBackend, request: Request) -> Response:
     try:
         name = _model(b, await _body(request))
         admit_model(request.scope, name)  # a key's models only
-        if b.supervisor.view(name).config.backend == "whisper":
+        backend = backend_of(b.supervisor.config_of(name))
+        if not backend.has_slots:  # only a llama-server model is a GGUF this can describe
             raise InvalidRequest(
-                f"model {name!r} is a whisper (speech to text) model: /api/show describes GGUF models",
+                f"model {name!r} is {backend.what}: /api/show describes GGUF models",
                 param="model",
                 hint="GET /api/models shows it (backend, state, memory)",
             )

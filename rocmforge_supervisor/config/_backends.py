@@ -1,0 +1,134 @@
+"""What each ``backend`` of a ``[models.NAME]`` accepts: the config's side of the backends table.
+
+The behaviour of each backend (how it is planned, placed, watched, which routes it serves) is
+``supervisor``'s table (``supervisor/_backends.py``); the config can only say which names exist
+and which keys mean something to which backend, so that a key set on a model whose server has no
+such setting is refused by name instead of silently ignored. A test keeps the two tables' names
+the same.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+from .._argv import is_owned_flag
+from .._whisper_argv import whisper_owned_flag
+
+if TYPE_CHECKING:
+    from ._schema import ModelConfig
+
+__all__ = [
+    "BACKEND_NAMES",
+    "COMMAND_ONLY",
+    "DEFAULT_COMMAND_ROUTES",
+    "LLAMA_ONLY",
+    "ONE_AT_A_TIME",
+    "PLACEHOLDERS",
+    "BackendName",
+    "check_command",
+    "key_problem",
+    "owned_flag",
+]
+
+BackendName = Literal["llama", "whisper", "command"]
+BACKEND_NAMES: tuple[BackendName, ...] = ("llama", "whisper", "command")
+
+#: ``[models.NAME]`` keys that only mean something to llama-server.
+LLAMA_ONLY = (
+    "ctx_size", "gpu_layers", "parallel", "sleep_idle", "embeddings", "max_tokens", "keep_context",
+    "mmproj", "mmproj_offload", "workers",
+)  # fmt: skip
+
+#: Keys that only mean something to a user's command (``backend = "command"``).
+COMMAND_ONLY = ("cmd", "health", "ready_log", "routes", "memory", "env")
+
+#: Backends whose server answers one request at a time (whisper-server holds a global mutex).
+ONE_AT_A_TIME: frozenset[BackendName] = frozenset({"whisper"})
+
+#: The placeholders a command's argv may use.
+PLACEHOLDERS = ("PORT", "HOST", "MODEL", "NAME")
+
+#: What a command serves unless its ``routes`` say otherwise: the OpenAI API's model routes.
+DEFAULT_COMMAND_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+
+
+def owned_flag(backend: BackendName, arg: str) -> bool:
+    """``arg`` is a flag forge sets itself on that backend's child (refused in ``args``)."""
+    if backend == "whisper":
+        return whisper_owned_flag(arg)
+    if backend == "command":
+        return False  # the user wrote the whole command line
+    return is_owned_flag(arg)
+
+
+def check_command(
+    cmd: Sequence[str], health: str | None, ready_log: str | None, routes: Sequence[str]
+) -> str | None:
+    """What is wrong with a command's keys, as one sentence with the fix; None when nothing."""
+    if not cmd:
+        return 'a backend = "command" model needs cmd = ["/path/to/server", "--port", "${PORT}", ...]'
+    names: set[str] = set()
+    for arg in cmd:
+        template = string.Template(arg)
+        if not template.is_valid():
+            return f"cmd argument {arg!r} has a malformed placeholder: use ${{PORT}}, ${{HOST}}, ${{MODEL}}, ${{NAME}} ($$ for a $)"
+        names.update(template.get_identifiers())
+    unknown = sorted(names - set(PLACEHOLDERS))
+    if unknown:
+        return f"cmd uses ${{{unknown[0]}}}, which forge does not fill in: the placeholders are " + ", ".join(
+            f"${{{p}}}" for p in PLACEHOLDERS
+        )
+    if "PORT" not in names:
+        return "cmd must pass ${PORT} to the server: forge chooses the port and proxies to it"
+    if health is not None and ready_log is not None:
+        return "set health (a path that answers 200 when ready) or ready_log (a line it prints), not both"
+    if health is not None and not health.startswith("/"):
+        return f"health {health!r} must be a path on the server, such as /health or /v1/models"
+    if ready_log is not None:
+        try:
+            re.compile(ready_log)
+        except re.error as exc:
+            return f"ready_log {ready_log!r} is not a regular expression: {exc}"
+    for route in routes:
+        if not route.startswith("/v1/"):
+            return f"routes entry {route!r} is not an OpenAI route (/v1/...): e.g. /v1/chat/completions"
+    return None
+
+
+def key_problem(model: ModelConfig) -> tuple[str, str] | None:
+    """(kind, message) for a key set on a model whose backend has no such setting, or a
+    command whose keys do not make a command; None when the model's keys fit its backend."""
+    backend = model.backend
+    if backend == "whisper":
+        for arg in model.args:
+            if owned_flag("whisper", arg):
+                return (
+                    "owned_flag",
+                    f"{arg!r} is set by forge itself on a whisper child and cannot be passed in args",
+                )
+        if model.max_concurrency not in (None, 1):
+            return "whisper_key", (
+                'max_concurrency does not apply to a backend = "whisper" model: remove it '
+                "(whisper-server serves one request at a time)"
+            )
+    if backend != "llama":
+        server = "whisper-server" if backend == "whisper" else "the command"
+        for key in LLAMA_ONLY:
+            value = getattr(model, key)
+            if value not in (None, False, "auto") and not (key == "workers" and value == "never"):
+                return f"{backend}_key", (
+                    f'{key} does not apply to a backend = "{backend}" model: remove it '
+                    f"({server} has no such setting; pass its own flags in args)"
+                )
+    if backend != "command":
+        for key in COMMAND_ONLY:
+            if getattr(model, key) not in (None, [], {}):
+                return "command_key", (
+                    f'{key} applies only to a backend = "command" model: remove it, or set backend = "command"'
+                )
+        return None
+    problem = check_command(model.cmd, model.health, model.ready_log, model.command_routes)
+    return ("command", problem) if problem is not None else None

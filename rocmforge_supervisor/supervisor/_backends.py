@@ -1,0 +1,83 @@
+"""The backends table: one entry per kind of child server a model can have (``[models.NAME]
+backend``). The supervisor plans a launch, the model's watchers choose what to watch, and the
+gateway decides which routes a model answers, by reading its entry; nothing else asks
+``backend == …``.
+
+A new kind of server is one entry here, its launch pipeline (a ``plan`` function taking the
+narrow :class:`~._host.PlacementHost`), its :class:`~..process.ServerProgram` in ``process/`` and its
+keys in ``config/_backends.py`` (a test keeps the names of the two tables the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..config import ModelConfig
+from ..config._backends import BACKEND_NAMES, BackendName
+from ._command import plan_command
+from ._host import PlacementHost
+from ._launch import LaunchPlan
+from ._llama_plan import plan_llama
+from ._whisper import plan_whisper
+
+if TYPE_CHECKING:
+    from ._managed import ManagedModel
+
+__all__ = ["AUDIO_ROUTES", "BACKENDS", "Backend", "backend_of"]
+
+PlanFn = Callable[[PlacementHost, "ManagedModel"], Awaitable[LaunchPlan]]
+
+#: whisper-server's routes behind the gateway.
+AUDIO_ROUTES = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations", "/inference"})
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What one kind of child server is to the supervisor and the gateway."""
+
+    name: BackendName
+    #: How a refusal names a model of this kind: "a whisper (speech to text) model".
+    what: str
+    plan: PlanFn
+    #: It has llama-server's ``/slots``: the progress (stall) watchdog and slot saves can run.
+    has_slots: bool
+    #: The gateway routes it answers (None: every model route the gateway has).
+    routes_of: Callable[[ModelConfig], frozenset[str] | None]
+    #: ``path`` names a model file forge reads (a GGUF, a whisper model); a command's is whatever
+    #: its ``${MODEL}`` stands for (a hub id, a directory), not judged.
+    reads_path: bool = True
+    #: Its requests are audio forms the gateway translates to whisper-server's ``/inference``,
+    #: answered whole in the asked ``response_format`` (no relay).
+    transcribes: bool = False
+
+    def serves(self, config: ModelConfig, path: str) -> bool:
+        routes = self.routes_of(config)
+        return routes is None or path in routes
+
+
+BACKENDS: Mapping[BackendName, Backend] = {
+    "llama": Backend("llama", "a llama-server model", plan_llama, True, lambda _c: None),
+    "whisper": Backend(
+        "whisper",
+        "a whisper (speech to text) model",
+        plan_whisper,
+        False,
+        lambda _c: AUDIO_ROUTES,
+        transcribes=True,
+    ),
+    "command": Backend(
+        "command",
+        "a command (a server forge runs as configured)",
+        plan_command,
+        False,
+        lambda c: frozenset(c.command_routes),
+        reads_path=False,
+    ),
+}
+assert tuple(BACKENDS) == BACKEND_NAMES, "config/_backends.py and this table name the same backends"
+
+
+def backend_of(config: ModelConfig) -> Backend:
+    return BACKENDS[config.backend]

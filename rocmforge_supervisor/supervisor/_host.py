@@ -1,0 +1,55 @@
+"""What a launch pipeline and the pressure monitor may use of the supervisor: a narrow protocol
+instead of the :class:`~._supervisor.Supervisor` with its private members (which made two import
+circles). The supervisor satisfies it; a test's stand-in may too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import anyio
+
+from ..config import ForgeSettings, SupervisorConfig, WorkerConfig
+from ..hardware import Inventory
+from ._device_context import DeviceContexts
+from ._events import EventBus
+
+if TYPE_CHECKING:
+    from ._keep_context import ContextKeeper
+    from ._managed import ManagedModel
+
+__all__ = ["PlacementHost"]
+
+
+class PlacementHost(Protocol):
+    """The supervisor's side of placement: its settings and policy, the models, the lock every
+    placement decision is taken under, the inventory, the events and the children's record."""
+
+    settings: ForgeSettings
+    log_dir: Path
+    state_dir: Path
+    events: EventBus
+    placement_lock: anyio.Lock
+    device_contexts: DeviceContexts
+    #: The llama-server every llama child runs, and the flags its self-test asks for.
+    binary: Path | None
+    binary_args: tuple[str, ...]
+
+    @property
+    def policy(self) -> SupervisorConfig: ...
+
+    @property
+    def models(self) -> Mapping[str, ManagedModel]: ...
+
+    @property
+    def workers(self) -> Sequence[WorkerConfig]: ...
+
+    async def refresh_inventory(self) -> Inventory: ...
+
+    def record_children(self) -> None: ...
+
+    def log_forwarder(self, name: str) -> Callable[[str], None]: ...
+
+    def keeper(self, name: str) -> ContextKeeper: ...

@@ -1,0 +1,128 @@
+"""The launch pipeline of a llama-server model, run by the supervisor under its placement lock:
+resolve (the GGUF, blocking: off the loop), decide here (evicting idle models when it must) or on
+RPC workers, build the plan (:mod:`._launch` holds the three steps; this module carries them out
+with the supervisor's state, through the narrow :class:`~._host.PlacementHost`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from .._errors import PlacementError
+from ..hardware import Inventory, discover_workers
+from ._events import EventKind
+from ._host import PlacementHost
+from ._launch import LaunchPlan, ModelSpec, ResolvedModel, build_plan, decide, decide_on_workers, resolve
+from ._placement import PlacementDecision
+
+if TYPE_CHECKING:
+    from ._managed import ManagedModel
+
+__all__ = ["evict", "plan_llama"]
+
+#: After an eviction: how long to wait for the driver to hand the memory back (Ollama waits 5 s).
+_RELEASE_TIMEOUT = 5.0
+_RELEASE_POLL = 0.25
+#: Seconds an RPC worker may take to answer the device probe (a held one never answers).
+_WORKER_PROBE_TIMEOUT = 10.0
+
+
+async def plan_llama(host: PlacementHost, m: ManagedModel) -> LaunchPlan:
+    spec = ModelSpec.from_config(m.config, workers_configured=bool(host.workers))
+    slot_dir = host.keeper(m.name).slot_dir() if m.config.keep_context else None
+    # Resolving may download (hf:), inspecting reads the GGUF: not on the event loop.
+    model = await anyio.to_thread.run_sync(resolve, spec, host.settings)
+    async with host.placement_lock:
+        decision, inventory = await _decide(host, m, spec, model)
+    return build_plan(
+        spec,
+        m.name,
+        model,
+        decision,
+        inventory,
+        host.settings,
+        binary=host.binary or Path("llama-server"),
+        binary_args=host.binary_args,
+        log_path=host.log_dir / f"{m.name}.log",
+        state_dir=host.state_dir,
+        stall_timeout=host.policy.load_stall_timeout,
+        ready_timeout=host.policy.load_deadline(model.info.file_size_bytes),
+        stop_timeout=host.policy.stop_timeout,
+        line_listeners=[host.log_forwarder(m.name)],
+        slot_save_dir=slot_dir,
+    )
+
+
+async def _decide(
+    host: PlacementHost, m: ManagedModel, spec: ModelSpec, model: ResolvedModel
+) -> tuple[PlacementDecision, Inventory]:
+    """Here (evicting idle models if it must), or on RPC workers when the spec says so or
+    (``auto``) when it does not fit here."""
+    inventory = await host.refresh_inventory()
+    if spec.workers in ("only", "all"):
+        return await _decide_on_workers(host, m, spec, model), inventory
+    loaded = [lm for o in host.models.values() if o is not m and (lm := o.as_loaded()) is not None]
+    contexts = await anyio.to_thread.run_sync(host.device_contexts.for_devices, inventory.devices)
+    try:
+        decision = decide(
+            spec,
+            m.name,
+            model,
+            inventory,
+            loaded,
+            allow_evict=True,
+            binary_args=host.binary_args,
+            device_context=contexts,
+        )
+    except PlacementError:
+        if spec.workers == "never":
+            raise
+        return await _decide_on_workers(host, m, spec, model), inventory
+    if decision.evict:
+        inventory = await evict(host, decision, for_model=m.name)
+    return decision, inventory
+
+
+async def _decide_on_workers(
+    host: PlacementHost, m: ManagedModel, spec: ModelSpec, model: ResolvedModel
+) -> PlacementDecision:
+    """Probe the configured workers no other model holds, then plan on them (pure)."""
+    held = {
+        w.worker
+        for o in host.models.values()
+        if o is not m and o.running and o.plan is not None
+        for w in o.plan.workers
+    }
+    free = [w.address for w in host.workers if w.address not in held]
+    binary = host.binary or Path("llama-server")
+    reports = await anyio.to_thread.run_sync(
+        lambda: discover_workers(binary, free, timeout=_WORKER_PROBE_TIMEOUT)
+    )
+    return decide_on_workers(spec, m.name, model, reports, held)
+
+
+async def evict(host: PlacementHost, decision: PlacementDecision, *, for_model: str) -> Inventory:
+    """Unload what placement chose, then wait (bounded) until the drivers hand the memory back."""
+    for victim in decision.evict:
+        other = host.models.get(victim)
+        if other is not None:
+            host.events.publish(victim, EventKind.EVICT, for_model=for_model)
+            await other.unload("evicted")
+    with anyio.move_on_after(_RELEASE_TIMEOUT):
+        # Polled: the drivers' counters change with no event to wait on.
+        while _short(_free_by_device(await host.refresh_inventory()), decision.need_bytes):  # noqa: ASYNC110
+            await anyio.sleep(_RELEASE_POLL)
+    return await host.refresh_inventory()
+
+
+def _free_by_device(inventory: Inventory) -> dict[str, int]:
+    return {d.key: d.vram_free_bytes for d in inventory.devices if d.usable}
+
+
+def _short(free: Mapping[str, int], need: Mapping[str, int]) -> dict[str, int]:
+    """Per device: the bytes still missing."""
+    return {k: v - free.get(k, 0) for k, v in need.items() if free.get(k, 0) < v}
