@@ -378,6 +378,26 @@ def test_verbose_json_renders_openai_shapes() -> None:
     assert verbose["segments"][0]["end"] == 3.5 and verbose["text"] == "Hello there."
 
 
+def test_the_text_is_one_line_as_openai_gives_it() -> None:
+    """whisper-server joins its segments with line breaks, mid-sentence; OpenAI's ``text`` is one
+    line: json, text and verbose_json's text join them with spaces (srt/vtt keep one cue each)."""
+    from rocmforge_supervisor.service._audio import render
+
+    result = {
+        "text": " The quick brown fox\n jumps over\n the lazy dog.\n",
+        "segments": [
+            {"id": 0, "text": " The quick brown fox", "start": 0.0, "end": 1.0},
+            {"id": 1, "text": " jumps over", "start": 1.0, "end": 2.0},
+            {"id": 2, "text": " the lazy dog.", "start": 2.0, "end": 3.0},
+        ],
+    }
+    one_line = "The quick brown fox jumps over the lazy dog."
+    assert json.loads(bytes(render(result, "json").body)) == {"text": one_line}
+    assert bytes(render(result, "text").body).decode() == one_line + "\n"
+    assert json.loads(bytes(render(result, "verbose_json").body))["text"] == one_line
+    assert bytes(render(result, "srt").body).decode().count("-->") == 3
+
+
 def test_an_hf_file_reference_resolves_from_the_hub_cache(tmp_path: Path) -> None:
     """``hf:org/repo:FILE`` for a whisper model (not a GGUF): the file by its name, here from a
     Hugging Face cache laid out as huggingface-hub writes it, offline."""
