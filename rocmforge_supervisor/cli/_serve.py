@@ -230,8 +230,15 @@ def _ps_cells(r: dict[str, Any]) -> list[str]:
         f"{_fmt_bytes(est)} / {_fmt_bytes(act)}",
         f"{up:.0f} s" if up else "-",
         _contexts(r),
-        str(r.get("last_error") or "")[:60],
+        _short(str(r.get("last_error") or "")),
     ]
+
+
+_ERROR_CELL = 60
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _ERROR_CELL else text[: _ERROR_CELL - 1] + "…"
 
 
 def _contexts(r: dict[str, Any]) -> str:
@@ -279,6 +286,12 @@ def ps(
     for row in cells:
         t.add_row(*(escape(c) for c in row[:keep]))
     console.print(t)
+    # A reason is what a user acts on: in full below the table (wrapped) wherever the cell cut it
+    # or the terminal left the column out.
+    for r in rows:
+        error = str(r.get("last_error") or "")
+        if error and (keep < len(_PS_COLUMNS) or len(error) > _ERROR_CELL):
+            console.print(f"{r['name']}: {error}", markup=False, highlight=False)
     if keep < len(_PS_COLUMNS):
         err_console.print(
             f"({len(_PS_COLUMNS) - keep} columns left out for the terminal width: --json shows all)",

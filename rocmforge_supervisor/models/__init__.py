@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     )
     from ._projector import ProjectorInfo, choose_projector, inspect_projector
     from ._whisper import WhisperLedgerFeed, inspect_whisper, whisper_state_bytes
+    from ._whisper_ct2 import WHISPER_MODELS, fetch_whisper_model
 else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
@@ -81,6 +82,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
             ),
             "._projector": ("ProjectorInfo", "choose_projector", "inspect_projector"),
             "._whisper": ("WhisperLedgerFeed", "inspect_whisper", "whisper_state_bytes"),
+            "._whisper_ct2": ("WHISPER_MODELS", "fetch_whisper_model"),
         },
     )
 
@@ -89,6 +91,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "DEVICE_CONTEXT_BYTES",
     "REQUIRED_VERBOSITY",
+    "WHISPER_MODELS",
     "Allocation",
     "AllocationLedger",
     "DeviceEstimate",
@@ -104,6 +107,7 @@ __all__ = [
     "embedded_models",
     "ensure_embedded",
     "estimate_memory",
+    "fetch_whisper_model",
     "inspect_gguf",
     "inspect_projector",
     "inspect_whisper",

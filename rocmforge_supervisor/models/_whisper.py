@@ -31,7 +31,7 @@ from ._gguf import GGUFInfo
 __all__ = ["WHISPER_MAGIC", "WhisperLedgerFeed", "inspect_whisper", "whisper_state_bytes"]
 
 WHISPER_MAGIC = 0x67676D6C  # "ggml", as whisper.cpp's loader checks it
-_HEADER = struct.Struct("<11i")  # magic + n_vocab … ftype (whisper_model_load's hparams)
+_HEADER = struct.Struct("<12i")  # magic + n_vocab … n_mels, ftype (whisper_model_load's 11 hparams)
 _TYPES = {4: "tiny", 6: "base", 12: "small", 24: "medium", 32: "large"}  # by n_audio_layer
 _MB = 1_000_000
 
@@ -58,8 +58,8 @@ def inspect_whisper(path: Path) -> GGUFInfo:
             hint='backend = "whisper" needs a whisper.cpp GGML model such as ggml-tiny.en.bin '
             "(huggingface.co/ggerganov/whisper.cpp)",
         )
-    _magic, n_vocab, _actx, astate, ahead, alayer, _tctx, _tstate, _thead, _tlayer, ftype = _HEADER.unpack(
-        head
+    _magic, n_vocab, _actx, astate, ahead, alayer, _tctx, _tstate, _thead, _tlayer, _mels, ftype = (
+        _HEADER.unpack(head)
     )
     kind = _TYPES.get(alayer, f"{alayer}-layer")
     return GGUFInfo(

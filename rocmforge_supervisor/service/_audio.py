@@ -208,7 +208,8 @@ def render(result: dict[str, Any], fmt: str, task: str = "transcribe") -> Respon
     route's: an English-only model asked to translate transcribes (its audio is English already),
     and whisper-server then says ``transcribe``."""
     segments = _segments(result)
-    text = str(result.get("text") or "").strip()
+    # whisper-server ends each segment with a line break, mid-sentence; OpenAI's text is one line.
+    text = " ".join(str(result.get("text") or "").split())
     if fmt == "json":
         return JSONResponse({"text": text})
     if fmt == "text":

@@ -21,8 +21,10 @@ from ..config import MODEL_NAME
 from ..process import IDLE_LINE_RE, without_idle
 from ..supervisor import ModelStatus
 from ._errors_http import error_response
+from ._listing import visible_models
 from ._live import LiveStream
 from ._middleware import read_body
+from ._recording import request_key
 from ._state import GatewayState, request_id, state_of
 from ._validate import parse_object
 
@@ -68,9 +70,15 @@ async def api_models(request: Request) -> Response:
     """
     summary: List the configured models with their state.
     responses:
-      200: {description: "[{name, state, pid, port, devices, restarts, last_error, uptime, memory, …}]"}
+      200: {description: "{models: [{name, state, pid, port, devices, restarts, last_error, uptime, memory, …}],
+        key: {name, admin}} — a non-admin key's models only; key is null without keys"}
     """
-    return JSONResponse({"models": [s.to_json() for s in state_of(request).supervisor.status()]})
+    rows = state_of(request).supervisor.status()
+    shown = set(visible_models(request.scope, [s.name for s in rows], control=True))
+    key = request_key(request.scope)
+    # The page shows the controls (load, unload, reload, config reload) to admin keys only.
+    who = None if key is None else {"name": key.name, "admin": key.admin}
+    return JSONResponse({"models": [s.to_json() for s in rows if s.name in shown], "key": who})
 
 
 async def api_load(request: Request) -> Response:

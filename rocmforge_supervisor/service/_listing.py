@@ -13,7 +13,7 @@ not take one of the model's request slots (a model busy with ``parallel`` stream
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,10 @@ from ..models import ProjectorInfo, resolve_projector_path
 from ..supervisor import Supervisor
 from ._media import refuse_unusable_media
 from ._model_card import ModelCard, capabilities, card_for, projector_for
+from ._recording import request_key
 from ._tools import refuse_unusable_tools
 
-__all__ = ["PROPS_TIMEOUT", "ModelFacts", "check_media", "check_tools", "model_list"]
+__all__ = ["PROPS_TIMEOUT", "ModelFacts", "check_media", "check_tools", "model_list", "visible_models"]
 
 #: Seconds a listing waits for a child's ``/props`` (it answers in milliseconds when healthy).
 PROPS_TIMEOUT = 2.0
@@ -153,11 +154,26 @@ def check_media(supervisor: Supervisor, name: str, body: dict[str, Any], *, allo
     refuse_unusable_media(name, body, has_projector=has_projector, allow_remote=allow_remote)
 
 
-async def model_list(facts: ModelFacts, created: float) -> list[dict[str, Any]]:
-    """``/v1/models``' entries: OpenAI's keys plus ``context_length``, ``capabilities``, ``state``."""
+def visible_models(scope: Any, names: Iterable[str], *, control: bool = False) -> list[str]:
+    """The models a request's key may use, of ``names``: what every listing shows it (``/v1/models``,
+    Ollama's ``/api/tags``, the control API's ``/api/models`` and so the page). A key scoped to one
+    model was offered every model, and each choice but one was then a 403. A service without keys
+    shows all; the control listing (``control``) shows an admin key all, since it may load and
+    unload any."""
+    key = request_key(scope)
+    return [n for n in names if key is None or key.may_use(n) or (control and key.admin)]
+
+
+async def model_list(facts: ModelFacts, created: float, scope: Any = None) -> list[dict[str, Any]]:
+    """``/v1/models``' entries: OpenAI's keys plus ``context_length``, ``capabilities``, ``state``;
+    only the request's key's models (:func:`visible_models`) where ``scope`` is given."""
     data = []
-    for v in facts.supervisor.views():
+    views = facts.supervisor.views()
+    shown = set(visible_models(scope or {}, [v.name for v in views]))
+    for v in views:
         name = v.name
+        if name not in shown:
+            continue
         card = await facts.card(name)
         entry: dict[str, Any] = {
             "id": name,

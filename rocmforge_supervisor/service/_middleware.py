@@ -36,7 +36,7 @@ from . import _recording
 from ._errors_http import error_response
 from ._logging import request_id_var
 from ._page import PAGE_PATHS, same_origin
-from ._routes import MODEL_PATHS, OLLAMA_MODEL_USE, dialect_for_path, takes_json
+from ._routes import MODEL_PATHS, OLLAMA_MODEL_USE, auth_hint, dialect_for_path, takes_json
 from ._state import AUDIO_PATHS, GatewayState, body_limit
 
 __all__ = ["RequestContext", "read_body"]
@@ -159,7 +159,7 @@ class RequestContext:
             token = auth[7:] if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
             key = keys.identify(token)
             if key is None:
-                raise Unauthorized("missing or invalid API key", hint="send Authorization: Bearer KEY")
+                raise Unauthorized("missing or invalid API key", hint=auth_hint(path))
             scope.setdefault("state", {})["key"] = key
             self.state.recorder.identified(draft, key)
             if _needs_admin(method, path):

@@ -46,6 +46,7 @@ from ._recording import (
     note_status,
     note_timing,
     note_usage,
+    request_key,
 )
 from ._relay import Opened, RelayResponse
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
@@ -500,9 +501,8 @@ def routes() -> list[BaseRoute]:
 async def _models(request: Request) -> Response:
     """OpenAI's list shape, each model with ``state``, ``context_length`` and ``capabilities``."""
     st = state_of(request)
-    return JSONResponse(
-        {"object": "list", "data": await model_list(request.app.state.ollama, st.supervisor.started_at)}
-    )
+    data = await model_list(request.app.state.ollama, st.supervisor.started_at, request.scope)
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def _model(request: Request) -> Response:
@@ -512,6 +512,8 @@ async def _model(request: Request) -> Response:
     try:
         name = resolve_name(asked, st.supervisor.names())
         st.supervisor.view(name)
+        if (key := request_key(request.scope)) is not None:
+            key.check_model(name)  # a 403 naming the key's models, as a request to it would be
     except ForgeError as exc:
         return error_response(exc, request_id(request))
     for entry in await model_list(request.app.state.ollama, st.supervisor.started_at):

@@ -125,6 +125,14 @@ def dialect_for_path(path: str) -> Dialect:
     return "openai"
 
 
+def auth_hint(path: str) -> str:
+    """How to send the key, in the 401: Anthropic's clients send ``x-api-key`` (the middleware
+    takes it on every route), the others a Bearer token."""
+    if dialect_for_path(path) == "anthropic":
+        return "send x-api-key: KEY (or Authorization: Bearer KEY)"
+    return "send Authorization: Bearer KEY"
+
+
 async def model_from_request(route: ForwardRoute, request: Request, body: bytes) -> tuple[str, bool]:
     """The model a forwarded request names and whether it asks for a stream (the body is parsed
     once); :class:`UsageError` (400) when it names no model."""

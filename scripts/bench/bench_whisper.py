@@ -38,8 +38,8 @@ from rocmforge_supervisor._whisper_argv import whisper_argv  # noqa: E402
 from rocmforge_supervisor.binaries import locate_whisper_server  # noqa: E402
 from rocmforge_supervisor.binaries._whisper import _source_tree  # noqa: E402
 from rocmforge_supervisor.config import ForgeSettings  # noqa: E402
+from rocmforge_supervisor.models import fetch_whisper_model  # noqa: E402
 from rocmforge_supervisor.process import free_port  # noqa: E402
-from tests.support.whisper_ct2 import fetch_tiny_en  # noqa: E402
 
 
 def ms(xs: list[float]) -> str:
@@ -92,7 +92,7 @@ def main() -> None:
     if a.weightless:
         model = _source_tree(settings) / "models" / "for-tests-ggml-tiny.bin"
     else:
-        model = a.model or fetch_tiny_en(settings.cache_dir / "test-models")
+        model = a.model or fetch_whisper_model("tiny.en", settings)
     espeak = shutil.which("espeak-ng")
     if espeak is None:
         raise SystemExit("espeak-ng is needed for the audio (apt-get install espeak-ng)")

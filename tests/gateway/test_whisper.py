@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -376,6 +378,26 @@ def test_verbose_json_renders_openai_shapes() -> None:
     assert verbose["segments"][0]["end"] == 3.5 and verbose["text"] == "Hello there."
 
 
+def test_the_text_is_one_line_as_openai_gives_it() -> None:
+    """whisper-server joins its segments with line breaks, mid-sentence; OpenAI's ``text`` is one
+    line: json, text and verbose_json's text join them with spaces (srt/vtt keep one cue each)."""
+    from rocmforge_supervisor.service._audio import render
+
+    result = {
+        "text": " The quick brown fox\n jumps over\n the lazy dog.\n",
+        "segments": [
+            {"id": 0, "text": " The quick brown fox", "start": 0.0, "end": 1.0},
+            {"id": 1, "text": " jumps over", "start": 1.0, "end": 2.0},
+            {"id": 2, "text": " the lazy dog.", "start": 2.0, "end": 3.0},
+        ],
+    }
+    one_line = "The quick brown fox jumps over the lazy dog."
+    assert json.loads(bytes(render(result, "json").body)) == {"text": one_line}
+    assert bytes(render(result, "text").body).decode() == one_line + "\n"
+    assert json.loads(bytes(render(result, "verbose_json").body))["text"] == one_line
+    assert bytes(render(result, "srt").body).decode().count("-->") == 3
+
+
 def test_an_hf_file_reference_resolves_from_the_hub_cache(tmp_path: Path) -> None:
     """``hf:org/repo:FILE`` for a whisper model (not a GGUF): the file by its name, here from a
     Hugging Face cache laid out as huggingface-hub writes it, offline."""
@@ -436,3 +458,42 @@ def test_forge_build_whisper_locates_and_refuses_llama_only_flags(whisper_parts:
     gone = subprocess.run([*forge, "--print-path"], capture_output=True, text=True, env=missing, timeout=60)
     assert gone.returncode != 0 and len(gone.stderr.strip().splitlines()) == 1
     assert "FORGE_WHISPER_SERVER" in gone.stderr
+
+
+def test_an_unreachable_hub_fails_at_once_in_one_line_naming_the_offline_way(
+    llama_server_bin: Path, forge_settings: ForgeSettings, tmp_path: Path
+) -> None:
+    """No network, ``path = "hf:…ggml-tiny.en.bin"`` not cached: the model fails within seconds
+    (not after huggingface-hub's five retries, ~23 s), its reason is printed once (no retry
+    warnings, nothing twice) and names ``forge pull --whisper``, and ``forge ps`` shows all of it.
+    (``.invalid`` never resolves: RFC 6761.)"""
+    binary = whisper_server_or_skip(forge_settings)
+    cfg = _config(tmp_path, Path("unused"))
+    cfg.write_text(
+        cfg.read_text().replace('path = "unused"', 'path = "hf:ggerganov/whisper.cpp:ggml-tiny.en.bin"')
+    )
+    env = {
+        "FORGE_WHISPER_SERVER": str(binary),
+        "FORGE_HF_ENDPOINT": "https://hub.invalid",
+        "FORGE_HF_CACHE_DIR": str(tmp_path / "empty-hub-cache"),
+    }
+    state = tmp_path / "state"
+    with running_service(cfg, state, llama_server_bin, extra_env=env, wait_ready=False) as s:
+        row = wait_for(
+            lambda: (m := s.model("stt"))["state"] == "failed" and m, timeout=15, what="stt failed"
+        )
+        reason = str(row["last_error"])
+        assert "hub.invalid" in reason and "forge pull --whisper tiny.en" in reason, reason
+        ps = subprocess.run(
+            [sys.executable, "-m", "rocmforge_supervisor.cli", "ps", "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "FORGE_STATE_DIR": str(state), "COLUMNS": "100", "NO_COLOR": "1"},
+        )
+        assert ps.returncode == 0, ps.stderr
+        shown = " ".join(ps.stdout.split())
+        assert "forge pull --whisper tiny.en" in shown and "hub.invalid" in shown, ps.stdout
+    log = (state / "serve.stderr").read_text()
+    assert "Retrying in" not in log, log
+    assert log.count("does not resolve") == 1, log

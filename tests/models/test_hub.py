@@ -340,3 +340,19 @@ def test_offline_with_a_full_listing_knows_a_quant_does_not_exist(tmp_path: Path
     assert resolve_hf_reference("org/tiny-GGUF:F32", settings).name == "tiny-F32.gguf"
     with pytest.raises(ModelNotFound, match="org/tiny-GGUF has no Q4_K_M GGUF"):
         resolve_hf_reference("org/tiny-GGUF:Q4_K_M", settings)
+
+
+def test_hub_warnings_come_out_once_where_the_application_logs() -> None:
+    """huggingface-hub's retry warnings went to its own handler and, propagated, to forge serve's:
+    each line twice. After any hub call, only the application's handler prints them."""
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stderr, format='forge: %(message)s')\n"
+        "import huggingface_hub.utils.logging\n"
+        "from rocmforge_supervisor.models._hub import _hub_logs_once\n"
+        "_hub_logs_once()\n"
+        "logging.getLogger('huggingface_hub.utils._http').warning('Retrying in 8s [Retry 4/5].')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("Retrying in 8s") == 1 and "forge: Retrying" in done.stderr, done.stderr

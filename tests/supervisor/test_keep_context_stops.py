@@ -86,6 +86,10 @@ async def test_a_reload_snapshots_the_context_and_a_broken_new_config_keeps_the_
         assert sup.get("a").status().pid != pid and sup.get("a").state == ModelState.READY
         restored = [e for e in sup.events.history() if e.kind == EventKind.CONTEXT_RESTORED]
         assert [e.model for e in restored] == ["a"]
+        # Two spans, both in ms: forge's wait for the action (what the log prints) and the child's
+        # own (the fake says 0.1 ms); the page shows both, so neither reads as the other's unit.
+        data = restored[0].data
+        assert data["restore_ms"] == 0.1 and data["ms"] > 0.1, data
 
 
 async def test_status_reads_no_file_on_the_event_loop_and_follows_saves_and_forget(

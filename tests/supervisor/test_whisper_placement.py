@@ -19,8 +19,9 @@ from tests.supervisor.test_placement import KFD, amd, cpu, one_7900xtx
 
 
 def _whisper_file(path: Path, size: int = 150_000_000) -> GGUFInfo:
-    """A whisper.cpp header (base: 6 audio layers, 512 wide) padded to ``size`` bytes."""
-    header = struct.pack("<I10i", 0x67676D6C, 51864, 1500, 512, 8, 6, 448, 512, 8, 6, 1)
+    """A whisper.cpp header (base: 6 audio layers, 512 wide, 80 mel bins, f16) padded to ``size``
+    bytes: the magic and the 11 hparams whisper_model_load reads, n_mels before ftype."""
+    header = struct.pack("<I11i", 0x67676D6C, 51864, 1500, 512, 8, 6, 448, 512, 8, 6, 80, 1)
     with path.open("wb") as f:
         f.write(header)
         f.truncate(size)

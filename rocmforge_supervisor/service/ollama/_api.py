@@ -35,7 +35,7 @@ from ..._errors import ForgeError, InvalidRequest, ModelNotFound, RequestRejecte
 from ...client import SSEDecoder
 from ...supervisor import Supervisor, backend_of
 from .._errors_http import UpstreamModel, error_response, upstream_error
-from .._listing import ModelFacts, check_media, check_tools
+from .._listing import ModelFacts, check_media, check_tools, visible_models
 from .._recording import admit_model, note_finish, note_status, note_timing, note_usage
 from .._routes import resolve_name
 from .._validate import parse_object
@@ -105,7 +105,7 @@ async def api_version(request: Request) -> Response:
 
 async def api_tags(b: OllamaBackend, request: Request) -> Response:
     models = []
-    for name in b.supervisor.names():
+    for name in visible_models(request.scope, b.supervisor.names()):
         card = await b.facts.card(name)
         caps = await b.facts.capabilities(name, card) if card else None
         models.append(tag_entry(name, card, caps))

@@ -89,7 +89,10 @@ export class ActivityView {
   async open(id) {
     this.detail.hidden = false;
     this.detail.dataset.id = String(id);
+    for (const tr of this.rows.children) tr.classList.toggle("selected", tr.dataset.id === String(id));
     this.detail.replaceChildren(h("p", { text: `Request ${id}…` }));
+    // The detail sits below all the rows (up to 50): bring it into view, or the click seems to do nothing.
+    this.detail.scrollIntoView({ block: "nearest" });
     let r;
     try {
       r = await getJSON(`/api/activity/${id}`);
@@ -120,6 +123,7 @@ export class ActivityView {
             body("Reply", r.response_body ?? "", "response-body"),
           ),
     );
+    this.detail.scrollIntoView({ block: "nearest" }); // taller now: its end in view too, as far as it fits
   }
 
   clear() {

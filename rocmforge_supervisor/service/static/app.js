@@ -64,9 +64,15 @@ function summarize(rows) {
   return parts.join(" · ");
 }
 
+// The controls (load, unload, reload, config reload) are an admin key's: without keys every
+// caller is one; a key that is not is shown none of them (they would only fail).
+let admin = false;
+
 async function refreshModels() {
   const data = await getJSON("/api/models");
-  models.render(data.models);
+  admin = !data.key || data.key.admin;
+  ui.reloadConfig.hidden = !admin;
+  models.render(data.models, admin);
   chat.setModels(data.models);
   setText(ui.summary, summarize(data.models));
 }
@@ -138,7 +144,7 @@ async function start() {
   }
   ui.login.hidden = true;
   ui.app.hidden = false;
-  ui.reloadConfig.hidden = false;
+  ui.reloadConfig.hidden = !admin;
   ui.logout.hidden = !auth.key;
   setText(ui.loginError, "");
   loop(gen, 1000, refreshModels);

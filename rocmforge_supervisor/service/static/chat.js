@@ -35,7 +35,9 @@ export class Chat {
     });
   }
 
-  setModels(models) {
+  setModels(all) {
+    // Chat models only: a whisper model (speech to text) answers no chat request.
+    const models = all.filter((m) => (m.backend || "llama") === "llama");
     const names = models.map((m) => m.name);
     const current = [...this.model.options].map((o) => o.value);
     if (names.join("\n") === current.join("\n")) return;

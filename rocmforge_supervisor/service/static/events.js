@@ -4,6 +4,14 @@ import { clock, h } from "./dom.js";
 
 const KEEP = 300;
 
+// A save or restore: the whole action as forge waited for it (what the log says), then the
+// child's own time for the file alone.
+function took(ms, childMs) {
+  const fmt = (x) => `${Number(x.toPrecision(3))} ms`;
+  if (typeof ms !== "number") return typeof childMs === "number" ? fmt(childMs) : "–";
+  return typeof childMs === "number" ? `${fmt(ms)} (llama-server: ${fmt(childMs)})` : fmt(ms);
+}
+
 function describe(ev) {
   const d = ev.data || {};
   switch (ev.kind) {
@@ -28,9 +36,9 @@ function describe(ev) {
     case "config":
       return ["config", Object.entries(d.changes || {}).filter(([, v]) => v.length).map(([k, v]) => `${k}: ${v.join(", ")}`).join("; ")];
     case "context_saved":
-      return ["context saved", `slot ${d.slot}: ${d.tokens} tokens in ${d.save_ms} ms`];
+      return ["context saved", `slot ${d.slot}: ${d.tokens} tokens in ${took(d.ms, d.save_ms)}`];
     case "context_restored":
-      return ["context restored", `slot ${d.slot}: ${d.tokens} tokens in ${d.restore_ms} ms`];
+      return ["context restored", `slot ${d.slot}: ${d.tokens} tokens in ${took(d.ms, d.restore_ms)}`];
     case "context_deleted":
       return ["context deleted", d.reason || ""];
     case "context_warning":

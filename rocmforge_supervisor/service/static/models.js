@@ -52,6 +52,8 @@ class ModelRow {
       unload: button("Unload", "unload", "ghost"),
       reload: button("Reload", "reload", "ghost"),
     };
+    // Load, unload and reload need an admin key: a key without it is not offered them at all.
+    this.buttonsEl = h("div", { class: "buttons", hidden: true }, Object.values(this.buttons));
     this.actionMsg = h("p", { class: "action-msg", role: "status" });
     this.failure = h("div", { class: "failure", hidden: true });
     this.logText = h("pre", { class: "log-text", tabindex: "0", "aria-label": `${name} log` });
@@ -72,7 +74,7 @@ class ModelRow {
         cell("Requests", this.requests),
         cell("Tokens/s", this.tps),
         cell("TTL left", this.ttl),
-        h("td", { class: "actions" }, h("div", { class: "buttons" }, Object.values(this.buttons)), this.actionMsg),
+        h("td", { class: "actions" }, this.buttonsEl, this.actionMsg),
       ),
       h("tr", { class: "detail" }, h("td", { colspan: String(COLUMNS) }, this.failure, this.logDetails)),
     );
@@ -213,7 +215,8 @@ export class ModelsTable {
     this.tps = {};
   }
 
-  render(models) {
+  /** ``admin``: whether the page's key may load and unload (the control API says so). */
+  render(models, admin) {
     const seen = new Set();
     for (const s of models) {
       seen.add(s.name);
@@ -222,6 +225,7 @@ export class ModelsTable {
         row = new ModelRow(s.name, this.table, this.onError);
         this.rows.set(s.name, row);
       }
+      row.buttonsEl.hidden = !admin;
       row.update(s, this.tps[s.name]);
     }
     for (const [name, row] of this.rows) {

