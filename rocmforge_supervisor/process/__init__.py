@@ -8,7 +8,7 @@ from ._ledger import ChildLedger
 from ._logs import IDLE_LINE_RE, LogRing, classify_failure, crash_cause, without_idle
 from ._ports import free_port, port_is_free
 from ._programs import LLAMA_SERVER, WHISPER_SERVER, CommandProgram, ServerProgram
-from ._restart import Breaker, ChildEvent, RestartPolicy
+from ._restart import Breaker, ChildEvent, Life, Outcome, RestartPolicy, restart_loop
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
 from ._spawn import with_parent_death
 from ._spec import InstanceSpec, InstanceState, crash_advice, describe_returncode, unwrap_group
@@ -25,8 +25,10 @@ __all__ = [
     "GroupReaper",
     "InstanceSpec",
     "InstanceState",
+    "Life",
     "LlamaServer",
     "LogRing",
+    "Outcome",
     "RestartPolicy",
     "RpcWorker",
     "ServerProgram",
@@ -42,6 +44,7 @@ __all__ = [
     "is_loopback_host",
     "kill_process_group",
     "port_is_free",
+    "restart_loop",
     "run_supervised",
     "stop_process_group",
     "unwrap_group",

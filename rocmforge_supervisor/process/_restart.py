@@ -2,9 +2,11 @@
 running: a model's llama-server (``supervisor/_managed``) and a ``forge worker``'s rpc-servers
 (:func:`supervise`) alike.
 
-The policy is a value with a clock, not a loop: the supervisor's model loop has steps of its own
-(placement, context restore, health watch) between a crash and the next start, so it asks the
-policy; :func:`supervise` is the plain loop for a child with nothing else around it.
+The policy is a value with a clock; :func:`restart_loop` is the one loop that drives it, for
+every supervised child: plan a start, run the child to its end, count a crash, wait the backoff.
+What differs lives in a :class:`Life`'s steps: a model's (``supervisor/_managed``: placement,
+context restore, watchers between a crash and the next start) and a worker's rpc-server
+(:func:`supervise`: a start, a wait for the exit).
 
 What the policy does:
 
@@ -23,8 +25,8 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable
-from enum import StrEnum
-from typing import Protocol
+from enum import Enum, StrEnum
+from typing import Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -32,7 +34,18 @@ import anyio.abc
 from .._errors import StartFailed
 from ._outcomes import describe_returncode
 
-__all__ = ["Breaker", "ChildEvent", "ChildEventFn", "RestartPolicy", "Restartable", "exit_words", "supervise"]
+__all__ = [
+    "Breaker",
+    "ChildEvent",
+    "ChildEventFn",
+    "Life",
+    "Outcome",
+    "RestartPolicy",
+    "Restartable",
+    "exit_words",
+    "restart_loop",
+    "supervise",
+]
 
 
 class ChildEvent(StrEnum):
@@ -127,6 +140,63 @@ class RestartPolicy:
         self.delay = min(self.delay * 2, self.backoff_max)
 
 
+class Outcome(Enum):
+    """How one child's life ended: a requested stop; a crash (restart after the backoff); or
+    failed for good (a start that waiting cannot fix)."""
+
+    STOPPED, CRASHED, FAILED = range(3)
+
+
+Plan = TypeVar("Plan")
+
+
+class Life(Protocol[Plan]):
+    """The steps of one supervised thing, as :func:`restart_loop` drives them."""
+
+    @property
+    def stop_event(self) -> anyio.Event:
+        """Set by a stop: the backoff's wait ends early."""
+        ...
+
+    def stopping(self) -> bool:
+        """A stop was asked: no further start."""
+        ...
+
+    async def prepare(self) -> Plan | None:
+        """What the next start needs (placement, a fresh child); None: it cannot be made (the
+        step said why), and the loop ends."""
+        ...
+
+    async def live(self, plan: Plan) -> Outcome:
+        """One child, from spawn to exit."""
+        ...
+
+    def crash_loop(self, policy: RestartPolicy) -> None:
+        """The crash just counted opened the breaker: no more restarts (say why, or raise)."""
+        ...
+
+    def restarting(self, delay: float) -> None:
+        """A restart comes after ``delay`` seconds (say so)."""
+        ...
+
+
+async def restart_loop(life: Life[Plan], policy: RestartPolicy) -> None:
+    """Start, run, restart with backoff until a stop, a failure, or an open breaker: the one
+    restart loop of every child forge keeps running."""
+    policy.rewind()
+    while not life.stopping():
+        plan = await life.prepare()
+        if plan is None or life.stopping():
+            return
+        if await life.live(plan) is not Outcome.CRASHED or life.stopping():
+            return
+        if policy.record_crash():
+            life.crash_loop(policy)
+            return
+        life.restarting(policy.delay)
+        await policy.wait(life.stop_event)
+
+
 class Restartable(Protocol):
     """One run of a child, as :func:`supervise` drives it (``RpcWorker`` is one)."""
 
@@ -167,11 +237,34 @@ async def supervise(
 
     However it ends (cancelled while starting included) the child is stopped and reaped first.
     """
-    emit = on_event or (lambda _n, _e, _d: None)
-    ever_ready = False
-    while True:
+    await restart_loop(_Supervised(name, make, policy, on_event, fatal_first), policy)
+
+
+class _Supervised:
+    """:func:`supervise`'s :class:`Life`: a child with nothing around it but its events."""
+
+    def __init__(
+        self,
+        name: str,
+        make: Callable[[], Restartable],
+        policy: RestartPolicy,
+        on_event: ChildEventFn | None,
+        fatal_first: frozenset[str],
+    ) -> None:
+        self.name, self.make, self.policy, self.fatal_first = name, make, policy, fatal_first
+        self.emit: ChildEventFn = on_event or (lambda _n, _e, _d: None)
+        self.stop_event = anyio.Event()  # never set: it runs until cancelled
+        self.ever_ready = False
+        self.last = ""
+
+    def stopping(self) -> bool:
+        return False
+
+    async def prepare(self) -> Restartable:
+        return self.make()
+
+    async def live(self, child: Restartable) -> Outcome:
         failed: StartFailed | None = None
-        child = make()
         async with anyio.create_task_group() as tg:
             try:
                 try:
@@ -179,25 +272,26 @@ async def supervise(
                 except StartFailed as exc:
                     failed = exc
                 else:
-                    ever_ready = True
+                    self.ever_ready = True
                     started = time.monotonic()
-                    emit(name, ChildEvent.READY, child.ready_words())
+                    self.emit(self.name, ChildEvent.READY, child.ready_words())
                     await child.exited.wait()
-                    policy.ran_for(time.monotonic() - started)
+                    self.policy.ran_for(time.monotonic() - started)
             finally:
                 with anyio.CancelScope(shield=True):
                     await child.stop()
                 tg.cancel_scope.cancel()
-        if failed is not None and not ever_ready and failed.reason in fatal_first:
+        if failed is not None and not self.ever_ready and failed.reason in self.fatal_first:
             raise failed  # the caller's one error line says it
-        last = failed.message if failed is not None else exit_words(child.returncode)
-        emit(name, ChildEvent.CRASH, last)
-        if policy.record_crash():
-            crashes, window = policy.breaker.crashes, policy.breaker.window
-            message = f"{name}: {crashes} crashes in {window:g} s; last: {last}"
-            emit(name, ChildEvent.FAILED, message)
-            raise StartFailed(
-                message, hint="see its log, fix the cause and start it again", reason="crash_loop"
-            )
-        emit(name, ChildEvent.RESTART, f"restarting in {policy.delay:g} s")
-        await policy.wait()
+        self.last = failed.message if failed is not None else exit_words(child.returncode)
+        self.emit(self.name, ChildEvent.CRASH, self.last)
+        return Outcome.CRASHED
+
+    def crash_loop(self, policy: RestartPolicy) -> None:
+        crashes, window = policy.breaker.crashes, policy.breaker.window
+        message = f"{self.name}: {crashes} crashes in {window:g} s; last: {self.last}"
+        self.emit(self.name, ChildEvent.FAILED, message)
+        raise StartFailed(message, hint="see its log, fix the cause and start it again", reason="crash_loop")
+
+    def restarting(self, delay: float) -> None:
+        self.emit(self.name, ChildEvent.RESTART, f"restarting in {delay:g} s")

@@ -1,11 +1,11 @@
 """One configured model under supervision: its child's life, restarts, health, TTL and queue.
 
 The whole life of the model's current child runs in :meth:`ManagedModel.run`, a task in the
-supervisor's task group, as a loop of named steps: plan a start (:meth:`_plan_start`), run the
-child until it exits (:meth:`_run_child`), count the crash (:meth:`_after_exit`), wait out the
-backoff (:meth:`_wait_backoff`): the backoff and the breaker are the one restart policy
-(:class:`~rocmforge_supervisor.process.RestartPolicy`) that ``forge worker`` uses too. Requests only wait on state changes and take a slot of the model's
-concurrency semaphore. The states and the moves between them are in :mod:`._status`. Nothing here
+supervisor's task group: the one restart loop (``process.restart_loop``, which ``forge worker``'s
+rpc-servers run too) with this model's steps: plan a start (:meth:`prepare`: placement), run the
+child until it exits (:meth:`live`: context restore, the watchers), and on a crash either the
+breaker opens (:meth:`crash_loop`) or a restart is announced (:meth:`restarting`) and the backoff
+waited. Requests only wait on state changes and take a slot of the model's concurrency semaphore. The states and the moves between them are in :mod:`._status`. Nothing here
 formats HTTP (errors are typed and mapped at the edge) or signals a process (``LlamaServer`` does).
 """
 
@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from enum import Enum
 from typing import Any
 
 import anyio
@@ -35,8 +34,10 @@ from ..hardware import cpu_flags
 from ..process import (
     Breaker,
     LlamaServer,
+    Outcome,
     RestartPolicy,
     describe_returncode,
+    restart_loop,
     unwrap_group,
 )
 from ._backends import backend_of
@@ -62,13 +63,6 @@ _NO_SAVE = frozenset({"removed", "failed replacement"})
 _FATAL_START = frozenset(
     {"file_not_found", "invalid_model", "unsupported", "bad_args", "illegal_instruction", "amx_fault"}
 )
-
-
-class _Exit(Enum):
-    """How one child's life ended: a requested stop; a crash (restart after the backoff); or the
-    model failed for good (the breaker is open)."""
-
-    STOPPED, CRASHED, FAILED = range(3)
 
 
 class ManagedModel:
@@ -236,25 +230,44 @@ class ManagedModel:
         tg.start_soon(self.run, name=f"model {self.name}")
 
     async def run(self) -> None:
-        """Start, watch, restart with backoff — until stopped or the breaker opens."""
+        """Start, watch, restart with backoff — until stopped or the breaker opens: the one restart
+        loop (``process.restart_loop``) with this model's steps (:meth:`prepare`, :meth:`live`)."""
         self._running = True
-        self.restart.rewind()
         try:
-            while not self._stop_requested:
-                plan = await self._plan_start()
-                if plan is None:
-                    return
-                if self._stop_requested:  # unloaded while we were planning
-                    break
-                how = await self._run_child(plan)
-                if how is _Exit.FAILED or self._stop_requested:
-                    break
-                if not self._after_exit():
-                    return
-                await self._wait_backoff()
+            await restart_loop(self, self.restart)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._cleanup()
+
+    # -- the steps the restart loop takes (process.Life) ---------------------------------------
+
+    @property
+    def stop_event(self) -> anyio.Event:
+        return self._stop_event
+
+    def stopping(self) -> bool:
+        return self._stop_requested
+
+    async def prepare(self) -> LaunchPlan | None:
+        return await self._plan_start()
+
+    async def live(self, plan: LaunchPlan) -> Outcome:
+        return await self._run_child(plan)
+
+    def crash_loop(self, policy: RestartPolicy) -> None:
+        self.server = None
+        self._fail(
+            f"{policy.breaker.crashes} crashes in {policy.breaker.window:g} s; last: {self.last_error}",
+            self.last_stderr,
+            kind="crash_loop",
+        )
+
+    def restarting(self, delay: float) -> None:
+        self.server = None
+        self.restarts += 1
+        self._events.publish(self.name, EventKind.RESTART, backoff=delay, restarts=self.restarts)
+        # No child now: say so (not "ready") while the backoff runs.
+        self._set_state(ModelState.LOADING, restarts=self.restarts, restarting_in=delay)
 
     async def _plan_start(self) -> LaunchPlan | None:
         """Step 1: the launch plan (placement may evict others); None when it cannot be made."""
@@ -285,7 +298,7 @@ class ManagedModel:
                 return None
         return None
 
-    async def _run_child(self, plan: LaunchPlan) -> _Exit:
+    async def _run_child(self, plan: LaunchPlan) -> Outcome:
         """Step 2: one child, from spawn to exit. Returns how it ended."""
         self.plan = plan
         server = LlamaServer(plan.spec)
@@ -314,10 +327,10 @@ class ManagedModel:
             return self._start_failed(inner, exc)
         return self._crashed(server)
 
-    def _crashed(self, server: LlamaServer) -> _Exit:
+    def _crashed(self, server: LlamaServer) -> Outcome:
         """The child is gone: its exit (and what its log says about why) is the crash's reason."""
         if self._stop_requested:
-            return _Exit.STOPPED
+            return Outcome.STOPPED
         how = describe_returncode(server.returncode)
         if self._kill_reason is not None:  # we killed it (a stall): that is the cause
             how, self._kill_reason = f"{how}: {self._kill_reason}", None
@@ -332,7 +345,7 @@ class ManagedModel:
         log.warning("model %s: child %s", self.name, how, extra={"model": self.name})
         if self.ready_since:
             self.restart.ran_for(time.monotonic() - self.ready_since)  # stable long enough: start over
-        return _Exit.CRASHED
+        return Outcome.CRASHED
 
     def _keeps_context(self, plan: LaunchPlan | None) -> bool:
         """The child was started to keep its context (``--slot-save-path`` in its flags)."""
@@ -377,40 +390,23 @@ class ManagedModel:
         for cb in self.on_ready:
             cb(self)
 
-    def _start_failed(self, inner: BaseException, exc: BaseException) -> _Exit:
+    def _start_failed(self, inner: BaseException, exc: BaseException) -> Outcome:
         """A start that did not come up (or a bug while supervising)."""
         if not isinstance(inner, StartFailed):
             if isinstance(inner, Exception):  # a bug: fail this model, keep the service
                 log.exception("model %s: supervision failed", self.name, exc_info=inner)
                 self._fail(f"internal error: {inner!r}", [], kind="internal")
-                return _Exit.FAILED
+                return Outcome.FAILED
             raise exc  # cancellation and the like: not ours to handle
         if self._stop_requested:  # a requested stop during the load is no crash
-            return _Exit.STOPPED
+            return Outcome.STOPPED
         self.last_error = str(inner)
         self.last_stderr = inner.stderr_tail
         self._events.publish(self.name, EventKind.CRASH, reason=inner.reason, message=inner.message)
         if inner.reason in _FATAL_START:  # restarting cannot fix the input
             self._fail(str(inner), inner.stderr_tail, kind=inner.reason)
-            return _Exit.FAILED
-        return _Exit.CRASHED
-
-    def _after_exit(self) -> bool:
-        """Step 3: count the crash. False when that opened the breaker."""
-        self.server = None
-        if self.restart.record_crash():
-            self._fail(
-                f"{self.breaker.crashes} crashes in {self.policy.crash_loop_window:g} s; last: {self.last_error}",
-                self.last_stderr,
-                kind="crash_loop",
-            )
-            return False
-        self.restarts += 1
-        backoff = self.restart.delay
-        self._events.publish(self.name, EventKind.RESTART, backoff=backoff, restarts=self.restarts)
-        # No child now: say so (not "ready") while the backoff runs.
-        self._set_state(ModelState.LOADING, restarts=self.restarts, restarting_in=backoff)
-        return True
+            return Outcome.FAILED
+        return Outcome.CRASHED
 
     async def _wait_backoff(self) -> None:
         """Step 4: wait before the next start (an unload ends the wait), then double it."""
