@@ -16,31 +16,25 @@ upstream fix passes with the default flags, the workaround goes away by itself.
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
 import json
-import os
 import re
 import signal
-import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import httpx
 from filelock import FileLock
 
-from .._argv import server_argv
 from .._errors import SelfTestFailed
 from .._files import write_text_atomic
 from ..config import ForgeSettings
 from ..hardware import cpu_flags, cpu_model_name
 from ..models import REQUIRED_VERBOSITY
-from ..process import crash_advice, describe_returncode, free_port, stop_process_group, with_parent_death
+from ..process import InstanceSpec, crash_advice, describe_returncode, probe_server
 from ._plan import isa_fingerprint, isa_flags
 from ._tinymodel import N_SPECIAL_TOKENS, write_selftest_gguf
 
@@ -51,8 +45,6 @@ __all__ = [
     "binary_stamp",
     "proven",
     "run_selftest",
-    "stop_server",
-    "wait_health",
 ]
 
 #: The flags tried, in order, when the default ones die of a CPU fault. ``--no-repack``: no extra
@@ -110,7 +102,6 @@ def cpu_variant(features: Sequence[str]) -> str | None:
     return max(fitting)[1] if fitting else None
 
 
-_BIND_RE = re.compile(r"couldn't bind|Address already in use", re.IGNORECASE)
 _PROMPT = "hello world"
 _N_PREDICT = 8
 
@@ -249,138 +240,73 @@ def run_selftest(
     )
 
 
-class _Lines:
-    """The child's merged stdout/stderr, read by a thread from the start (a full pipe would block
-    it), with the facts the result wants picked out as they pass."""
+class _Seen:
+    """The facts the result wants, picked out of the child's log lines as they pass (a listener
+    on its log: the lifecycle drains the pipe)."""
 
-    def __init__(self, stream: object) -> None:
+    def __init__(self) -> None:
         self.tail: collections.deque[str] = collections.deque(maxlen=25)
         self.buffers: list[str] = []
         self.loaded: list[str] = []
         self.features: list[str] = []
-        self.bind_failed = False
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
 
-    def _read(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            line = line.rstrip("\n")
-            self.tail.append(line)
-            if (m := _BUFFER_RE.search(line)) and m[1] not in self.buffers:
-                self.buffers.append(m[1])
-            if m := _LOADED_RE.search(line):
-                self.loaded.append(Path(m[2]).name)
-            if (m := _SYSTEM_INFO_RE.search(line)) and not self.features:
-                pairs = (p.split("=") for p in m[1].split("|") if "=" in p)
-                self.features = [k.strip() for k, v in pairs if v.strip() == "1"]
-            if _BIND_RE.search(line):
-                self.bind_failed = True
-
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+    def feed(self, line: str) -> None:
+        self.tail.append(line)
+        if (m := _BUFFER_RE.search(line)) and m[1] not in self.buffers:
+            self.buffers.append(m[1])
+        if m := _LOADED_RE.search(line):
+            self.loaded.append(Path(m[2]).name)
+        if (m := _SYSTEM_INFO_RE.search(line)) and not self.features:
+            pairs = (p.split("=") for p in m[1].split("|") if "=" in p)
+            self.features = [k.strip() for k, v in pairs if v.strip() == "1"]
 
 
 def _attempt(
     binary: Path, model: Path, args: tuple[str, ...], env: Mapping[str, str] | None, timeout: float
 ) -> Attempt:
-    for _ in range(3):  # the port the OS gave us can be taken before the child binds it
-        result, bind_failed = _attempt_once(binary, model, args, env, timeout)
-        if not bind_failed:
-            return result
-    return result
-
-
-def _argv(binary: Path, model: Path, port: int, args: Sequence[str]) -> list[str]:
-    # The flags a child gets (server_argv: --metrics, --no-webui, …; the default threads and
-    # repack), on a small context and one slot: the test is of the binary, not of the model.
-    return server_argv(
-        binary=binary,
-        model_path=model,
-        host="127.0.0.1",
-        port=port,
-        alias="forge-selftest",
-        api_key_file=None,
-        ctx_size=256,
-        cpu_only=False,
-        n_gpu_layers=None,
-        parallel=1,
-        verbosity=REQUIRED_VERBOSITY,  # as a child: its buffer lines say which kernels ran
-        extra_args=args,
-    )
-
-
-def _attempt_once(
-    binary: Path, model: Path, args: tuple[str, ...], env: Mapping[str, str] | None, timeout: float
-) -> tuple[Attempt, bool]:
-    """One start; the bool says the child could not bind its port (then the caller retries)."""
-    port = free_port()
-    deadline = time.monotonic() + timeout
-    run_env = dict(os.environ if env is None else env)
-    with tempfile.TemporaryDirectory(prefix="forge-selftest-") as home:
-        run_env["XDG_CONFIG_HOME"] = home  # an empty config home: a user's presets change nothing
-        try:
-            proc = subprocess.Popen(
-                with_parent_death(_argv(binary, model, port, args)),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                env=run_env,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            return Attempt(args, False, f"could not be started: {exc.strerror or exc}"), False
-        lines = _Lines(proc.stdout)
-        outcome = "not ready"
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as client:
-                outcome = _serve_one(proc, client, deadline)
-        finally:
-            stop_server(proc)
-            lines.join(5)
-            if proc.stdout is not None:
-                proc.stdout.close()
-    stage = "load" if outcome == "not ready" else "completion"
-    rc = proc.returncode
-    if outcome == "ok":
-        return _attempt_result(lines, args, True, f"served {_N_PREDICT} tokens", None, stage), False
+    """One start through process/'s lifecycle (a port of its own, retried if the bind races),
+    one completion, the stop."""
+    seen = _Seen()
+    with tempfile.TemporaryDirectory(prefix="forge-selftest-") as state:
+        # The flags a child gets (server_argv: --metrics, --no-webui, …; the default threads and
+        # repack), on a small context and one slot: the test is of the binary, not of the model.
+        spec = InstanceSpec(
+            binary=binary,
+            model_path=model,
+            alias="forge-selftest",
+            ctx_size=256,
+            parallel=1,
+            verbosity=REQUIRED_VERBOSITY,  # as a child: its buffer lines say which kernels ran
+            extra_args=args,
+            api_key="",  # no key: it listens on loopback for this one request
+            state_dir=Path(state),
+            parent_env=env,
+            line_listeners=[seen.feed],
+            stall_timeout=timeout,
+            ready_timeout=timeout,
+            stop_timeout=10.0,
+        )
+        run = probe_server(spec, lambda client: _complete(client, timeout))
+    if run.outcome == "ok":
+        return _attempt_result(seen, args, True, f"served {_N_PREDICT} tokens", None, "completion")
+    stage = "load" if run.stage == "load" else "completion"
+    rc = run.returncode
     if rc is not None and rc != 0 and rc != -signal.SIGTERM and rc != -signal.SIGKILL:
         where = "on its first completion" if stage == "completion" else "while loading"
-        return _attempt_result(lines, args, False, f"{describe_returncode(rc)} {where}", rc, stage), (
-            lines.bind_failed
+        return _attempt_result(seen, args, False, f"{describe_returncode(rc)} {where}", rc, stage)
+    if run.failure is not None:
+        what = (
+            "was not ready in time"
+            if run.failure.reason == "timeout"
+            else f"did not start: {run.failure.message}"
         )
-    what = "gave no completion in time" if outcome == "timeout" else f"answered {outcome}"
-    return _attempt_result(lines, args, False, what, rc, stage), False
+    else:
+        what = "gave no completion in time" if run.outcome == "timeout" else f"answered {run.outcome}"
+    return _attempt_result(seen, args, False, what, rc, stage)
 
 
-def stop_server(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
-    """The server under test stopped with its whole group (both self-tests, llama-server's and
-    whisper-server's): process/'s stop, the only sender of signals."""
-    stop_process_group(proc, timeout=10)
-
-
-def wait_health(
-    proc: subprocess.Popen[str] | subprocess.Popen[bytes], client: httpx.Client, deadline: float
-) -> Literal["ok", "exited", "timeout"]:
-    """Until the server under test answers ``GET /health`` 200 ("ok"), exits, or ``deadline``
-    passes: the readiness both self-tests (llama-server's, whisper-server's) wait for."""
-    while True:
-        if proc.poll() is not None:
-            return "exited"
-        if time.monotonic() > deadline:
-            return "timeout"
-        with contextlib.suppress(httpx.HTTPError):
-            if client.get("/health").status_code == 200:
-                return "ok"
-        time.sleep(0.1)
-
-
-def _serve_one(proc: subprocess.Popen[str], client: httpx.Client, deadline: float) -> str:
-    """ "ok", "not ready" (it exited or never came up), "timeout", or what it answered instead."""
-    ready = wait_health(proc, client, deadline)
-    if ready != "ok":
-        return "not ready" if ready == "exited" else "timeout"
+def _complete(client: httpx.Client, timeout: float) -> str:
+    """ "ok", "timeout", or what it answered instead of a completion."""
     # Random weights: the byte and control tokens are banned so the text is valid UTF-8 (the
     # server's output parser refuses a lone continuation byte with a 500).
     body = {
@@ -391,13 +317,11 @@ def _serve_one(proc: subprocess.Popen[str], client: httpx.Client, deadline: floa
         "logit_bias": [[token, False] for token in range(N_SPECIAL_TOKENS)],
     }
     try:
-        r = client.post("/completion", json=body, timeout=max(1.0, deadline - time.monotonic()))
+        r = client.post("/completion", json=body, timeout=timeout)
     except httpx.TimeoutException:
         return "timeout"
     except httpx.HTTPError:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)  # the connection dropped: most likely the child died; see how
-        return "no answer (connection lost)"
+        return "no answer (connection lost)"  # most likely the child died: the probe says how
     if r.status_code != 200:
         return f"HTTP {r.status_code}"
     try:
@@ -408,7 +332,7 @@ def _serve_one(proc: subprocess.Popen[str], client: httpx.Client, deadline: floa
 
 
 def _attempt_result(
-    lines: _Lines, args: tuple[str, ...], ok: bool, outcome: str, rc: int | None, stage: str
+    lines: _Seen, args: tuple[str, ...], ok: bool, outcome: str, rc: int | None, stage: str
 ) -> Attempt:
     return Attempt(
         args=args,

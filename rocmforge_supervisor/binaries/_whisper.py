@@ -16,6 +16,7 @@ well), ``GET /health`` 200, then one ``POST /inference`` of a generated 16 kHz W
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import math
@@ -23,7 +24,6 @@ import os
 import shutil
 import signal
 import struct
-import subprocess
 import tempfile
 import time
 import wave
@@ -40,10 +40,10 @@ from .._files import sha256_file
 from .._version import WHISPER_CPP_COMMIT, WHISPER_CPP_SDIST, WHISPER_CPP_SDIST_SHA256
 from ..config import ForgeSettings
 from ..hardware import cpu_flags
-from ..process import describe_returncode, free_port, with_parent_death
+from ..process import WHISPER_SERVER as WHISPER_PROGRAM
+from ..process import InstanceSpec, describe_returncode, probe_server
 from ._builder import ProgressFn, _remove_leftovers, _run_plan, detected_gpu_targets, install_staged
 from ._plan import Backend, cache_key, choose_backend, isa_fingerprint, make_plan
-from ._selftest import stop_server, wait_health
 from ._source import _download_sdist, _unpack_vendor
 
 __all__ = [
@@ -203,50 +203,51 @@ def selftest_wav(seconds: float = 1.0, rate: int = 16000) -> bytes:
 
 
 def whisper_selftest(binary: Path, model: Path, timeout: float = 120.0) -> tuple[bool, str]:
-    """Start ``binary`` on ``model``; (True, detail) when ``/health`` and one ``/inference`` answer 200."""
+    """Start ``binary`` on ``model`` as a child runs (process/'s lifecycle, one thread); (True,
+    detail) when it gets ready (``/health`` 200) and one ``/inference`` answers 200 with text."""
     if not model.is_file():
         return False, f"the self-test model {model} is missing"
-    port = free_port()
-    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", "1"]
-    deadline = time.monotonic() + timeout
-    with tempfile.TemporaryFile() as log:
-        try:
-            proc = subprocess.Popen(
-                with_parent_death(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            return False, f"could not be started: {exc.strerror or exc}"
-        try:
-            outcome = _serve_one(proc, port, deadline)
-        finally:
-            stop_server(proc)
-        if outcome == "ok":
-            return True, "served /health and one /inference"
-        log.seek(0)
-        tail = log.read().decode("utf-8", "replace").strip().splitlines()[-3:]
-        if proc.returncode not in (None, 0, -signal.SIGTERM, -signal.SIGKILL):
-            outcome = describe_returncode(proc.returncode)
-        return False, outcome + (f" (last lines: {' | '.join(tail)})" if tail else "")
+    tail: collections.deque[str] = collections.deque(maxlen=3)
+    with tempfile.TemporaryDirectory(prefix="forge-whisper-selftest-") as state:
+        spec = InstanceSpec(
+            binary=binary,
+            model_path=model,
+            alias="whisper-selftest",
+            program=WHISPER_PROGRAM,
+            extra_args=["-t", "1"],
+            api_key="",
+            state_dir=Path(state),
+            line_listeners=[tail.append],
+            stall_timeout=timeout,
+            ready_timeout=timeout,
+            stop_timeout=10.0,
+        )
+        run = probe_server(spec, lambda client: _inference(client, timeout))
+    if run.outcome == "ok":
+        return True, "served /health and one /inference"
+    rc = run.returncode
+    if rc not in (None, 0, -signal.SIGTERM, -signal.SIGKILL):
+        outcome = describe_returncode(rc)
+    elif run.failure is not None:
+        outcome = (
+            "not ready in time" if run.failure.reason == "timeout" else "exited before it answered /health"
+        )
+    else:
+        outcome = run.outcome
+    lines = [line for line in tail if not line.startswith("[forge]")]
+    return False, outcome + (f" (last lines: {' | '.join(lines)})" if lines else "")
 
 
-def _serve_one(proc: subprocess.Popen[bytes], port: int, deadline: float) -> str:
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as client:
-        ready = wait_health(proc, client, deadline)
-        if ready != "ok":
-            return "exited before it answered /health" if ready == "exited" else "not ready in time"
-        try:
-            r = client.post(
-                "/inference",
-                files={"file": ("selftest.wav", selftest_wav(), "audio/wav")},
-                data={"response_format": "json"},
-                timeout=max(1.0, deadline - time.monotonic()),
-            )
-        except httpx.HTTPError as exc:
-            return f"no answer to /inference ({type(exc).__name__})"
+def _inference(client: httpx.Client, timeout: float) -> str:
+    try:
+        r = client.post(
+            "/inference",
+            files={"file": ("selftest.wav", selftest_wav(), "audio/wav")},
+            data={"response_format": "json"},
+            timeout=timeout,
+        )
+    except httpx.HTTPError as exc:
+        return f"no answer to /inference ({type(exc).__name__})"
     if r.status_code != 200:
         return f"/inference answered HTTP {r.status_code}"
     try:

@@ -7,6 +7,7 @@ from ._instance import LlamaServer
 from ._ledger import ChildLedger
 from ._logs import IDLE_LINE_RE, LogRing, classify_failure, crash_cause, without_idle
 from ._ports import free_port, port_is_free
+from ._probe import ProbeRun, probe_server
 from ._programs import LLAMA_SERVER, WHISPER_SERVER, CommandProgram, ServerProgram
 from ._restart import Breaker, ChildEvent, Life, Outcome, RestartPolicy, restart_loop
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
@@ -29,6 +30,7 @@ __all__ = [
     "LlamaServer",
     "LogRing",
     "Outcome",
+    "ProbeRun",
     "RestartPolicy",
     "RpcWorker",
     "ServerProgram",
@@ -44,6 +46,7 @@ __all__ = [
     "is_loopback_host",
     "kill_process_group",
     "port_is_free",
+    "probe_server",
     "restart_loop",
     "run_supervised",
     "stop_process_group",
