@@ -237,7 +237,8 @@ class Metrics:
     def render(self, *, only_key: str | None = None) -> bytes:
         """The exposition text. ``only_key``: of the per-key families (``forge_key_*``), only that
         key's series — what a key that is not an admin may see, as in the activity API (its own
-        rows, its own usage); the other families name no key and are the same for every caller."""
+        rows, its own usage); ``""``: none of them (an anonymous caller of a keyed service). The
+        other families name no key and are the same for every caller."""
         if only_key is None:
             return generate_latest(self.registry)
         return generate_latest(_OneKey(self.registry, only_key))

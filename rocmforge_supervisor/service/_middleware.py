@@ -1,9 +1,9 @@
 """The gateway's edge checks, as one plain ASGI middleware (no per-request task or body copy).
 
 Request id (``X-Request-ID``, made up when absent), bearer auth (which key, admin for the control
-routes, the key's per-minute and per-day limits), the CSRF Origin check, the declared body size
-and the body's media type; and the activity record of every model request, written here once when
-its response ends (``_recording``). Each check *raises* a typed error (``Unauthorized``,
+routes; the key's limits count once the route knows the request's model: ``_recording``), the
+CSRF Origin check, the declared body size and the body's media type; and the activity record of
+every model request, written here once when its response ends (``_recording``). Each check *raises* a typed error (``Unauthorized``,
 ``Forbidden``, ``PayloadTooLarge``, ``UnsupportedMediaType``); ``_errors_http`` alone turns it
 into a response. A body without a ``Content-Length`` (chunked) is counted by :func:`read_body`
 and gets the same 413.
@@ -154,16 +154,19 @@ class RequestContext:
         path = scope["path"]
         keys = self.state.recorder.keys
         public = path in _PUBLIC_PATHS or (path == "/metrics" and self.state.metrics_public)  # reloadable
-        if keys and not public and method != "OPTIONS":
+        # A key sent to a public /metrics still counts: a key that is not an admin sees its own
+        # per-key series there as everywhere (an anonymous caller sees none: ``_observe``).
+        if keys and method != "OPTIONS" and (not public or path == "/metrics"):
             auth = headers.get(b"authorization", b"")
             token = auth[7:] if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
             key = keys.identify(token)
-            if key is None:
+            if key is None and not public:
                 raise Unauthorized("missing or invalid API key", hint=auth_hint(path))
-            scope.setdefault("state", {})["key"] = key
-            self.state.recorder.identified(draft, key)
-            if _needs_admin(method, path):
-                key.check_admin(f"{method} {path}")
+            if key is not None:
+                scope.setdefault("state", {})["key"] = key
+                self.state.recorder.identified(draft, key)
+                if _needs_admin(method, path):
+                    key.check_admin(f"{method} {path}")
         origin = headers.get(b"origin")
         if origin is not None and method not in _SAFE_METHODS and not self._origin_ok(origin, scope):
             # A web page must not drive the local service (CSRF): browsers send Origin on such
@@ -175,9 +178,8 @@ class RequestContext:
         limit = body_limit(self.state, path)
         if length is not None and length.isdigit() and int(length) > limit:
             raise _too_large(limit, path)
-        key = scope.get("state", {}).get("key")
-        if key is not None and path in MODEL_PATHS:  # last: a request refused above costs no budget
-            self.state.recorder.limiter.admit(key)
+        # The key's limits count a model request once its model is known and allowed
+        # (``_recording.admit_model``): a request refused here or there costs no budget.
 
     def _origin_ok(self, origin: bytes, scope: Scope) -> bool:
         text = origin.decode("latin-1")

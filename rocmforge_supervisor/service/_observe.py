@@ -36,7 +36,7 @@ class MetricsPort:
     def __init__(self, app: ASGIApp, state: GatewayState, port: int) -> None:
         self.app = app
         self.port = port
-        self._metrics = Starlette(routes=[Route("/metrics", _metrics, methods=["GET"])])
+        self._metrics = Starlette(routes=[Route("/metrics", _every_key_metrics, methods=["GET"])])
         self._metrics.state.gateway = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -65,7 +65,22 @@ async def _ready(request: Request) -> Response:
 
 
 async def _metrics(request: Request) -> Response:
+    """The exposition; of the per-key families, what the caller may see: an admin key (or a
+    service without keys) every key's series, another key its own, and an anonymous caller of a
+    keyed service (``metrics_public``) none — other keys' names and usage are not public."""
     st = state_of(request)
+    key = request_key(request.scope)
+    if key is None:  # "": no key is named "" (the schema's pattern)
+        return await _exposition(st, "" if st.recorder.keys else None)
+    return await _exposition(st, None if key.admin else key.name)
+
+
+async def _every_key_metrics(request: Request) -> Response:
+    """``metrics_port``'s: the operator's scraper, on the listener they chose, sees every key."""
+    return await _exposition(state_of(request), None)
+
+
+async def _exposition(st: GatewayState, own: str | None) -> Response:
     st.metrics.observe_loads(st.supervisor.events.history())
     st.metrics.set_devices(await anyio.to_thread.run_sync(_devices, st))
     st.metrics.child_texts.clear()
@@ -83,8 +98,6 @@ async def _metrics(request: Request) -> Response:
             for v in views
         ]
     )
-    key = request_key(request.scope)
-    own = key.name if key is not None and not key.admin else None  # a non-admin key: its own usage
     return Response(st.metrics.render(only_key=own), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

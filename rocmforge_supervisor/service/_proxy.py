@@ -45,7 +45,7 @@ from ._recording import (
     note_model,
     note_status,
     note_timing,
-    note_usage,
+    note_used,
     request_key,
 )
 from ._relay import Opened, RelayResponse
@@ -53,6 +53,7 @@ from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resol
 from ._state import GatewayState, body_limit, request_id, state_of
 from ._tools import asks_for_tools
 from ._upstream_http import StreamResponse, supports
+from ._usage import StreamMeter, Used, used_in
 from ._validate import check_fields, parse_object
 
 __all__ = ["FORWARDED", "open_upstream", "routes"]
@@ -240,6 +241,8 @@ class _Forwarder:
         self.path, self.body, self.content_type = request
         self.retry = retry
         self.stream = stream
+        #: "502" once the child broke the stream (the relay sends the client an error event).
+        self._stream_status = "200"
 
     def _stalls(self) -> int | None:
         """The model's watchdog resets so far (a change means the watchdog reset its child)."""
@@ -342,33 +345,40 @@ class _Forwarder:
                     await stack.aclose()
             if status >= 400:  # llama-server's own error: mapped in the one place
                 raise upstream_error(_upstream_model(self.st, self.name), status, content)
-            self._count(str(status), content if status == 200 else b"")
+            if status == 200:
+                self._count("200", content, used_in(content))
+            else:
+                self._count(str(status), b"", None)
             return Opened(status, headers, content)
-        relay = self._relay(upstream)
+        meter = StreamMeter(self.route.path)
+        relay = self._relay(upstream, meter)
 
         async def close() -> None:
-            await relay.aclose()  # its finally counts the request, even when the client left
+            await relay.aclose()
+            # Counted here, not in the relay's finally: a client that left before the first
+            # chunk never started it. A stream cut by the client is charged what it produced.
+            self._count(self._stream_status, meter.tail, meter.used())
             await stack.aclose()
 
         return Opened(200, headers, chunks=relay, close=close)
 
-    async def _relay(self, upstream: httpx.Response | StreamResponse) -> AsyncGenerator[bytes, None]:
+    async def _relay(
+        self, upstream: httpx.Response | StreamResponse, meter: StreamMeter
+    ) -> AsyncGenerator[bytes, None]:
         first = True
-        tail = b""
-        status = "200"
         marker = _END_MARKERS.get(self.route.path)
         try:
             async for chunk in upstream.aiter_raw():
                 if first:
                     self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
-                    note_timing(first_byte=True, chunk=chunk)
+                    note_timing(first_byte=True)
                     first = False
-                tail = (tail + chunk)[-4096:]
+                meter.feed(chunk)
                 yield chunk
-            if marker is not None and marker not in tail and b'"error"' not in tail:
+            if marker is not None and marker not in meter.tail and b'"error"' not in meter.tail:
                 raise StreamError(f"the stream ended without {marker.decode()}")
         except (StreamError, httpx.HTTPError) as exc:
-            status = "502"
+            self._stream_status = "502"
             note_status(502, "stream_broken")
             self.st.metrics.errors.labels(self.name, "stream_broken").inc()
             broken = StreamError(
@@ -379,39 +389,18 @@ class _Forwarder:
                 "request %s: %s", self.rid, broken, extra={"model": self.name, "request_id": self.rid}
             )
             yield sse_error_chunk(broken, self.route.dialect)
-        finally:
-            self._count(status, tail)
 
-    def _count(self, status: str, tail: bytes) -> None:
+    def _count(self, status: str, tail: bytes, used: Used | None) -> None:
+        """The request's metrics; an answer's tokens go into its record (``_usage``'s reading,
+        the same for every route), which charges the key when the request ends. A stream the
+        child broke is not charged."""
         m = self.st.metrics
         m.duration.labels(self.name).observe(time.perf_counter() - self.received)
         m.requests.labels(self.name, self.route.path, status).inc()
         if status == "200":
-            _count_usage(self.st, self.name, tail)
+            if used is not None:
+                note_used(used)
             note_finish(tail=tail)
-
-
-_DECODER = json.JSONDecoder()
-
-
-def _count_usage(st: GatewayState, name: str, tail: bytes) -> None:
-    """Token counters from the last usage object in the response (cheap: only the tail is read)."""
-    i = tail.rfind(b'"usage"')
-    if i < 0:
-        return
-    try:
-        start = tail.index(b"{", i)
-        usage, _ = _DECODER.raw_decode(tail[start:].decode("utf-8", "replace"))
-    except ValueError:
-        return
-    if isinstance(usage, dict):
-        prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0))
-        completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
-        st.metrics.tokens_in.labels(name).inc(float(prompt or 0))
-        st.metrics.tokens_out.labels(name).inc(float(completion or 0))
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        note_usage(prompt, completion, cached if cached is not None else usage.get("cache_read_input_tokens"))
 
 
 def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:

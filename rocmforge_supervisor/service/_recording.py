@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..activity import ActivityStore, Record
+from ._usage import Used
 
 if TYPE_CHECKING:
     from ..access import Key, KeyRing, Limiter
@@ -35,12 +36,11 @@ __all__ = [
     "note_model",
     "note_status",
     "note_timing",
-    "note_usage",
+    "note_used",
     "open_store",
     "request_key",
 ]
 
-_INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d+)')
 _FINISH = re.compile(rb'"(?:finish_reason|stop_reason|done_reason)"\s*:\s*"([A-Za-z_]+)"')
 
 
@@ -56,6 +56,9 @@ class Draft:
     response_body: bytearray = field(default_factory=bytearray)
     status_override: int | None = None
     done: bool = False
+    #: The key's limits, counted once the request's model is known and allowed (``admit_model``).
+    limiter: Limiter | None = None
+    admitted: bool = False
 
 
 current: contextvars.ContextVar[Draft | None] = contextvars.ContextVar("forge_activity", default=None)
@@ -81,10 +84,9 @@ def note_model(name: str, *, stream: bool | None = None) -> None:
             d.record.stream = stream
 
 
-def note_timing(*, slot: bool = False, first_byte: bool = False, chunk: bytes = b"") -> None:
+def note_timing(*, slot: bool = False, first_byte: bool = False) -> None:
     """A slot at the model's child is the request's now (the queue wait ends), or the first byte
-    of the answer came (and the first ``chunk``: an Anthropic stream says its prompt's tokens
-    there, in ``message_start``, only)."""
+    of the answer came."""
     d = _draft()
     if d is None:
         return
@@ -92,18 +94,16 @@ def note_timing(*, slot: bool = False, first_byte: bool = False, chunk: bytes = 
         d.record.queue_wait = time.perf_counter() - d.t0
     if first_byte and d.record.ttft is None:
         d.record.ttft = time.perf_counter() - d.t0
-        found = _INPUT_TOKENS.search(chunk) if b'"input_tokens"' in chunk else None
-        if found:
-            d.record.prompt_tokens = int(found.group(1))
 
 
-def note_usage(prompt: Any, completion: Any, cached: Any = None) -> None:
+def note_used(used: Used) -> None:
+    """The tokens the answer used (``_usage``: the same reading for every route and dialect):
+    what :meth:`Recorder.finish` charges to the key, counts in the metrics and logs."""
     d = _draft()
     if d is not None:
-        if prompt or d.record.prompt_tokens is None:  # an Anthropic stream's last usage has no prompt
-            d.record.prompt_tokens = _int(prompt)
-        d.record.completion_tokens = _int(completion)
-        d.record.cached_tokens = _int(cached)
+        d.record.prompt_tokens = used.prompt
+        d.record.completion_tokens = used.completion
+        d.record.cached_tokens = used.cached
 
 
 def note_finish(reason: str | None = None, *, tail: bytes = b"") -> None:
@@ -132,13 +132,6 @@ def note_error(kind: str) -> None:
     d = _draft()
     if d is not None and d.record.error is None:
         d.record.error = kind
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
 
 
 class Recorder:
@@ -199,6 +192,7 @@ class Recorder:
         if draft is not None:
             draft.key = key
             draft.record.key = key.name
+            draft.limiter = self.limiter
 
     def keep_request(self, draft: Draft, chunk: bytes) -> None:
         if len(draft.request_body) <= self.capture_max_bytes:
@@ -229,6 +223,9 @@ class Recorder:
         model = r.model if known and r.model else "-"
         self.metrics.key_requests.labels(key, model, str(r.status)).inc()
         if tokens:
+            if r.model:  # tokens come only from a child: r.model names a configured model
+                self.metrics.tokens_in.labels(r.model).inc(r.prompt_tokens or 0)
+                self.metrics.tokens_out.labels(r.model).inc(r.completion_tokens or 0)
             self.metrics.key_tokens.labels(key, model, "prompt").inc(r.prompt_tokens or 0)
             self.metrics.key_tokens.labels(key, model, "completion").inc(r.completion_tokens or 0)
             if r.key is not None:
@@ -256,11 +253,18 @@ class Recorder:
 
 def admit_model(scope: Any, name: str, *, stream: bool | None = None) -> None:
     """The request's model is known: may its key use it (:class:`KeyForbidden` naming the key's
-    name and the model, never the key)? Then it goes into the record."""
+    name and the model, never the key)? Then, for a model request, the key's limits count it
+    (:class:`RateLimited`): here and not at the edge, so a request refused for its model (or any
+    earlier 4xx) costs no budget, and a rate-limited row names the model it asked for."""
     note_model(name, stream=stream)  # a refused request's row names the model it asked for
     key = request_key(scope)
-    if key is not None:
-        key.check_model(name)
+    if key is None:
+        return
+    key.check_model(name)
+    d = _draft()  # a model request (one with a record) counts once; over a limit, it does not
+    if d is not None and d.limiter is not None and not d.admitted:
+        d.limiter.admit(key)
+        d.admitted = True
 
 
 def open_store(config: ForgeConfig) -> ActivityStore | None:

@@ -50,3 +50,28 @@ async def test_a_non_admin_key_sees_only_its_own_usage_series_and_an_admin_every
         assert "forge_requests_total" in alice.text and "forge_model_state" in alice.text
 
         assert (await gw.client.get("/metrics")).status_code == 401  # and no key: no metrics
+
+
+async def test_with_metrics_public_a_key_still_sees_only_its_own_series_and_no_key_none(serve: Serve) -> None:
+    """``metrics_public`` lets a scraper in without a key; it does not hand out other keys' names:
+    a key sent along still counts (a non-admin one sees its own series), no key sees none."""
+    async with serve({"m": {"preload": True}}, server={"keys": KEYS, "metrics_public": True}) as gw:
+        path, body = chat("openai", "m", stream=False)
+        for secret in ("alice-secret", "bob-secret"):
+            r = await gw.client.post(path, json=body, headers=_bearer(secret))
+            assert r.status_code == 200, r.text
+
+        alice = await gw.client.get("/metrics", headers=_bearer("alice-secret"))
+        assert alice.status_code == 200
+        assert _key_series(alice.text)["forge_key_requests"] == {"alice"} and "bob" not in alice.text
+
+        anonymous = await gw.client.get("/metrics")
+        assert anonymous.status_code == 200 and "forge_model_state" in anonymous.text
+        assert not any(_key_series(anonymous.text).values()), _key_series(anonymous.text)
+        assert "alice" not in anonymous.text and "bob" not in anonymous.text
+
+        wrong = await gw.client.get("/metrics", headers=_bearer("not-a-key"))
+        assert wrong.status_code == 200 and "alice" not in wrong.text  # public, as anonymous
+
+        admin = await gw.client.get("/metrics", headers=_bearer("root-secret"))
+        assert _key_series(admin.text)["forge_key_requests"] >= {"alice", "bob"}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -36,8 +36,17 @@ from ...client import SSEDecoder
 from ...supervisor import Supervisor, backend_of
 from .._errors_http import UpstreamModel, error_response, upstream_error
 from .._listing import ModelFacts, check_media, check_tools, visible_models
-from .._recording import admit_model, note_finish, note_status, note_timing, note_usage
+from .._recording import (
+    admit_model,
+    note_finish,
+    note_model,
+    note_status,
+    note_timing,
+    note_used,
+    request_key,
+)
 from .._routes import resolve_name
+from .._usage import StreamMeter, used_in
 from .._validate import parse_object
 from ._convert import (
     ChatStream,
@@ -47,6 +56,7 @@ from ._convert import (
     embed_target,
     generate_reply,
     generate_target,
+    keep_alive_seconds,
     native_piece,
     now_iso,
 )
@@ -183,7 +193,10 @@ async def _generation(
     try:
         body = await _body(request)
         name = _model(b, body)
-        admit_model(request.scope, name, stream=not embed and body.get("stream") is not False)
+        stream = not embed and body.get("stream") is not False
+        note_model(name, stream=stream)  # a refused unload's row names its model too
+        controls = _may_control(request, name, keep_alive_seconds(body.get("keep_alive")))
+        admit_model(request.scope, name, stream=stream)
         if embed:
             target = embed_target(body, name, legacy=embed == "embeddings")
         elif generate:
@@ -194,7 +207,8 @@ async def _generation(
         if not embed:  # Ollama sends images as base64 only: the translated parts are checked
             check_media(b.supervisor, name, target.payload, allow_remote=False)
             _default_length(b, name, body, target)
-        _keep_alive(b, name, target.keep_alive)
+        if controls:
+            _keep_alive(b, name, target.keep_alive)
         empty = not embed and not (
             body.get("messages") if not generate else (body.get("prompt") or body.get("suffix"))
         )
@@ -222,6 +236,20 @@ def _default_length(b: OllamaBackend, name: str, body: dict[str, Any], target: T
     if default is None or any(k in target.payload for k in ("max_tokens", "n_predict")):
         return
     target.payload["n_predict" if target.kind == "native" else "max_tokens"] = default
+
+
+def _may_control(request: Request, name: str, keep_alive: float | None) -> bool:
+    """Whether the request's ``keep_alive`` applies: a model's TTL (and so its unload) is every
+    tenant's, a control action, so only an admin key (or a service without keys) sets it. Any
+    other key's TTL hints are ignored (its request is served as usual), and its ``keep_alive: 0``,
+    an unload, is refused with a 403 naming the need for an admin key — before it counts
+    against the key's limits."""
+    key = request_key(request.scope)
+    if key is None or key.admin:
+        return True
+    if keep_alive == 0:
+        key.check_admin(f"unload model {name!r} (keep_alive: 0)")
+    return False
 
 
 def _keep_alive(b: OllamaBackend, name: str, seconds: float | None) -> None:
@@ -264,12 +292,16 @@ async def _send(b: OllamaBackend, name: str, target: Target, rid: str | None, *,
             await stack.aclose()
         raise
 
-    async def lines() -> AsyncIterator[bytes]:
+    meter = StreamMeter(target.path)
+
+    async def lines() -> AsyncGenerator[bytes, None]:
+        broken = False
         try:
-            async for obj in _translate_stream(up, name, target, started, generate):
+            async for obj in _translate_stream(up, meter, name, target, started, generate):
                 note_timing(first_byte=True)
                 yield json.dumps(_noted(obj), separators=(",", ":")).encode() + b"\n"
         except httpx.HTTPError as exc:
+            broken = True
             note_status(502, "stream_broken")
             yield (
                 json.dumps(
@@ -278,6 +310,8 @@ async def _send(b: OllamaBackend, name: str, target: Target, rid: str | None, *,
                 + b"\n"
             )
         finally:
+            if not broken:  # what the child read and produced, also when the client left
+                note_used(meter.used())
             with anyio.CancelScope(shield=True):
                 await stack.aclose()
 
@@ -285,10 +319,13 @@ async def _send(b: OllamaBackend, name: str, target: Target, rid: str | None, *,
 
 
 class _ClosingStream(StreamingResponse):
-    """Releases the model however the response ends, even if the body never started."""
+    """Releases the model however the response ends, even if the body never started; the body's
+    generator is closed here too, so that its ``finally`` (the request's charge) runs while the
+    request is still being recorded — starlette leaves a generator the client cut to the GC."""
 
-    def __init__(self, content: AsyncIterator[bytes], stack: AsyncExitStack, **kw: Any) -> None:
+    def __init__(self, content: AsyncGenerator[bytes, None], stack: AsyncExitStack, **kw: Any) -> None:
         super().__init__(content, **kw)
+        self._lines = content
         self._stack = stack
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -296,6 +333,7 @@ class _ClosingStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             with anyio.CancelScope(shield=True):
+                await self._lines.aclose()
                 await self._stack.aclose()
 
 
@@ -305,9 +343,9 @@ def _upstream_error(status: int, raw: bytes, name: str) -> Response:
 
 
 def _noted(obj: dict[str, Any]) -> dict[str, Any]:
-    """An answer (or a stream's last line) with its counts, noted in the activity record."""
+    """An answer (or a stream's last line) with its finish reason noted in the activity record
+    (its tokens are read from the child's answer itself, as on every route: ``_usage``)."""
     if obj.get("done") or "prompt_eval_count" in obj:
-        note_usage(obj.get("prompt_eval_count"), obj.get("eval_count"))
         note_finish(obj.get("done_reason"))
     return obj
 
@@ -315,6 +353,9 @@ def _noted(obj: dict[str, Any]) -> dict[str, Any]:
 def _reply(status: int, raw: bytes, name: str, target: Target, started: float, generate: bool) -> Response:
     if status != 200:
         return _upstream_error(status, raw, name)
+    used = used_in(raw)
+    if used is not None:
+        note_used(used)
     data = json.loads(raw)
     if target.kind == "embed":
         vectors = [d["embedding"] for d in sorted(data.get("data", []), key=lambda d: d.get("index", 0))]
@@ -338,11 +379,12 @@ def _reply(status: int, raw: bytes, name: str, target: Target, started: float, g
 
 
 async def _translate_stream(
-    up: httpx.Response, name: str, target: Target, started: float, generate: bool
+    up: httpx.Response, meter: StreamMeter, name: str, target: Target, started: float, generate: bool
 ) -> AsyncIterator[dict[str, Any]]:
     decoder = SSEDecoder()
     chat = ChatStream(name, started, generate=generate)
     async for chunk in up.aiter_raw():
+        meter.feed(chunk)
         for ev in decoder.feed(chunk):
             if not ev.data or ev.data == "[DONE]":
                 continue
