@@ -26,7 +26,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag
+from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag, resolve_kv_unified
 from .._whisper_argv import whisper_owned_flag
 from ._explain import custom, translate
 from ._names import is_loopback
@@ -322,7 +322,7 @@ _NOT_IN_FINGERPRINT = frozenset(
 
 #: ``[models.NAME]`` keys that only mean something to llama-server.
 _LLAMA_ONLY = (
-    "ctx_size", "gpu_layers", "parallel", "max_concurrency", "sleep_idle", "embeddings",
+    "ctx_size", "gpu_layers", "parallel", "kv_unified", "max_concurrency", "sleep_idle", "embeddings",
     "max_tokens", "keep_context", "mmproj", "mmproj_offload", "workers",
 )  # fmt: skip
 
@@ -341,6 +341,11 @@ class ModelConfig(_Section):
     """None: forge decides from the memory estimate; or a number, ``"auto"`` (llama-server fits),
     ``"all"``."""
     parallel: int | None = Field(default=None, ge=1)
+    kv_unified: bool | None = None
+    """One KV cache of ``ctx_size`` tokens shared by all ``parallel`` slots (``--kv-unified``), so
+    that one request can use the whole context: forge's default (None), as it is llama-server's
+    with automatic slots. ``false``: each slot gets ``ctx_size / parallel`` tokens of its own, so
+    concurrent requests can never crowd each other out of the cache, but none can be longer."""
     gpu: GpuChoiceField = "auto"
     preload: bool = False
     ttl: float = Field(default=0.0, ge=0)
@@ -383,6 +388,21 @@ class ModelConfig(_Section):
     """RPC workers (``[[workers]]``): ``auto`` uses the fewest that hold it when the model does not
     fit on this machine; ``only``: always on the fewest workers, never here; ``all``: a share on every
     usable worker; ``never``: this machine only."""
+
+    @property
+    def unified_kv(self) -> bool:
+        """Whether its child shares one KV cache across slots: ``args``' own ``-kvu``/``-no-kvu``,
+        else ``kv_unified``, else yes (forge's default)."""
+        return resolve_kv_unified(self.kv_unified, self.args)
+
+    @property
+    def context_per_request(self) -> int | None:
+        """Tokens one request can use as configured: the whole ``ctx_size`` with a unified KV
+        cache, else one slot's share. None: ``ctx_size`` unset (the model's trained context,
+        known only from its GGUF)."""
+        if not self.ctx_size:
+            return None
+        return self.ctx_size if self.unified_kv else self.ctx_size // (self.parallel or 4)
 
     @property
     def effective_max_concurrency(self) -> int:
