@@ -29,6 +29,7 @@ from .._argv import (
     fallback_chat_template_args,
     kv_unified_in_args,
     mmproj_args,
+    normalise_flag,
     outputs_every_token,
     resolve_kv_unified,
     rpc_args,
@@ -229,6 +230,12 @@ def decide_on_workers(
     ).as_decision()
 
 
+def _names_flag(args: Sequence[str], name: str) -> bool:
+    """Whether ``args`` set ``--NAME`` or ``--no-NAME`` themselves (then forge adds neither)."""
+    flags = {normalise_flag(a) for a in args}
+    return f"--{name}" in flags or f"--no-{name}" in flags
+
+
 def build_plan(
     spec: ModelSpec,
     name: str,
@@ -273,6 +280,11 @@ def build_plan(
     extra += spec.args
     if slot_save_dir is not None:  # keep_context: the /slots save and restore actions, in this dir
         extra += ["--slot-save-path", str(slot_save_dir)]
+        if est.kv_unified and est.parallel > 1 and not _names_flag(spec.args, "cache-idle-slots"):
+            # With one shared cache llama-server moves an idle slot to its RAM prompt cache (and
+            # clears it) whenever another task starts, where a slot save cannot see it: the
+            # conversations of the other slots would not be kept.
+            extra += ["--no-cache-idle-slots"]
     split = decision.tensor_split if remote or len(decision.devices) > 1 else ()
     extra += rpc_args(remote, split or ())
     # The ledger maps the child's own device names (ROCm0, CUDA0: its *visible* devices, after

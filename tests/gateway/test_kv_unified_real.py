@@ -48,7 +48,7 @@ def _forge(svc: Service, *args: str) -> subprocess.CompletedProcess[str]:
 
 def _long_prompt() -> str:
     """About 1,500 tokens of SmolLM2's tokenizer (checked against the answer's usage)."""
-    return " ".join(f"Item {i} of the list is the number {i * 7}." for i in range(130))
+    return " ".join(f"Item {i} of the list is the number {i * 7}." for i in range(98))
 
 
 def _ask(svc: Service, model: str) -> tuple[int, dict[str, object]]:
@@ -70,7 +70,7 @@ def test_one_request_may_use_the_whole_context_by_default(svc: Service) -> None:
     assert status == 200, body
     usage = body["usage"]
     assert isinstance(usage, dict)
-    assert 1300 < usage["prompt_tokens"] < 2000, usage  # over a quarter of 4096, under the whole
+    assert 1300 < usage["prompt_tokens"] < 1800, usage  # ~1,500: over a quarter of 4096
     child = psutil.Process(svc.model("shared")["pid"]).cmdline()
     assert "--kv-unified" in child and child[child.index("--parallel") + 1] == "4"
 

@@ -72,7 +72,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def _estimate(model: Path, args: list[str]) -> MemoryEstimate:
-    valued = [a for a in args if a != "--embeddings"]
+    valued = [a for a in args if a not in ("--embeddings", "-kvu")]
     opts = dict(zip(valued[::2], valued[1::2], strict=True))
     fa = opts.get("-fa", "auto")
     return estimate_memory(
@@ -85,6 +85,7 @@ def _estimate(model: Path, args: list[str]) -> MemoryEstimate:
         flash_attn=None if fa == "auto" else fa == "on",
         n_ubatch=int(opts.get("-ub", 512)),
         embeddings=outputs_every_token(args),
+        kv_unified=True if "-kvu" in args else None,
     )
 
 
@@ -112,6 +113,7 @@ GEMMA_CASES = [
     [],  # llama-server's defaults: trained context (32768), 4 slots sharing one KV cache, FA auto
     ["-c", "4096", "-np", "1"],
     ["-c", "4096", "-np", "4", "-fa", "off"],
+    ["-c", "4096", "-np", "4", "-kvu"],  # forge's default for slots: one cache shared by them
     ["-c", "8192", "-np", "2", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"],
     ["-c", "16384", "-np", "1", "-fa", "off"],
 ]
@@ -129,7 +131,7 @@ def test_gemma_estimate_within_10_percent(gemma_path: Path, llama_server_bin: Pa
 # ``embeddings = true`` adds these flags (forge's own: embedding_args) to a chat model's child.
 EMBED = embedding_args(True, [], "llama")
 EMBEDDING_CASES = [
-    ["-c", "4096", "-np", "4", *EMBED],  # examples/forge.toml's model with embeddings = true
+    ["-c", "4096", "-np", "4", "-kvu", *EMBED],  # examples/forge.toml's model with embeddings = true
     ["-c", "4096", "-np", "1", "-fa", "off", *EMBED],
     ["-c", "2048", "-np", "2", "-ub", "256", *EMBED],
 ]

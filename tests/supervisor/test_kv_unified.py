@@ -104,3 +104,40 @@ def test_shared_cache_holds_the_same_cells_for_full_attention(tiny_gguf: Path) -
     split = estimate_memory(info, n_gpu_layers=0, ctx_size=4096, parallel=4, kv_unified=False)
     shared = estimate_memory(info, n_gpu_layers=0, ctx_size=4096, parallel=4, kv_unified=True)
     assert shared.kv_bytes == split.kv_bytes and shared.ctx_size == split.ctx_size == 4096
+
+
+@pytest.mark.parametrize(
+    ("kv_unified", "args", "added"),
+    [(None, (), True), (False, (), False), (None, ("--cache-idle-slots",), False)],
+)
+def test_keep_context_keeps_idle_slots_in_the_shared_cache(
+    tiny_gguf: Path,
+    make_config: Callable[..., ForgeConfig],
+    tmp_path: Path,
+    kv_unified: bool | None,
+    args: tuple[str, ...],
+    added: bool,
+) -> None:
+    """With one shared cache llama-server moves an idle slot to its RAM prompt cache at the next
+    task, out of a slot save's reach (a keep_context model kept one of two conversations): such a
+    child gets --no-cache-idle-slots, unless the user's args choose."""
+    spec = ModelSpec(
+        path=str(tiny_gguf), ctx_size=2048, parallel=2, kv_unified=kv_unified, gpu="cpu", args=args
+    )
+    model = ResolvedModel(tiny_gguf, inspect_gguf(tiny_gguf))
+    settings = make_config({}).settings
+    inventory = detect(settings)
+    decision = decide(spec, "m", model, inventory)
+    plan = build_plan(
+        spec,
+        "m",
+        model,
+        decision,
+        inventory,
+        settings,
+        binary=Path("x"),
+        log_path=tmp_path / "l",
+        state_dir=tmp_path,
+        slot_save_dir=tmp_path / "slots",
+    )
+    assert ("--no-cache-idle-slots" in plan.spec.args(8080, tmp_path / "key")) is added
