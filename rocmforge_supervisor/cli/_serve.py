@@ -83,11 +83,13 @@ def usage_examples(url: str, model: str, *, keyed: bool) -> list[str]:
     """What ``forge serve`` prints to try it: a curl and a Python program, both complete enough to
     paste into a shell as they are (ASCII only, a key that works, a ``max_tokens``).
 
-    The program runs under this very interpreter (its absolute path), with this package's own
-    :class:`~rocmforge_supervisor.TextModel`: that is the one Python known to have what the
-    program imports (``make setup`` installs no OpenAI SDK, and ``python3`` on the PATH may be a
-    system one without anything). ``temperature`` 0 in both: the same, right, answer every time
-    (sampled, SmolLM2 answered "SUR" to the question 3 times in 4)."""
+    The program uses the OpenAI SDK, the client users have anywhere (its body pastes into any
+    project). It runs under this very interpreter (its absolute path) when that one has the SDK
+    (``make setup`` installs it into ``.venv``), else under ``python3``, with a first line saying
+    what to install. ``temperature`` 0 in both: the same, right, answer every time (sampled,
+    SmolLM2 answered "SUR" to the question 3 times in 4)."""
+    from importlib.util import find_spec
+
     question = "What is the capital of France? Answer in one word."
     body = json.dumps(
         {
@@ -98,15 +100,20 @@ def usage_examples(url: str, model: str, *, keyed: bool) -> list[str]:
         }
     )
     auth = ' -H "Authorization: Bearer $FORGE_API_KEY"' if keyed else ""
-    key = ', api_key=os.environ["FORGE_API_KEY"]' if keyed else ""
+    key = 'os.environ["FORGE_API_KEY"]' if keyed else '"unused"'
+    python = shlex.quote(sys.executable) if find_spec("openai") is not None else "python3"
     return [
         f"curl -s {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{body}'",
-        f"{shlex.quote(sys.executable)} - <<'EOF'",
+        "# Python, with the OpenAI SDK" + ("" if python != "python3" else " (pip install openai)") + ":",
+        f"{python} - <<'EOF'",
         *(["import os"] if keyed else []),
-        "from rocmforge_supervisor import TextModel",
-        f'with TextModel.connect("{url}/v1", model="{model}"{key}) as m:',
-        f'    msgs = [{{"role": "user", "content": "{question}"}}]',
-        '    print("".join(t.text for t in m.chat(msgs, max_tokens=64, temperature=0)))',
+        "from openai import OpenAI",
+        f'client = OpenAI(base_url="{url}/v1", api_key={key})',
+        "r = client.chat.completions.create(",
+        f'    model="{model}", max_tokens=64, temperature=0,',
+        f'    messages=[{{"role": "user", "content": "{question}"}}],',
+        ")",
+        "print(r.choices[0].message.content)",
         "EOF",
     ]
 
@@ -154,7 +161,10 @@ def serve(
         new = load_config(source, settings)
         return new.with_server(**overrides) if overrides else new
 
+    listening: list[str] = []
+
     def on_listening(url: str, ollama_url: str | None) -> None:
+        listening.append(url)
         console.print(url, markup=False)
         names = ", ".join(cfg.models) or "none"
         err_console.print(
@@ -175,6 +185,16 @@ def serve(
 
     from ..service._server import loop_options
 
+    def on_stopped(signame: str, running: list[str]) -> None:
+        """One line at the end (Ctrl-C on `make run` printed nothing): what was stopped."""
+        where = f"forge serve at {listening[0]}" if listening else "forge serve"
+        if not running:
+            what = f"{where} (no model was running)"
+        else:
+            servers = "llama-server of" if len(running) == 1 else "llama-servers of"
+            what = f"{where} and the {servers} {', '.join(running)}"
+        err_console.print(f"stopped ({signame}): {what}", markup=False)
+
     anyio.run(
         lambda: run_service(
             cfg,
@@ -183,6 +203,7 @@ def serve(
             load_config=reload_config if source is not None else None,
             notifier=notifier,
             on_listening=on_listening,
+            on_stopped=on_stopped,
         ),
         backend_options=loop_options(),
     )
@@ -201,6 +222,7 @@ _PS_COLUMNS = (
     "pid",
     "devices",
     "port",
+    "ctx per request",
     "restarts",
     "memory est/actual",
     "uptime",
@@ -226,6 +248,7 @@ def _ps_cells(r: dict[str, Any]) -> list[str]:
         str(r.get("pid") or "-"),
         _devices(r),
         str(r.get("port") or "-"),
+        _context(r),
         str(r.get("restarts", 0)),
         f"{_fmt_bytes(est)} / {_fmt_bytes(act)}",
         f"{up:.0f} s" if up else "-",
@@ -239,6 +262,19 @@ _ERROR_CELL = 60
 
 def _short(text: str) -> str:
     return text if len(text) <= _ERROR_CELL else text[: _ERROR_CELL - 1] + "…"
+
+
+def _context(r: dict[str, Any]) -> str:
+    """Tokens one request can use (``/v1/models``' ``context_length``) and how the slots hold it."""
+    c = r.get("context") or {}
+    if not c:
+        return "-"
+    per, slots = c.get("per_request"), int(c.get("parallel") or 1)
+    if per is None:
+        return "trained"  # ctx_size unset and not started yet: the GGUF's own, read at load
+    if slots == 1:
+        return str(per)
+    return f"{per} ({slots} slots share it)" if c.get("kv_unified") else f"{per} (each of {slots} slots)"
 
 
 def _contexts(r: dict[str, Any]) -> str:
@@ -308,8 +344,30 @@ def unload(
 ) -> None:
     """Drain and stop a model in the running service (keep_context: its slots are saved first)."""
     client = connect_service(config, required=True)
+    before = next((r for r in client.models() if r.get("name") == name), None)
     status = client.unload(name, forget=forget)
-    err_console.print(f"{name}: {status['state']}", markup=False)
+    err_console.print(_unloaded(name, status, before, forget=forget), markup=False)
+
+
+def _unloaded(name: str, status: dict[str, Any], before: dict[str, Any] | None, *, forget: bool) -> str:
+    """``forge unload``'s line: the state, and for a keep_context model what became of its context
+    (saved for the next load, nothing to save, or deleted with --forget)."""
+    line = f"{name}: {status['state']}"
+    if not status.get("keep_context"):
+        return line
+    if forget:
+        return f"{line}; its saved context was deleted (--forget)"
+    now = status.get("contexts") or {}
+    saved = int(now.get("saves") or 0) - int(((before or {}).get("contexts") or {}).get("saves") or 0)
+    if saved > 0:
+        return (
+            f"{line}; its context was saved ({saved} slot{'' if saved == 1 else 's'}, "
+            f"{int(now.get('tokens') or 0)} tokens, {_fmt_bytes(int(now.get('bytes') or 0))}): "
+            "the next load restores it"
+        )
+    if before is not None and before.get("state") == "ready":
+        return f"{line}; no context to save (its slots held none)"
+    return line
 
 
 def _reload_summary(summary: dict[str, Any]) -> str:

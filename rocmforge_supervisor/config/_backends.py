@@ -38,7 +38,7 @@ BACKEND_NAMES: tuple[BackendName, ...] = ("llama", "whisper", "command")
 
 #: ``[models.NAME]`` keys that only mean something to llama-server.
 LLAMA_ONLY = (
-    "ctx_size", "gpu_layers", "parallel", "sleep_idle", "embeddings", "max_tokens", "keep_context",
+    "ctx_size", "gpu_layers", "parallel", "kv_unified", "sleep_idle", "embeddings", "max_tokens", "keep_context",
     "mmproj", "mmproj_offload", "workers",
 )  # fmt: skip
 

@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag
+from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag, resolve_kv_unified
 from ._backends import DEFAULT_COMMAND_ROUTES, ONE_AT_A_TIME, BackendName, key_problem
 from ._explain import custom, translate
 from ._names import is_loopback
@@ -356,6 +356,11 @@ class ModelConfig(_Section):
     """None: forge decides from the memory estimate; or a number, ``"auto"`` (llama-server fits),
     ``"all"``."""
     parallel: int | None = Field(default=None, ge=1)
+    kv_unified: bool | None = None
+    """One KV cache of ``ctx_size`` tokens shared by all ``parallel`` slots (``--kv-unified``), so
+    that one request can use the whole context: forge's default (None), as it is llama-server's
+    with automatic slots. ``false``: each slot gets ``ctx_size / parallel`` tokens of its own, so
+    concurrent requests can never crowd each other out of the cache, but none can be longer."""
     gpu: GpuChoiceField = "auto"
     preload: bool = False
     ttl: float = Field(default=0.0, ge=0)
@@ -414,6 +419,21 @@ class ModelConfig(_Section):
     (``"12GiB"``), for placement; None: placed without a memory check."""
     env: dict[str, str] = Field(default_factory=dict)
     """``backend = "command"``: extra environment for the command (the device mask is forge's)."""
+
+    @property
+    def unified_kv(self) -> bool:
+        """Whether its child shares one KV cache across slots: ``args``' own ``-kvu``/``-no-kvu``,
+        else ``kv_unified``, else yes (forge's default)."""
+        return resolve_kv_unified(self.kv_unified, self.args)
+
+    @property
+    def context_per_request(self) -> int | None:
+        """Tokens one request can use as configured: the whole ``ctx_size`` with a unified KV
+        cache, else one slot's share. None: ``ctx_size`` unset (the model's trained context,
+        known only from its GGUF)."""
+        if not self.ctx_size:
+            return None
+        return self.ctx_size if self.unified_kv else self.ctx_size // (self.parallel or 4)
 
     @property
     def effective_max_concurrency(self) -> int:

@@ -208,6 +208,12 @@ class MemoryEstimate:
         return sum(d.total_bytes for d in self.devices)
 
     @property
+    def ctx_per_request(self) -> int:
+        """Tokens one request can use: the whole context with one shared cache, else a slot's share
+        (llama-server's ``n_ctx_seq``, what its ``/props`` reports as ``n_ctx``)."""
+        return self.ctx_size if self.kv_unified else self.ctx_size // max(1, self.parallel)
+
+    @property
     def gpu_bytes(self) -> int:
         return sum(d.total_bytes for d in self.devices if d.device != "cpu")
 
@@ -218,6 +224,7 @@ class MemoryEstimate:
             "by_device": {d.device: d.to_json() for d in self.devices},
             "n_gpu_layers": self.n_gpu_layers,
             "ctx_size": self.ctx_size,
+            "ctx_per_request": self.ctx_per_request,
             "parallel": self.parallel,
             "kv_unified": self.kv_unified,
             "cache_type_k": self.cache_type_k,

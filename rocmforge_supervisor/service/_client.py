@@ -41,9 +41,21 @@ class ServiceClient:
                 f"the forge service at {self.base_url} did not answer: {exc}",
                 hint="is `forge serve` running?",
             ) from exc
+        if r.status_code == 401:
+            raise self._unauthorized()
         if r.status_code >= 400:
             raise _error_from(r, model)
         return r.json()
+
+    def _unauthorized(self) -> ServiceError:
+        """The service wants a key this CLI did not send (or not this one): say the two ways to
+        give it, which the service's own 401 ("send Authorization: Bearer KEY") cannot know."""
+        problem = "refused the API key this command sent" if self.api_key else "needs an API key"
+        return ServiceError(
+            f"the forge service at {self.base_url} {problem}",
+            hint="set FORGE_API_KEY=KEY in the environment, or pass --config FILE: the service's "
+            "forge.toml, whose server.api_key the command then sends",
+        )
 
     def models(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = self._call("GET", "/api/models")["models"]
@@ -94,6 +106,8 @@ class ServiceClient:
         params = {"tail": str(tail), "follow": "1" if follow else "0", "all": "1" if every else "0"}
         try:
             with self._http.stream("GET", f"/api/models/{_seg(name)}/logs", params=params) as r:
+                if r.status_code == 401:
+                    raise self._unauthorized()
                 if r.status_code >= 400:
                     r.read()
                     raise _error_from(r, name)

@@ -192,6 +192,8 @@ class UpstreamModel:
     name: str
     ctx_size: int | None = None
     parallel: int | None = None
+    kv_unified: bool = False
+    """Its slots share one KV cache: one request may use all of ``ctx_size``."""
 
 
 _NO_TEMPLATE_HINT = (
@@ -267,6 +269,16 @@ def _context_error(model: UpstreamModel, message: str, extra: dict[str, object])
     n_prompt = extra.get("n_prompt_tokens")
     n_ctx = extra.get("n_ctx")
     asked = f"the request ({n_prompt} tokens)" if isinstance(n_prompt, int) else "the request"
+    name = model.name
+    if model.kv_unified and model.ctx_size:
+        # One cache shared by the slots: the request is longer than the whole context.
+        return ContextExceeded(
+            f"model {name!r}: {asked} does not fit the context (ctx_size {model.ctx_size}, "
+            f"shared by its {model.parallel or 1} slots)",
+            hint=f"raise ctx_size in [models.{name}], or shorten the prompt",
+            n_prompt_tokens=n_prompt if isinstance(n_prompt, int) else None,
+            n_ctx=n_ctx if isinstance(n_ctx, int) else None,
+        )
     if model.ctx_size and model.parallel:
         per_slot = (
             f"ctx_size {model.ctx_size} / parallel {model.parallel} = {model.ctx_size // model.parallel}"
@@ -275,9 +287,14 @@ def _context_error(model: UpstreamModel, message: str, extra: dict[str, object])
         per_slot = f"{n_ctx} tokens"
     else:
         per_slot = message
+    shared = (
+        " (or remove its kv_unified = false: one request may then use the whole context)"
+        if (model.parallel or 1) > 1
+        else ""
+    )
     return ContextExceeded(
-        f"model {model.name!r}: {asked} does not fit one slot's context (per slot: {per_slot})",
-        hint=f"raise ctx_size or lower parallel in [models.{model.name}], or shorten the prompt",
+        f"model {name!r}: {asked} does not fit one slot's context (per slot: {per_slot})",
+        hint=f"raise ctx_size or lower parallel in [models.{name}]{shared}, or shorten the prompt",
         n_prompt_tokens=n_prompt if isinstance(n_prompt, int) else None,
         n_ctx=n_ctx if isinstance(n_ctx, int) else None,
     )

@@ -97,9 +97,7 @@ class ModelFacts:
         v = self.supervisor.view(name)
         if v.ready:
             return None
-        if v.config.ctx_size:
-            return v.config.ctx_size // (v.config.parallel or 1)
-        return None
+        return v.ctx_per_request
 
     async def projector(self, name: str) -> ProjectorInfo | None:
         """The model's projector: as its child was started, else its configured ``mmproj`` when

@@ -120,7 +120,7 @@ def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
         view = st.supervisor.view(name)
     except ForgeError:
         return UpstreamModel(name)
-    return UpstreamModel(name, view.ctx_size, view.parallel)
+    return UpstreamModel(name, view.ctx_size, view.parallel, view.kv_unified)
 
 
 @asynccontextmanager

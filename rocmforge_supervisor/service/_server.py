@@ -123,11 +123,13 @@ async def run_service(
     load_config: Callable[[], ForgeConfig] | None = None,
     notifier: SdNotifier | None = None,
     on_listening: Callable[[str, str | None], None] | None = None,
+    on_stopped: Callable[[str, list[str]], None] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT; drain; stop every child. A second signal during the drain cuts
     it short (uvicorn's ``force_exit``) and ends in :class:`ForcedExit` (exit status 128 + signal).
 
     ``settings`` are the ones ``config`` was loaded with (kept for the CLI's call).
+    ``on_stopped(signal name, models whose child was stopped)``: called once all is stopped.
     """
     lock = StateDirLock(config.state_dir)
     lock.acquire()  # first: a second service on this state dir is refused before it binds or sweeps
@@ -138,6 +140,7 @@ async def run_service(
             load_config=load_config,
             notifier=notifier,
             on_listening=on_listening,
+            on_stopped=on_stopped,
         )
     finally:
         lock.release()
@@ -150,6 +153,7 @@ async def _run_locked(
     load_config: Callable[[], ForgeConfig] | None,
     notifier: SdNotifier | None,
     on_listening: Callable[[str, str | None], None] | None,
+    on_stopped: Callable[[str, list[str]], None] | None = None,
 ) -> None:
     supervisor = Supervisor(config)
     sockets = _bind_all(config.server)
@@ -161,6 +165,8 @@ async def _run_locked(
     state, uv = _gateway(config, supervisor, None, metrics_port)
     reload = state.reload = _reloader(supervisor, state, load_config, notifier) if load_config else None
     forced: int | None = None
+    signame: str | None = None  # the signal that stopped it, and the models that were running
+    running: list[str] = []
     try:
         async with anyio.create_task_group() as tg:
             with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
@@ -180,7 +186,8 @@ async def _run_locked(
                 tg.start_soon(_announce_ready, supervisor, notifier)
                 if notifier is not None and notifier.watchdog_interval:
                     tg.start_soon(_watchdog, notifier, notifier.watchdog_interval)
-                await _until_stop(signals, tg, reload, notifier)
+                signame = await _until_stop(signals, tg, reload, notifier)
+                running = [v.name for v in supervisor.views() if v.child is not None]
                 state.closing.set()  # endless streams end now, not at the end of the grace period
                 forced = await _drain(signals, uv, supervisor, gateway_done)
                 tg.cancel_scope.cancel()
@@ -202,6 +209,8 @@ async def _run_locked(
             info_path.unlink(missing_ok=True)
     if forced is not None:
         raise ForcedExit(forced)
+    if on_stopped is not None and signame is not None:
+        on_stopped(signame, running)
 
 
 async def _serve_gateway(uv: _Uvicorn, sockets: list[socket.socket], done: anyio.Event) -> None:
@@ -340,8 +349,8 @@ async def _until_stop(
     tg: anyio.abc.TaskGroup,
     reload: Callable[[], Any] | None,
     notifier: SdNotifier | None,
-) -> None:
-    """Until SIGTERM or SIGINT; SIGHUP reloads the config meanwhile."""
+) -> str:
+    """Until SIGTERM or SIGINT (its name is returned); SIGHUP reloads the config meanwhile."""
     async for signum in signals:
         if signum == signal.SIGHUP:
             if reload is None:
@@ -351,10 +360,12 @@ async def _until_stop(
             # must still be seen. Reloads are serialised by a lock.
             tg.start_soon(_reload_quietly, reload)
             continue
-        log.info("received %s: stopping", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        log.info("received %s: stopping", name)
         if notifier is not None:
             notifier.stopping("stopping: draining requests and children")
-        return
+        return name
+    return "end of signals"  # the receiver never ends while it is open
 
 
 async def _drain(

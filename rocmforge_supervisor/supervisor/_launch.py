@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .._argv import embedding_args, fallback_chat_template_args, mmproj_args, outputs_every_token, rpc_args
+from .._argv import (
+    embedding_args,
+    fallback_chat_template_args,
+    kv_unified_in_args,
+    mmproj_args,
+    normalise_flag,
+    outputs_every_token,
+    resolve_kv_unified,
+    rpc_args,
+)
 from ..config import ForgeSettings, GpuChoice, GpuLayers, ModelConfig, gpu_layers_for_placement
 from ..hardware import Inventory, WorkerReport, child_env, cpu_flags
 from ..models import (
@@ -68,6 +77,8 @@ class ModelSpec:
     ctx_size: int | None = None
     n_gpu_layers: GpuLayers = None
     parallel: int | None = None
+    kv_unified: bool | None = None
+    """One KV cache shared by the slots (``--kv-unified``); None: forge's default, yes."""
     gpu: GpuChoice = "auto"
     args: tuple[str, ...] = ()
     embeddings: bool = False
@@ -87,6 +98,7 @@ class ModelSpec:
             ctx_size=mc.ctx_size,
             n_gpu_layers=mc.gpu_layers,
             parallel=mc.parallel,
+            kv_unified=mc.kv_unified,
             gpu=mc.gpu,
             args=tuple(mc.args),
             embeddings=mc.embeddings,
@@ -180,6 +192,7 @@ def decide(
         gpu=spec.gpu,
         ctx_size=spec.ctx_size,
         parallel=spec.parallel,
+        kv_unified=spec.kv_unified,
         n_gpu_layers=gpu_layers_for_placement(spec.n_gpu_layers),
         # The flags build_plan adds for ``embeddings = true`` change the size too.
         extra_args=(
@@ -209,11 +222,18 @@ def decide_on_workers(
         reports,
         ctx_size=spec.ctx_size,
         parallel=spec.parallel,
+        kv_unified=resolve_kv_unified(spec.kv_unified, spec.args),
         held=held,
         name=name,
         spread=spec.workers == "all",
         embeddings=spec.embeddings or outputs_every_token(spec.args),
     ).as_decision()
+
+
+def _names_flag(args: Sequence[str], name: str) -> bool:
+    """Whether ``args`` set ``--NAME`` or ``--no-NAME`` themselves (then forge adds neither)."""
+    flags = {normalise_flag(a) for a in args}
+    return f"--{name}" in flags or f"--no-{name}" in flags
 
 
 def build_plan(
@@ -250,18 +270,27 @@ def build_plan(
     # The binary's own needs on this CPU (its self-test's workaround: --no-repack on an AMX CPU at
     # the pinned llama.cpp) come before the user's args, so a user's --repack still wins.
     extra += binary_args
+    est = decision.estimate
+    if est.kv_unified and est.parallel > 1 and kv_unified_in_args(spec.args) is None:
+        # An explicit --parallel turns llama-server's unified cache off: forge asks for it, so
+        # that one request can use the whole context (what the estimate counted).
+        extra += ["--kv-unified"]
     if spec.sleep_idle:
         extra += ["--sleep-idle-seconds", str(spec.sleep_idle)]
     extra += spec.args
     if slot_save_dir is not None:  # keep_context: the /slots save and restore actions, in this dir
         extra += ["--slot-save-path", str(slot_save_dir)]
+        if est.kv_unified and est.parallel > 1 and not _names_flag(spec.args, "cache-idle-slots"):
+            # With one shared cache llama-server moves an idle slot to its RAM prompt cache (and
+            # clears it) whenever another task starts, where a slot save cannot see it: the
+            # conversations of the other slots would not be kept.
+            extra += ["--no-cache-idle-slots"]
     split = decision.tensor_split if remote or len(decision.devices) > 1 else ()
     extra += rpc_args(remote, split or ())
     # The ledger maps the child's own device names (ROCm0, CUDA0: its *visible* devices, after
     # the mask) back to our keys.
     gpus = [d for d in decision.devices if d != "cpu" and not remote]
     ledger = AllocationLedger(gpu_keys=gpus or None)
-    est = decision.estimate
     # Unset: the layers placement decided. Set (a count, "auto", "all"): the user's, as given.
     ngl = spec.n_gpu_layers if spec.n_gpu_layers is not None or not remote else "all"
     instance = InstanceSpec(

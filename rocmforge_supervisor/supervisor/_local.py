@@ -44,6 +44,8 @@ class LoadOptions:
     ctx_size: int | None = None
     n_gpu_layers: GpuLayers | str = None
     parallel: int | None = None
+    kv_unified: bool | None = None
+    """False: each slot its own ``ctx_size / parallel`` (as ``[models.NAME] kv_unified``)."""
     gpu: GpuChoice | Sequence[int | str] = "auto"
     port: int | None = None
     api_key: str | None = None  # None: a new random one; "": none (the child binds loopback only)
@@ -79,6 +81,7 @@ class LoadOptions:
             ctx_size=self.ctx_size,
             n_gpu_layers=ngl,
             parallel=self.parallel,
+            kv_unified=self.kv_unified,
             gpu=gpu,
             args=tuple(self.args),
             mmproj=self.mmproj or None,

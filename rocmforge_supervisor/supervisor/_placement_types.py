@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .._argv import SIZE_FLAGS, normalise_flag, outputs_every_token
+from .._argv import SIZE_FLAGS, kv_unified_in_args, normalise_flag, outputs_every_token
 from ..config import GpuChoice
 from ..hardware import Device, Inventory
 from ..models import GGUFInfo, MemoryEstimate, ProjectorInfo
@@ -37,7 +37,9 @@ class PlacementRequest:
     ctx_size: int | None = None
     """None or 0: the trained context (what llama-server allocates without ``-c``)."""
     parallel: int | None = None
-    """Slots (``--parallel``); None: llama-server's auto (4 sharing one cache)."""
+    """Slots (``--parallel``); None: llama-server's auto (4)."""
+    kv_unified: bool | None = None
+    """One KV cache shared by the slots (``--kv-unified``); None: forge's default, yes."""
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn: bool | None = None
@@ -202,6 +204,9 @@ def _apply_args(request: PlacementRequest) -> PlacementRequest:
             continue  # llama-server will refuse it itself, with its own message
     if outputs_every_token(args):
         changes["embeddings"] = True
+    unified = kv_unified_in_args(args)
+    if unified is not None:
+        changes["kv_unified"] = unified
     if any(normalise_flag(a) in ("-nr", "--no-repack") for a in args):
         changes["repack"] = False
     return replace(request, **changes) if changes else request  # type: ignore[arg-type]

@@ -53,6 +53,7 @@ class Planner:
             n_gpu_layers=ngl if gpus else 0,
             ctx_size=(r.ctx_size or 0) if ctx_size is None else ctx_size,
             parallel=r.parallel,
+            kv_unified=r.kv_unified is not False,  # forge's default: one shared cache
             cache_type_k=r.cache_type_k,
             cache_type_v=r.cache_type_v,
             flash_attn=r.flash_attn,

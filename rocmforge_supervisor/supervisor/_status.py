@@ -116,6 +116,9 @@ class ModelStatus:
     """Its saved KV-cache slots (count, tokens, bytes, newest) and this run's save/restore totals."""
     backend: str = "llama"
     """The server that runs it: ``llama`` (llama-server), ``whisper`` (whisper-server) or ``command``."""
+    context: dict[str, Any] = field(default_factory=dict)
+    """Its context as started (else as configured): ``ctx_size``, ``parallel``, ``kv_unified`` and
+    ``per_request``, the tokens one request can use (``/v1/models``' ``context_length``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -156,6 +159,7 @@ class ModelStatus:
             "requests_total": self.requests_total,
             "keep_context": self.keep_context,
             "contexts": dict(self.contexts),
+            "context": dict(self.context),
         }
 
 
@@ -202,7 +206,30 @@ def model_status(m: ManagedModel) -> ModelStatus:
         context_bytes=plan.context_bytes if plan and holds else {},
         log_path=_log_path(m),
         modalities=list(plan.projector.modalities) if plan and plan.projector else [],
+        context=_context(m),
     )
+
+
+def _context(m: ManagedModel) -> dict[str, Any]:
+    """The context geometry ``forge ps`` shows: the child's (its plan's estimate, which the child
+    was started with) once it has one, else the config's; empty for a model without a context."""
+    if m.config.backend != "llama":
+        return {}
+    if m.plan is not None:
+        est = m.plan.estimate
+        return {
+            "ctx_size": est.ctx_size,
+            "parallel": est.parallel,
+            "kv_unified": est.kv_unified,
+            "per_request": est.ctx_per_request,
+        }
+    c = m.config
+    return {
+        "ctx_size": c.ctx_size or None,
+        "parallel": c.parallel or 4,
+        "kv_unified": c.unified_kv,
+        "per_request": c.context_per_request,
+    }
 
 
 def _log_path(m: ManagedModel) -> str | None:

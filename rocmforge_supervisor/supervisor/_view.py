@@ -59,6 +59,11 @@ class ModelView:
     """``--ctx-size`` as its child was started (None: not started, or llama-server's default)."""
     parallel: int | None
     """``--parallel`` as its child was started."""
+    ctx_per_request: int | None
+    """Tokens one request can use: as its child was started, else as configured (None: the
+    model's trained context, unknown until its GGUF is read)."""
+    kv_unified: bool
+    """Its slots share one KV cache (``--kv-unified``): as started, else as configured."""
     args: tuple[str, ...]
     """The child's extra llama-server arguments: as started, else as configured."""
     projector: ProjectorInfo | None
@@ -100,6 +105,8 @@ def model_view(m: ManagedModel) -> ModelView:
         model_path=plan.spec.model_path if plan is not None else None,
         ctx_size=plan.spec.ctx_size if plan is not None else None,
         parallel=plan.spec.parallel if plan is not None else None,
+        ctx_per_request=plan.estimate.ctx_per_request if plan is not None else m.config.context_per_request,
+        kv_unified=plan.estimate.kv_unified if plan is not None else m.config.unified_kv,
         args=tuple(plan.spec.extra_args if plan is not None else m.config.args),
         projector=plan.projector if plan is not None else None,
         held_bytes={k: int(n) for k, n in loaded.bytes_by_device.items() if n > 0} if loaded else {},

@@ -76,7 +76,10 @@ def test_printed_examples_paste_and_run(svc: Service) -> None:
     curl, program = _printed_examples(err)
     assert "…" not in curl + program and '"max_tokens": 64' in curl and "max_tokens=64" in program
     assert '"temperature": 0' in curl and "temperature=0" in program
-    assert "openai" not in program  # not installed by `make setup`
+    # Issue 37: the README says "a Python (OpenAI SDK) example": it was a TextModel program that
+    # ran only in the repo's .venv. The SDK's own code now, run by an interpreter that has it.
+    assert "from openai import OpenAI" in program and "rocmforge_supervisor" not in program
+    assert program.startswith(sys.executable + " - <<'EOF'"), program
     r = _bash(curl)
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout)
@@ -118,6 +121,9 @@ def test_chat_uses_the_running_service(svc: Service) -> None:
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout, r.stdout
     assert f"forge service at {svc.url}" in r.stderr
+    # Issue 37: it said "(--private: a llama-server of its own)", as if --private were on.
+    assert "(add --private for a llama-server of this command's own)" in r.stderr, r.stderr
+    assert "(--private:" not in r.stderr
     # the chat ran in the service's child: no llama-server child of the CLI, none added to the service
     assert {p.pid for p in svc.llama_children()} == before
 

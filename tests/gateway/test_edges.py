@@ -249,13 +249,20 @@ def test_image_on_a_text_model_is_a_400_naming_mmproj(svc: Service) -> None:
     assert "'tiny'" in message and 'mmproj = "auto"' in message and "[models.tiny]" in message
 
 
-def test_context_error_says_per_slot_arithmetic(svc: Service) -> None:
+def test_context_error_says_the_slots_share_the_context(svc: Service) -> None:
+    """Its 4 slots share one KV cache (issue 37: forge's default), so a request may use all 1024
+    tokens: a ~300-token prompt, refused before with "per slot: 256", is served; a ~1,200-token one
+    is told the whole context (the per-slot arithmetic with kv_unified = false:
+    test_kv_unified_real.py)."""
     with svc.client() as c:
+        r = c.post("/v1/completions", json={"model": "tiny", "prompt": "hello " * 100, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert 256 < r.json()["usage"]["prompt_tokens"] < 1024
         r = c.post("/v1/completions", json={"model": "tiny", "prompt": "hello " * 400, "max_tokens": 2})
     assert r.status_code == 400
     err = r.json()["error"]
-    assert "per slot: ctx_size 1024 / parallel 4 = 256" in err["message"]
-    assert "raise ctx_size or lower parallel" in err["message"]
+    assert "does not fit the context (ctx_size 1024, shared by its 4 slots)" in err["message"], err
+    assert "raise ctx_size in [models.tiny]" in err["message"]
     assert err["code"] == "context_length_exceeded"
 
 

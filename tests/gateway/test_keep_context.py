@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.service import FORGE, Service, model_section, running_service, write_config
+from tests.support.service import FORGE, Service, model_section, running_service, wait_for, write_config
 
 #: ~700 prompt tokens for the prefill measurements; short prompts where only a save is needed.
 LONG_WORDS = 300
@@ -182,9 +182,37 @@ def test_unload_saves_and_the_next_load_restores(
         (row_line,) = [line for line in ps.stdout.splitlines() if "kept" in line]
         assert " 1 (" in row_line and " tok, " in row_line, ps.stdout
         r = _forge(svc, "unload", "kept", "--forget")
-        assert r.returncode == 0 and r.stderr.strip() == "kept: stopped", r
+        assert (
+            r.returncode == 0
+            and r.stderr.strip() == "kept: stopped; its saved context was deleted (--forget)"
+        ), r
         assert _files(ctx_dir) == [] and svc.model("kept")["contexts"]["count"] == 0
         assert len(_kinds(_events(svc, lambda ev: _kinds(ev, "context_deleted")), "context_saved")) == 1
+
+
+def test_forge_unload_says_what_became_of_the_context(
+    tmp_path: Path, smollm2_path: Path, llama_server_bin: Path
+) -> None:
+    """`forge unload` of a keep_context model said only "kept: stopped" (issue 37): it says what it
+    saved for the next load, that there was nothing to save, or that --forget deleted it."""
+    models = model_section("kept", smollm2_path, ctx_size=1024, parallel=1, keep_context=True, preload=True)
+    with running_service(_config(tmp_path, models), tmp_path / "state", llama_server_bin) as svc:
+        wait_for(lambda: svc.model("kept")["state"] == "ready", timeout=120, what="kept ready")
+        r = _forge(svc, "unload", "kept")
+        assert (
+            r.returncode == 0
+            and r.stderr.strip() == "kept: stopped; no context to save (its slots held none)"
+        ), r
+        assert _forge(svc, "load", "kept").returncode == 0
+        _chat(svc, "kept", _conversation("plum", SHORT_WORDS))
+        r = _forge(svc, "unload", "kept")
+        tokens = svc.model("kept")["contexts"]["tokens"]
+        assert r.returncode == 0 and tokens > 0, r
+        line = r.stderr.strip()
+        assert line.startswith(f"kept: stopped; its context was saved (1 slot, {tokens} tokens, "), line
+        assert line.endswith("): the next load restores it"), line
+        r = _forge(svc, "unload", "kept", "--forget")  # already stopped: the saved context goes
+        assert r.stderr.strip() == "kept: stopped; its saved context was deleted (--forget)", r
 
 
 def test_two_conversations_come_back_after_a_serve_restart(

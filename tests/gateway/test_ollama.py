@@ -62,12 +62,12 @@ def test_ollama_client_list_show_ps(svc: Service, closing: ExitStack) -> None:
 
     shown = client.show("chat:latest")  # Ollama-style tag: the same model
     assert shown.capabilities is not None and {"completion", "tools", "insert"} <= set(shown.capabilities)
-    assert shown.modelinfo is not None and shown.modelinfo["llama.context_length"] == 1024
+    assert shown.modelinfo is not None and shown.modelinfo["llama.context_length"] == 2048
     assert shown.template and "tools" in shown.template
 
     running = {m.model: m for m in client.ps().models}
     assert set(running) == {"chat", "plain"}
-    assert running["chat"].context_length == 1024 and running["chat"].expires_at is not None
+    assert running["chat"].context_length == 2048 and running["chat"].expires_at is not None
 
 
 def test_ollama_client_chat_generate_embed(svc: Service, closing: ExitStack) -> None:

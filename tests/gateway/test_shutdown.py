@@ -232,3 +232,14 @@ def test_children_do_not_hold_the_gateway_listener(
         for child in children:
             held = [c.laddr.port for c in child.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
             assert port not in held, f"llama-server pid {child.pid} holds the gateway's port {port}: {held}"
+
+
+def test_ctrl_c_says_what_was_stopped(tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path) -> None:
+    """Ctrl-C on `make run` printed nothing (issue 37): its last line says it stopped, and what."""
+    cfg = write_config(tmp_path / "forge.toml", CONFIG.format(tiny=tiny_gguf))
+    with running_service(cfg, tmp_path / "state", llama_server_bin) as svc:
+        wait_for(lambda: svc.model("tiny")["state"] == "ready", timeout=60, what="tiny ready")
+        svc.proc.send_signal(signal.SIGINT)
+        assert svc.proc.wait(timeout=60) == 0
+        last = svc.stderr_text().strip().splitlines()[-1]
+    assert last == f"stopped (SIGINT): forge serve at {svc.url} and the llama-server of tiny", last

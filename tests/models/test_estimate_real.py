@@ -74,7 +74,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 def _estimate(model: Path, args: list[str]) -> MemoryEstimate:
     no_repack = {"--no-repack", "-nr"} & set(args)
-    valued = [a for a in args if a != "--embeddings" and a not in no_repack]
+    valued = [a for a in args if a not in ("--embeddings", "-kvu") and a not in no_repack]
     opts = dict(zip(valued[::2], valued[1::2], strict=True))
     fa = opts.get("-fa", "auto")
     return estimate_memory(
@@ -88,6 +88,7 @@ def _estimate(model: Path, args: list[str]) -> MemoryEstimate:
         n_ubatch=int(opts.get("-ub", 512)),
         embeddings=outputs_every_token(args),
         repack=not no_repack,
+        kv_unified=True if "-kvu" in args else None,
     )
 
 
@@ -115,6 +116,7 @@ GEMMA_CASES = [
     [],  # llama-server's defaults: trained context (32768), 4 slots sharing one KV cache, FA auto
     ["-c", "4096", "-np", "1"],
     ["-c", "4096", "-np", "4", "-fa", "off"],
+    ["-c", "4096", "-np", "4", "-kvu"],  # forge's default for slots: one cache shared by them
     ["-c", "8192", "-np", "2", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"],
     ["-c", "16384", "-np", "1", "-fa", "off"],
 ]
@@ -135,7 +137,7 @@ def test_gemma_estimate_within_10_percent(
 # ``embeddings = true`` adds these flags (forge's own: embedding_args) to a chat model's child.
 EMBED = embedding_args(True, [], "llama")
 EMBEDDING_CASES = [
-    ["-c", "4096", "-np", "4", *EMBED],  # examples/forge.toml's model with embeddings = true
+    ["-c", "4096", "-np", "4", "-kvu", *EMBED],  # examples/forge.toml's model with embeddings = true
     ["-c", "4096", "-np", "1", "-fa", "off", *EMBED],
     ["-c", "2048", "-np", "2", "-ub", "256", *EMBED],
 ]

@@ -106,6 +106,7 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "requests_total": 0,
         "keep_context": False,
         "contexts": {},
+        "context": {},  # issue 37: ctx_size, parallel, kv_unified and per_request (forge ps)
     }
 
 

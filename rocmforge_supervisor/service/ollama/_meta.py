@@ -7,8 +7,8 @@ lays them out as Ollama's clients read them. Copilot assumes ~33k tokens of cont
 
 * ``projector_info`` (``/api/show``): the projector's GGUF keys, as Ollama shows them.
 * ``context_length``: what a request can actually use — the running child's per-slot ``n_ctx``
-  when it is loaded, else the configured ``ctx_size`` (divided by ``parallel``), else the GGUF's
-  trained length.
+  when it is loaded, else the configured ``ctx_size`` (a slot's share of it with
+  ``kv_unified = false``), else the GGUF's trained length.
 """
 
 from __future__ import annotations
