@@ -275,7 +275,9 @@ def _configured(model: str, config: Path | None) -> ModelConfig | None:
             raise
         return None
     served = cfg.models.get(model)
-    return served if served is not None and served.backend == "llama" else None
+    from ..supervisor import backend_of
+
+    return served if served is not None and backend_of(served).has_slots else None
 
 
 def _as_served(model: str, info: GGUFInfo, served: ModelConfig | None) -> PlacementRequest:

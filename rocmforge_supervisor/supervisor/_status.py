@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from ..process import Breaker  # the one restart policy's breaker, shared with `forge worker`
+from ._backends import backend_of
 from ._placement_types import WorkerShare
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
 def _context(m: ManagedModel) -> dict[str, Any]:
     """The context geometry ``forge ps`` shows: the child's (its plan's estimate, which the child
     was started with) once it has one, else the config's; empty for a model without a context."""
-    if m.config.backend != "llama":
+    if not backend_of(m.config).has_slots:  # no llama-server: no context, no slots
         return {}
     if m.plan is not None:
         est = m.plan.estimate
