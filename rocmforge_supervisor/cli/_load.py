@@ -167,7 +167,7 @@ def _service_model(model: str, url: str | None, private: bool) -> tuple[Any, boo
         markup=False,
     )
     chat = client.has_chat_template(model)
-    return TextModel.connect(client.base_url, model=model, api_key=client.api_key), chat
+    return TextModel.connect(client.base_url, model=model, api_key=client.api_key, verify=client.verify), chat
 
 
 def _key_option(api_key: str | None, no_api_key: bool) -> str | None:
