@@ -341,17 +341,19 @@ def _reloader(
 
 
 async def _apply_server(state: GatewayState, new: ForgeConfig) -> None:
-    """The new ``[server]`` section in force: the gateway's (per request), the log format, and the
-    activity store opened or closed when ``server.activity`` changed."""
+    """The new ``[server]`` section in force: the log format, the activity store opened or closed
+    when ``server.activity`` changed (its file work off the event loop), then the gateway's."""
     if relog(new.server.log_format, new.settings):
         log.info("log format: %s (server.log_format)", new.server.log_format)
-    opened = state.recorder.store is None
-    detached = state.apply(new)
-    if detached is not None:  # what is queued is committed
-        log.info("activity log off (server.activity = false)")
-        await anyio.to_thread.run_sync(detached.close)
-    elif opened and state.recorder.store is not None:
+    store = state.recorder.store
+    if new.server.activity and store is None:
+        state.recorder.store = await anyio.to_thread.run_sync(open_store, new)
         log.info("activity log on (server.activity = true)")
+    elif not new.server.activity and store is not None:
+        state.recorder.store = None  # requests that end from now on are not recorded
+        await anyio.to_thread.run_sync(store.close)  # what is queued is committed
+        log.info("activity log off (server.activity = false)")
+    state.apply(new)
 
 
 async def _until_stop(

@@ -15,7 +15,7 @@ from ..client import async_pool
 from ..config import ForgeConfig, ForgeSettings, ServerConfig
 from ..supervisor import Supervisor
 from ._metrics import Metrics
-from ._recording import Recorder, open_store
+from ._recording import Recorder
 from ._upstream_http import StreamPool
 
 __all__ = ["AUDIO_PATHS", "GatewayState", "body_limit", "request_id", "state_of"]
@@ -61,27 +61,19 @@ class GatewayState:
         #: The relay's own connections for streamed answers (``_upstream_http``: issue 21).
         self.streams = StreamPool(connect_timeout=5.0, max_idle=512)
 
-    def apply(self, config: ForgeConfig) -> ActivityStore | None:
+    def apply(self, config: ForgeConfig) -> None:
         """A reloaded config's ``[server]`` settings, from the next request on: the section is
-        swapped; what lives outside it (the recorder's byte limit, the activity store) is told.
-        ``server.activity`` turned on opens the store here, turned off detaches it: the detached
-        store is returned for the caller to close off the event loop. What only a restart applies
-        is named by the reload (``service._server``)."""
+        swapped; what lives outside it (the recorder's byte limit, the activity store's bounds) is
+        told. Opening or closing the store (``server.activity``) and what only a restart applies
+        are the reload's (``service._server``)."""
         server = self.server = config.server
         self.model_dirs = [p.resolve() for p in config.model_dirs]
         self.recorder.capture_max_bytes = server.capture_max_bytes
         store = self.recorder.store
-        if server.activity and store is None:
-            self.recorder.store = open_store(config)
-            return None
-        if not server.activity and store is not None:
-            self.recorder.store = None
-            return store
         if store is not None:  # read by its writer thread at each trim and each captured body
             store.keep_days = server.activity_keep_days
             store.max_rows = server.activity_max_rows
             store.capture_max_bytes = server.capture_max_bytes
-        return None
 
 
 def state_of(request: Request) -> GatewayState:
