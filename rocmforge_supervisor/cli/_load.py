@@ -187,7 +187,7 @@ def _service_model(
         markup=False,
     )
     chat = client.has_chat_template(model)
-    return TextModel.connect(client.base_url, model=model, api_key=client.api_key), chat
+    return TextModel.connect(client.base_url, model=model, api_key=client.api_key, verify=client.verify), chat
 
 
 def _key_option(api_key: str | None, no_api_key: bool) -> str | None:

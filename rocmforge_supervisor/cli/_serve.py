@@ -48,14 +48,17 @@ def connect_service(
 
     Found by ``url`` when given, else by the ``service.json`` the service writes in its state dir.
     The key is ``api_key``, else the config's ``server.api_key`` (which FORGE_API_KEY also sets).
+    An ``https://`` service's certificate is checked as ``find_service`` says.
     """
     from ..service._info import find_service  # not the server, nor httpx without a service running
 
     settings = get_settings()
     state_dir = settings.state_dir
+    tls_cert = None
     try:
         cfg = _load_config(config_path)
         state_dir = cfg.state_dir
+        tls_cert = cfg.server.tls_cert
         if api_key is None and cfg.server.api_key:
             api_key = cfg.server.api_key.get_secret_value()
     except Exception:  # no config, or a bad one: the service may still be reachable by its file
@@ -64,7 +67,10 @@ def connect_service(
     if url is not None and not url.startswith(("http://", "https://")):
         raise UsageError(f"--url {url!r} is not an http(s) URL", hint="e.g. --url http://127.0.0.1:8080")
     client = find_service(
-        state_dir, url=url.removesuffix("/").removesuffix("/v1") if url else None, api_key=api_key
+        state_dir,
+        url=url.removesuffix("/").removesuffix("/v1") if url else None,
+        api_key=api_key,
+        tls_cert=tls_cert,
     )
     if client is None and url is not None:
         raise ServiceError(
@@ -79,7 +85,7 @@ def connect_service(
     return client
 
 
-def usage_examples(url: str, model: str, *, keyed: bool) -> list[str]:
+def usage_examples(url: str, model: str, *, keyed: bool, cacert: Path | None = None) -> list[str]:
     """What ``forge serve`` prints to try it: a curl and a Python program, both complete enough to
     paste into a shell as they are (ASCII only, a key that works, a ``max_tokens``).
 
@@ -87,7 +93,8 @@ def usage_examples(url: str, model: str, *, keyed: bool) -> list[str]:
     project). It runs under this very interpreter (its absolute path) when that one has the SDK
     (``make setup`` installs it into ``.venv``), else under ``python3``, with a first line saying
     what to install. ``temperature`` 0 in both: the same, right, answer every time (sampled,
-    SmolLM2 answered "SUR" to the question 3 times in 4)."""
+    SmolLM2 answered "SUR" to the question 3 times in 4). ``cacert``: the service's ``tls_cert``,
+    which both examples trust (a self-signed certificate is in no public store)."""
     from importlib.util import find_spec
 
     question = "What is the capital of France? Answer in one word."
@@ -102,13 +109,16 @@ def usage_examples(url: str, model: str, *, keyed: bool) -> list[str]:
     auth = ' -H "Authorization: Bearer $FORGE_API_KEY"' if keyed else ""
     key = 'os.environ["FORGE_API_KEY"]' if keyed else '"unused"'
     python = shlex.quote(sys.executable) if find_spec("openai") is not None else "python3"
+    tls = f" --cacert {shlex.quote(str(cacert))}" if cacert is not None else ""
+    verify = f", http_client=httpx.Client(verify={json.dumps(str(cacert))})" if cacert is not None else ""
     return [
-        f"curl -s {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{body}'",
+        f"curl -s{tls} {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{body}'",
         "# Python, with the OpenAI SDK" + ("" if python != "python3" else " (pip install openai)") + ":",
         f"{python} - <<'EOF'",
         *(["import os"] if keyed else []),
+        *(["import httpx"] if cacert is not None else []),
         "from openai import OpenAI",
-        f'client = OpenAI(base_url="{url}/v1", api_key={key})',
+        f'client = OpenAI(base_url="{url}/v1", api_key={key}{verify})',
         "r = client.chat.completions.create(",
         f'    model="{model}", max_tokens=64, temperature=0,',
         f'    messages=[{{"role": "user", "content": "{question}"}}],',
@@ -167,8 +177,10 @@ def serve(
         listening.append(url)
         console.print(url, markup=False)
         names = ", ".join(cfg.models) or "none"
+        cert = cfg.server.tls_cert
+        tls = f"TLS, certificate {cert}" if cert is not None else "plain HTTP, no TLS"
         err_console.print(
-            f"forge serve listening on {url} (OpenAI base URL {url}/v1); models: {names}", markup=False
+            f"forge serve listening on {url} ({tls}; OpenAI base URL {url}/v1); models: {names}", markup=False
         )
         if ollama_url is not None:  # with `ollama_port = 0` this line is the only way to find it
             err_console.print(f"Ollama API also on {ollama_url} (server.ollama_port)", markup=False)
@@ -178,7 +190,7 @@ def serve(
             if keyed and not os.environ.get("FORGE_API_KEY"):
                 which = "server.api_key" if cfg.server.api_key is not None else "a [[server.keys]] key"
                 err_console.print(f"# first: export FORGE_API_KEY=<{which} of your config>", markup=False)
-            for line in usage_examples(url, next(iter(cfg.models)), keyed=keyed):
+            for line in usage_examples(url, next(iter(cfg.models)), keyed=keyed, cacert=cert):
                 err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     import anyio  # start-up time: only serve runs an event loop here
@@ -455,7 +467,7 @@ def load_in_service(client: Any, model: str) -> tuple[dict[str, Any], float]:
         # Progress from the same event stream the control API serves: state changes as they come.
         from ..service._client import ServiceClient
 
-        watcher = ServiceClient(client.base_url, client.api_key)
+        watcher = ServiceClient(client.base_url, client.api_key, verify=client.verify)
 
         def follow() -> None:
             try:

@@ -6,10 +6,13 @@ from ._transport import (
     KEEPALIVE_EXPIRY,
     RETRYABLE,
     Upstream,
+    Verify,
     asend,
     async_pool,
     map_httpx_errors,
+    pinned_context,
     socket_gone_as_httpx_error,
+    trust_context,
 )
 from ._types import GenerateOptions, Message, Token, Usage
 
@@ -24,8 +27,11 @@ __all__ = [
     "Token",
     "Upstream",
     "Usage",
+    "Verify",
     "asend",
     "async_pool",
     "map_httpx_errors",
+    "pinned_context",
     "socket_gone_as_httpx_error",
+    "trust_context",
 ]

@@ -25,7 +25,7 @@ from .._errors import (
     StreamError,
 )
 from ._sse import aiter_chunks, error_from_body, iter_chunks
-from ._transport import Upstream, asend, async_pool, map_httpx_errors, send, sync_pool
+from ._transport import Upstream, Verify, asend, async_pool, map_httpx_errors, send, sync_pool
 from ._types import GenerateOptions, Message, Token, Usage
 
 __all__ = ["Liveness", "TextModel"]
@@ -106,8 +106,10 @@ class TextModel:
         on_close: Callable[[], None] | None = None,
         on_aclose: Callable[[], Awaitable[None]] | None = None,
         timeout: float | None = 600.0,
+        verify: Verify = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._verify = verify
         self.model = model
         self._api_key = api_key
         self._liveness = liveness
@@ -124,14 +126,18 @@ class TextModel:
         self.last_finish_reason: str | None = None
 
     @classmethod
-    def connect(cls, base_url: str, *, model: str | None = None, api_key: str | None = None) -> TextModel:
-        """The same API over an already running server (a forge service or any llama-server)."""
+    def connect(
+        cls, base_url: str, *, model: str | None = None, api_key: str | None = None, verify: Verify = True
+    ) -> TextModel:
+        """The same API over an already running server (a forge service or any llama-server).
+        ``verify``: for ``https://``, a PEM file to trust besides the public CAs (a self-signed
+        ``tls_cert``), or an ``ssl.SSLContext``."""
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         url = base_url.rstrip("/")
         if url.endswith("/v1"):
             url = url[: -len("/v1")]
-        return cls(url, model=model, api_key=api_key)
+        return cls(url, model=model, api_key=api_key, verify=verify)
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -199,7 +205,7 @@ class TextModel:
     def _sync_client(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
-                self._client = sync_pool(self._timeout)
+                self._client = sync_pool(self._timeout, verify=self._verify)
             return self._client
 
     def _stream(self, path: str, chat: bool, payload: Any, opts: GenerateOptions) -> Iterator[Token]:
@@ -269,7 +275,7 @@ class TextModel:
 
     def _async_client(self) -> httpx.AsyncClient:
         if self._aclient is None:
-            self._aclient = async_pool(self._timeout)
+            self._aclient = async_pool(self._timeout, verify=self._verify)
         return self._aclient
 
     async def _astream(

@@ -14,6 +14,8 @@ unless the upstream process is known to be dead, when the caller wants the crash
 
 from __future__ import annotations
 
+import re
+import ssl
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,13 +29,20 @@ __all__ = [
     "KEEPALIVE_EXPIRY",
     "RETRYABLE",
     "Upstream",
+    "Verify",
     "asend",
     "async_pool",
     "map_httpx_errors",
+    "pinned_context",
     "send",
     "socket_gone_as_httpx_error",
     "sync_pool",
+    "trust_context",
 ]
+
+#: How a client checks a server's certificate: httpx's own (``True``: the public CAs), a context,
+#: or a PEM file of certificates to trust too (:func:`trust_context`).
+Verify = ssl.SSLContext | str | Path | bool
 
 KEEPALIVE_EXPIRY = 2.0  # well under cpp-httplib's 5 s idle close
 #: Failures of a request that got no byte of a response: safe to send once more on a new connection.
@@ -69,14 +78,54 @@ class Upstream:
         return h
 
 
-def sync_pool(timeout: httpx.Timeout) -> httpx.Client:
+def trust_context(cafile: str | Path) -> ssl.SSLContext:
+    """The public CAs and the certificates in ``cafile`` (a self-signed server's own, or a private
+    CA), the host name checked. A leaf certificate counts as a trust anchor by itself (OpenSSL's
+    partial chain, as curl does), so ``cafile`` may be the very file the server serves."""
+    ctx = httpx.create_ssl_context()  # httpx's own public CAs (certifi)
+    ctx.load_verify_locations(cafile=str(cafile))
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return ctx
+
+
+_PEM_CERT = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
+
+
+def pinned_context(cert_file: str | Path) -> ssl.SSLContext:
+    """Trust exactly the first certificate of ``cert_file`` (a server's ``tls_cert``: its own
+    certificate, then maybe its chain) and nothing else. The server must present that certificate
+    and prove it holds its key, so the host name is not checked: the CLI reaches the local service
+    at the address it bound (``0.0.0.0``, ``127.0.0.1``), which the certificate rarely names.
+    OSError when the file cannot be read; ssl.SSLError when it holds no PEM certificate."""
+    text = Path(cert_file).read_text(errors="replace")
+    first = _PEM_CERT.search(text)
+    if first is None:
+        raise ssl.SSLError(f"{cert_file} holds no PEM certificate")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    ctx.load_verify_locations(cadata=first.group(0))
+    return ctx
+
+
+def _verify(verify: Verify) -> ssl.SSLContext | bool:
+    return trust_context(verify) if isinstance(verify, str | Path) else verify
+
+
+def sync_pool(timeout: httpx.Timeout, *, verify: Verify = True) -> httpx.Client:
     """A connection pool whose idle connections expire before llama-server closes them."""
     return httpx.Client(
-        timeout=timeout, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY), trust_env=False
+        timeout=timeout,
+        limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY),
+        trust_env=False,
+        verify=_verify(verify),
     )
 
 
-def async_pool(timeout: httpx.Timeout, *, max_keepalive: int = 20) -> httpx.AsyncClient:
+def async_pool(
+    timeout: httpx.Timeout, *, max_keepalive: int = 20, verify: Verify = True
+) -> httpx.AsyncClient:
     """The async twin of :func:`sync_pool` (the gateway asks for a larger keep-alive set)."""
     return httpx.AsyncClient(
         timeout=timeout,
@@ -84,6 +133,7 @@ def async_pool(timeout: httpx.Timeout, *, max_keepalive: int = 20) -> httpx.Asyn
             max_connections=None, max_keepalive_connections=max_keepalive, keepalive_expiry=KEEPALIVE_EXPIRY
         ),
         trust_env=False,
+        verify=_verify(verify),
     )
 
 

@@ -36,10 +36,18 @@ _CUSTOM_KINDS = frozenset(
         "vram_reserve",
         "key_entry",
         "duplicate_key",
+        "tls_cert",
+        "tls_key",
     }
 )
 #: Errors raised by a section's model validator, and the key they are about.
-_VALIDATOR_FIELD = {"insecure_bind": "host", "backoff_order": "restart_backoff_max", "duplicate_key": "keys"}
+_VALIDATOR_FIELD = {
+    "insecure_bind": "host",
+    "backoff_order": "restart_backoff_max",
+    "duplicate_key": "keys",
+    "tls_cert": "tls_cert",
+    "tls_key": "tls_key",
+}
 
 
 def custom(kind: str, message: str, **ctx: Any) -> PydanticCustomError:

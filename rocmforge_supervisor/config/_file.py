@@ -10,9 +10,9 @@ sets ``server.api_key`` so the secret can stay out of the file.
 Typos must not pass silently: unknown sections and keys are errors, and every error names the dotted
 key (``models.gemma.ctx_size``) and where to fix it (the file, or the variable that set it).
 
-Relative paths in the file (``state_dir``, ``log_dir``, ``model_dirs``, a model ``path`` that looks
-like a path) are taken relative to the file's directory, so that a unit started from ``/`` reads
-the same config as a shell in the file's directory.
+Relative paths in the file (``state_dir``, ``log_dir``, ``tls_cert``/``tls_key``, ``model_dirs``, a
+model ``path`` that looks like a path) are taken relative to the file's directory, so that a unit
+started from ``/`` reads the same config as a shell in the file's directory.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _resolve_relative(data: dict[str, Any], base: Path) -> dict[str, Any]:
     server = data.get("server")
     if isinstance(server, dict):
         server = dict(server)
-        for key in ("state_dir", "log_dir"):
+        for key in ("state_dir", "log_dir", "tls_cert", "tls_key"):
             if key in server:
                 server[key] = fix(server[key])
         if isinstance(server.get("model_dirs"), list):

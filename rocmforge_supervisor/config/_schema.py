@@ -32,6 +32,7 @@ from ._backends import DEFAULT_COMMAND_ROUTES, ONE_AT_A_TIME, BackendName, key_p
 from ._explain import custom, translate
 from ._names import is_loopback
 from ._settings import ForgeSettings
+from ._tls import tls_pair_problem
 from ._values import (
     GpuChoice,
     GpuLayers,
@@ -236,6 +237,19 @@ class ServerConfig(_Section):
     allow_remote_media: bool = False
     """Let requests name ``http(s)`` image URLs, which the model server then downloads itself from
     any address (loopback and private ones included). Off: such requests get a 400 (send base64)."""
+    tls_cert: Path | None = None
+    """A PEM certificate (chain): every listener serves HTTPS with it (``tls_key`` too, or neither)."""
+    tls_key: Path | None = None
+    """The certificate's private key, PEM, without a passphrase."""
+
+    @property
+    def tls(self) -> bool:
+        """The listeners speak HTTPS (``tls_cert`` and ``tls_key`` set: the validator makes it both)."""
+        return self.tls_cert is not None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def is_loopback(self) -> bool:
@@ -258,6 +272,24 @@ class ServerConfig(_Section):
                 )
             names.add(k.name)
             secrets[k.secret] = k.name
+        return self
+
+    @field_validator("tls_cert", "tls_key", mode="after")
+    @classmethod
+    def _expand(cls, path: Path | None) -> Path | None:
+        return path.expanduser() if path is not None else None
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            has, lacks = ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
+            raise custom(
+                lacks, f"{has} is set but {lacks} is not: set both (the certificate and its key) or neither"
+            )
+        if self.tls_cert is not None and self.tls_key is not None:
+            problem = tls_pair_problem(self.tls_cert, self.tls_key)
+            if problem is not None:
+                raise custom(*problem)
         return self
 
     @model_validator(mode="after")

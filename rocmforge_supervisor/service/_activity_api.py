@@ -61,7 +61,8 @@ def _store(request: Request) -> ActivityStore:
     store = state_of(request).recorder.store
     if store is None:
         raise ServiceError(
-            "the activity log is off", hint="set activity = true in [server] (the default) and restart"
+            "the activity log is off",
+            hint="set activity = true in [server] (the default) and reload (forge reload or SIGHUP)",
         )
     return store
 

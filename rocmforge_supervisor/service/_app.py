@@ -22,6 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._errors import RequestRejected, ServerError
 from . import _activity_api, _control, _observe, _openapi, _page, _proxy, _status_api, ollama
@@ -38,7 +39,6 @@ __all__ = ["GatewayState", "create_app"]
 def create_app(
     state: GatewayState,
     *,
-    cors_origins: list[str] | None = None,
     extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     facts = ModelFacts(
@@ -60,13 +60,8 @@ def create_app(
         *_activity_api.routes(),
         *_page.routes(),
     ]  # the status page at / and its data
-    middleware = [Middleware(RequestContext, state=state)]
-    origins = cors_origins if cors_origins is not None else state.cors_origins
-    if origins:
-        # Outermost, so that a preflight is answered before auth (browsers send no key on it).
-        middleware.insert(
-            0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
-        )
+    # CORS outermost, so that a preflight is answered before auth (browsers send no key on it).
+    middleware = [Middleware(_LiveCors, state=state), Middleware(RequestContext, state=state)]
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.gateway = state
@@ -74,6 +69,29 @@ def create_app(
     # under the attribute's old name: it is not Ollama's (that API gets them through its backend).
     app.state.ollama = facts
     return app
+
+
+class _LiveCors:
+    """Starlette's CORS middleware for ``server.cors_origins`` as the running config says: rebuilt
+    when a reload changes the list (the list is compared by identity: a reload swaps the section),
+    absent while the list is empty."""
+
+    def __init__(self, app: ASGIApp, state: GatewayState) -> None:
+        self.app = app
+        self.state = state
+        self._origins: list[str] | None = None
+        self._cors: ASGIApp = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        origins = self.state.server.cors_origins
+        if origins is not self._origins:
+            self._origins = origins
+            self._cors = (
+                CORSMiddleware(self.app, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
+                if origins
+                else self.app
+            )
+        await self._cors(scope, receive, send)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -3,33 +3,56 @@
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from .._errors import ServiceError
-from ..client import SSEDecoder
+from ..client import SSEDecoder, Verify, trust_context
 
 __all__ = ["ServiceClient"]
 
 
 class ServiceClient:
-    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+    """``verify``: how an ``https://`` service's certificate is checked (``find_service`` pins the
+    one the local service serves); kept as :attr:`verify` for the clients made beside this one."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, verify: Verify = True) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
+        self.verify: ssl.SSLContext | bool = (
+            trust_context(verify) if isinstance(verify, str | Path) else verify
+        )
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(None, connect=2.0), trust_env=False
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(None, connect=2.0),
+            trust_env=False,
+            verify=self.verify,
         )
 
     def close(self) -> None:
         self._http.close()
 
     def alive(self) -> bool:
+        """Whether the service answers. A TLS service whose certificate fails the check is an
+        error, not "no service": the user must hear why it was refused."""
         try:
             return self._http.get("/health", timeout=1.0).status_code == 200
+        except httpx.ConnectError as exc:
+            if isinstance(exc.__cause__, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(
+                exc
+            ):
+                raise ServiceError(
+                    f"the forge service at {self.base_url} did not present a trusted certificate: {exc}",
+                    hint="check server.tls_cert (the CLI trusts the certificate the service was started with)",
+                ) from exc
+            return False
         except httpx.HTTPError:
             return False
 

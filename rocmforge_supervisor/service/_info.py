@@ -33,18 +33,43 @@ def read_service_info(state_dir: Path) -> ServiceInfo | None:
 
 
 def find_service(
-    state_dir: Path, *, url: str | None = None, api_key: str | None = None
+    state_dir: Path, *, url: str | None = None, api_key: str | None = None, tls_cert: Path | None = None
 ) -> ServiceClient | None:
-    """The running service (from its ``service.json`` or an explicit URL), if it answers."""
+    """The running service (from its ``service.json`` or an explicit URL), if it answers.
+
+    Found by its file, an ``https://`` service must present the very certificate it was started
+    with (``tls_cert`` in the file: :func:`~rocmforge_supervisor.client.pinned_context`). At an
+    explicit URL, its certificate is checked against the public CAs and ``tls_cert`` (the config's
+    ``server.tls_cert``), host name included."""
+    verify: Any = True
     if url is None:
         info = read_service_info(state_dir)
         if info is None:
             return None
         url = str(info.get("url"))
+        if url.startswith("https://") and info.get("tls_cert"):
+            verify = _pinned(url, str(info["tls_cert"]))
+    elif url.startswith("https://") and tls_cert is not None:
+        verify = tls_cert
     from ._client import ServiceClient  # httpx: only when there is a service to talk to (start-up time)
 
-    client = ServiceClient(url, api_key)
+    client = ServiceClient(url, api_key, verify=verify)
     if client.alive():
         return client
     client.close()
     return None
+
+
+def _pinned(url: str, cert: str) -> Any:
+    import ssl
+
+    from .._errors import ServiceError
+    from ..client import pinned_context
+
+    try:
+        return pinned_context(cert)
+    except (OSError, ssl.SSLError) as exc:
+        raise ServiceError(
+            f"the forge service at {url} serves TLS with {cert}, which cannot be used here: {exc}",
+            hint="let this user read the file server.tls_cert names: the CLI checks the service's certificate against it",
+        ) from exc

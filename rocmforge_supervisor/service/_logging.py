@@ -23,7 +23,14 @@ from typing import Any, Literal, TextIO
 
 from ..config import ForgeSettings
 
-__all__ = ["LogFormat", "RequestIdVar", "connected_to_journal", "request_id_var", "setup_logging"]
+__all__ = [
+    "LogFormat",
+    "RequestIdVar",
+    "connected_to_journal",
+    "relog",
+    "request_id_var",
+    "setup_logging",
+]
 
 LogFormat = Literal["text", "json"]
 
@@ -215,7 +222,7 @@ def setup_logging(
         handler = logging.StreamHandler(out)
         handler.setFormatter(TextFormatter())
     handler.addFilter(_RequestIdFilter())
-    setattr(handler, _MARK, True)
+    setattr(handler, _MARK, (fmt, out))  # what :func:`relog` needs to redo this
 
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, _MARK, False)]:
@@ -226,6 +233,18 @@ def setup_logging(
     for name in _CHATTY:
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
     return handler
+
+
+def relog(fmt: LogFormat, settings: ForgeSettings) -> bool:
+    """Switch the handler :func:`setup_logging` installed to ``fmt``, on the same stream and level
+    (``server.log_format`` on a reload). False, and nothing done, when there is no such handler
+    (forge serve run in-process: its caller owns the logging) or it already writes ``fmt``."""
+    root = logging.getLogger()
+    ours = [getattr(h, _MARK) for h in root.handlers if getattr(h, _MARK, False)]
+    if not ours or ours[-1][0] == fmt:
+        return False
+    setup_logging(fmt, settings, root.level, stream=ours[-1][1])
+    return True
 
 
 class _RichMessage(logging.Formatter):

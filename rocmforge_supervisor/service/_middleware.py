@@ -60,7 +60,6 @@ class RequestContext:
     def __init__(self, app: ASGIApp, state: GatewayState) -> None:
         self.app = app
         self.state = state
-        self._follows = state.follows_config
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -78,8 +77,7 @@ class RequestContext:
             await send(message)
 
         recorder = self.state.recorder
-        if self._follows:
-            recorder.follow(self.state.supervisor.config)
+        recorder.follow(self.state.supervisor.config)
         if scope["path"] not in MODEL_PATHS:
             checked = await self._checked(scope, headers, None, receive, send_with_id)
             if checked is not None:
@@ -153,7 +151,9 @@ class RequestContext:
         method = scope["method"]
         path = scope["path"]
         keys = self.state.recorder.keys
-        public = path in _PUBLIC_PATHS or (path == "/metrics" and self.state.metrics_public)  # reloadable
+        public = path in _PUBLIC_PATHS or (
+            path == "/metrics" and self.state.server.metrics_public
+        )  # reloadable
         # A key sent to a public /metrics still counts: a key that is not an admin sees its own
         # per-key series there as everywhere (an anonymous caller sees none: ``_observe``).
         if keys and method != "OPTIONS" and (not public or path == "/metrics"):
@@ -183,7 +183,7 @@ class RequestContext:
 
     def _origin_ok(self, origin: bytes, scope: Scope) -> bool:
         text = origin.decode("latin-1")
-        if text in self.state.cors_origins or is_loopback(urlsplit(text).hostname or ""):
+        if text in self.state.server.cors_origins or is_loopback(urlsplit(text).hostname or ""):
             return True
         return same_origin(
             scope, text, keyed=bool(self.state.recorder.keys)

@@ -419,7 +419,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
                 admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
                 if asks_for_tools(payload):
                     await check_tools(request.app.state.ollama, name, payload)
-                check_media(st.supervisor, name, payload, allow_remote=st.allow_remote_media)
+                check_media(st.supervisor, name, payload, allow_remote=st.server.allow_remote_media)
             else:
                 asked, stream = await model_from_request(route, request, body)
                 name = resolve_name(asked, st.supervisor.names())
@@ -450,8 +450,8 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
             dialect=dialect,
             request_id=rid,
             stream=stream,
-            interval=st.sse_keepalive,
-            close=stream and not st.keep_alive_streams,
+            interval=st.server.sse_keepalive,
+            close=stream and not st.server.keep_alive_streams,
         )
 
     forward.__name__ = f"forward_{route.path.strip('/').replace('/', '_').replace('-', '_')}"
@@ -471,7 +471,7 @@ async def _whisper(
     the forwarder like any other (the queue, the load wait, a child's death as a clean 503) and
     rendered back in the asked ``response_format``. Errors are raised as ``ForgeError`` up to
     the endpoint's one ``error_response``."""
-    form = await parse_form(request, body, st.audio_max_bytes)
+    form = await parse_form(request, body, st.server.audio_max_bytes)
     inference, content_type = to_inference(form, translate=is_translation(route.path))
     fwd = _Forwarder(st, route, name, rid, received, ("/inference", inference, content_type), retry=True)
     return await relay(await fwd.open(lambda: None), form, route, rid)

@@ -26,12 +26,12 @@ from starlette.types import ASGIApp
 
 from .._errors import ConfigError, ForcedExit, ForgeError, ServiceError
 from .._files import write_text_atomic
-from ..access import KeyRing
 from ..config import ForgeConfig, ForgeSettings, ServerConfig
 from ..process import StateDirLock, unwrap_group
-from ..supervisor import ModelState, Supervisor
+from ..supervisor import EventKind, ModelState, Supervisor
 from ._app import GatewayState, create_app
 from ._info import ServiceInfo, read_service_info, service_info_path
+from ._logging import relog
 from ._observe import MetricsPort
 from ._recording import open_store
 from ._sdnotify import SdNotifier
@@ -85,9 +85,9 @@ def _bind(host: str, port: int, key: str = "port") -> socket.socket:
     return sock
 
 
-def _url(sock: socket.socket) -> str:
+def _url(sock: socket.socket, scheme: str = "http") -> str:
     host, port = sock.getsockname()[:2]
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def _bind_all(server_cfg: ServerConfig) -> list[socket.socket]:
@@ -108,6 +108,18 @@ def _bind_all(server_cfg: ServerConfig) -> list[socket.socket]:
                 s.close()
             raise
     return sockets
+
+
+def _warn_plain_http(server: ServerConfig) -> None:
+    """Keys (and every prompt and answer) in clear text across a network: a warning, not a refusal,
+    so that a config that started before TLS existed still starts (a proxy may do TLS in front)."""
+    keyed = server.api_key is not None or bool(server.keys)
+    if keyed and not server.tls and not server.is_loopback:
+        log.warning(
+            "host %s is reachable from the network and serves plain HTTP: API keys, prompts and answers "
+            "cross it unencrypted; set server.tls_cert and server.tls_key (or put a TLS proxy in front)",
+            server.host,
+        )
 
 
 def _write_info(path: Path, info: ServiceInfo) -> None:
@@ -158,8 +170,10 @@ async def _run_locked(
     supervisor = Supervisor(config)
     sockets = _bind_all(config.server)
     sock = sockets[0]
-    base_url = _url(sock)
-    ollama_url = _url(sockets[1]) if config.server.ollama_port is not None else None
+    scheme = config.server.scheme
+    base_url = _url(sock, scheme)
+    ollama_url = _url(sockets[1], scheme) if config.server.ollama_port is not None else None
+    _warn_plain_http(config.server)
     info_path = service_info_path(supervisor.state_dir)
     metrics_port = sockets[-1].getsockname()[1] if config.server.metrics_port is not None else None
     state, uv = _gateway(config, supervisor, None, metrics_port)
@@ -180,6 +194,7 @@ async def _run_locked(
                     sockets,
                     ollama=config.server.ollama_port is not None,
                     metrics=metrics_port is not None,
+                    tls_cert=config.server.tls_cert,
                 )
                 if on_listening is not None:
                     on_listening(base_url, ollama_url)
@@ -228,10 +243,13 @@ def _publish(
     *,
     ollama: bool,
     metrics: bool,
+    tls_cert: Path | None,
 ) -> None:
-    """service.json: how ``forge ps``/``chat``/``load`` find this service (removed at exit)."""
+    """service.json: how ``forge ps``/``chat``/``load`` find this service (removed at exit), and
+    with TLS the certificate it serves, which they then require of it (``ServiceClient``)."""
     info = {
         "url": base_url,
+        "tls_cert": str(tls_cert.resolve()) if tls_cert is not None else None,
         "pid": os.getpid(),
         "config": str(config_path) if config_path else None,
         "ollama_port": sockets[1].getsockname()[1] if len(sockets) > 1 and ollama else None,
@@ -245,29 +263,11 @@ def _gateway(
 ) -> tuple[GatewayState, _Uvicorn]:
     server_cfg = config.server
     store = open_store(config)
-    state = GatewayState(
-        supervisor,
-        api_key=server_cfg.api_key.get_secret_value() if server_cfg.api_key is not None else None,
-        max_body_bytes=server_cfg.max_body_bytes,
-        audio_max_bytes=server_cfg.audio_max_bytes,
-        model_dirs=config.model_dirs,
-        reload=reload,
-        cors_origins=list(server_cfg.cors_origins),
-        sse_keepalive=server_cfg.sse_keepalive,
-        keep_alive_streams=server_cfg.keep_alive_streams,
-        settings=config.settings,
-        metrics_public=server_cfg.metrics_public,
-        keys=KeyRing.from_config(server_cfg),
-        activity=store,
-        capture=server_cfg.capture,
-        capture_models={n: m.capture for n, m in config.models.items() if m.capture is not None},
-        capture_max_bytes=server_cfg.capture_max_bytes,
-        allow_remote_media=server_cfg.allow_remote_media,
-    )
+    state = GatewayState(supervisor, config, reload=reload, activity=store)
     if store is not None and store.problem is None:  # a restart does not hand a key a fresh day
         with contextlib.suppress(Exception):
             state.recorder.limiter.seed(store.tokens_since(time.time() - 86400))
-    app: ASGIApp = create_app(state, cors_origins=list(server_cfg.cors_origins))
+    app: ASGIApp = create_app(state)
     if metrics_port is not None:  # that listener: /metrics alone, no key
         app = MetricsPort(app, state, metrics_port)
     uv = _Uvicorn(
@@ -280,26 +280,30 @@ def _gateway(
             timeout_graceful_shutdown=int(supervisor.policy.drain_timeout),
             backlog=2048,
             limit_concurrency=None,
+            # Every listener (main, Ollama, metrics) serves HTTPS when these are set.
+            ssl_certfile=str(server_cfg.tls_cert) if server_cfg.tls_cert is not None else None,
+            ssl_keyfile=str(server_cfg.tls_key) if server_cfg.tls_key is not None else None,
         )
     )
     return state, uv
 
 
-#: ``[server]`` keys read once, at start: the listening sockets, the log format, where state
-#: lives, the CORS middleware, whether the activity log is open. A reload that changes one says so
-#: (``restart_required`` in its answer, a warning in the log); every other key applies live.
+#: ``[server]`` keys read once, at start: the listening sockets and their TLS files, and where
+#: state, logs and saved contexts live (the lock, the children's log files and slot-save paths are
+#: there). A reload that changes one says so — ``restart_required`` in its answer, a
+#: ``restart_required`` event, a warning in the log — and the service keeps the old value; every
+#: other key applies from the next request on (``GatewayState.server``).
 _RESTART_ONLY = (
     "host",
     "port",
     "ollama_port",
     "metrics_port",
     "metrics_host",
-    "cors_origins",
-    "log_format",
+    "tls_cert",
+    "tls_key",
     "state_dir",
     "log_dir",
     "context_dir",
-    "activity",
 )
 
 
@@ -325,14 +329,15 @@ def _reloader(
             try:
                 new = await anyio.to_thread.run_sync(load_config)
                 summary = await supervisor.reload(new)
-                state.apply(new)
+                await _apply_server(state, new)
                 log.info("config reloaded: %s", summary)
                 if pending := _restart_required(started, new.server):
                     summary["restart_required"] = pending
-                    log.warning(
-                        "config reloaded, but %s take effect only when forge serve restarts",
-                        ", ".join(pending),
+                    message = (
+                        f"{', '.join(pending)} changed: restart forge serve to apply (it keeps the old value)"
                     )
+                    log.warning("config reloaded, but %s", message)
+                    supervisor.events.publish("*", EventKind.RESTART_REQUIRED, keys=pending, message=message)
                 return summary
             except ConfigError as exc:
                 log.error("reload refused, the running config stays: %s", exc)
@@ -342,6 +347,22 @@ def _reloader(
                     notifier.ready(_status_line(supervisor))
 
     return reload
+
+
+async def _apply_server(state: GatewayState, new: ForgeConfig) -> None:
+    """The new ``[server]`` section in force: the log format, the activity store opened or closed
+    when ``server.activity`` changed (its file work off the event loop), then the gateway's."""
+    if relog(new.server.log_format, new.settings):
+        log.info("log format: %s (server.log_format)", new.server.log_format)
+    store = state.recorder.store
+    if new.server.activity and store is None:
+        state.recorder.store = await anyio.to_thread.run_sync(open_store, new)
+        log.info("activity log on (server.activity = true)")
+    elif not new.server.activity and store is not None:
+        state.recorder.store = None  # requests that end from now on are not recorded
+        await anyio.to_thread.run_sync(store.close)  # what is queued is committed
+        log.info("activity log off (server.activity = false)")
+    state.apply(new)
 
 
 async def _until_stop(

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 from starlette.requests import Request
 
-from ..access import ADMIN_KEY_NAME, Key, KeyRing, Limiter
+from ..access import KeyRing, Limiter
 from ..activity import ActivityStore
 from ..client import async_pool
-from ..config import ForgeConfig, ForgeSettings
+from ..config import ForgeConfig, ForgeSettings, ServerConfig
 from ..supervisor import Supervisor
 from ._metrics import Metrics
 from ._recording import Recorder
@@ -23,63 +22,39 @@ __all__ = ["AUDIO_PATHS", "GatewayState", "body_limit", "request_id", "state_of"
 
 
 class GatewayState:
-    """One per app (``app.state.gateway``); routes reach it through :func:`state_of`."""
+    """One per app (``app.state.gateway``); routes reach it through :func:`state_of`.
+
+    It holds the running ``[server]`` section itself (:attr:`server`), swapped whole by a reload
+    (:meth:`apply`), and routes read ``st.server.KEY`` at use: a new ``[server]`` key that applies
+    per request needs no copy here (uvicorn's one ``Config`` read as ``self.config.x``)."""
 
     def __init__(
         self,
         supervisor: Supervisor,
+        config: ForgeConfig,
         *,
-        api_key: str | None,
-        max_body_bytes: int,
-        model_dirs: list[Path],
         reload: Callable[[], Awaitable[dict[str, Any]]] | None = None,
-        cors_origins: list[str] | None = None,
-        sse_keepalive: float = 5.0,
-        keep_alive_streams: bool = False,
-        settings: ForgeSettings | None = None,
-        metrics_public: bool = False,
-        keys: KeyRing | None = None,
         activity: ActivityStore | None = None,
-        capture: bool = False,
-        capture_models: dict[str, bool] | None = None,
-        capture_max_bytes: int = 64 * 1024,
-        allow_remote_media: bool = False,
-        audio_max_bytes: int = 25 * 1024 * 1024,
     ) -> None:
-        #: The largest audio file a whisper model takes (server.audio_max_bytes; see ``_audio``).
-        self.audio_max_bytes = audio_max_bytes
-        #: ``http(s)`` media URLs reach the children (server.allow_remote_media; see ``_media``).
-        self.allow_remote_media = allow_remote_media
-        #: ``/metrics`` answers without the API key (server.metrics_public).
-        self.metrics_public = metrics_public
-        #: Seconds between ``: keep-alive`` comments while a stream waits (0: off).
-        self.sse_keepalive = sse_keepalive
-        #: The client's connection stays open after a streamed answer (server.keep_alive_streams).
-        self.keep_alive_streams = keep_alive_streams
-        self.settings = settings
-        self.cors_origins = list(cors_origins or [])
         self.supervisor = supervisor
-        self.api_key = api_key
-        self.max_body_bytes = max_body_bytes
-        self.model_dirs = [p.resolve() for p in model_dirs]
+        #: The ``[server]`` settings in force: read at use, replaced by :meth:`apply`.
+        self.server: ServerConfig = config.server
+        self.settings: ForgeSettings = config.settings
+        self.model_dirs = [p.resolve() for p in config.model_dirs]
         self.reload = reload
         self.metrics = Metrics(supervisor.status)
-        #: Keys built from the supervisor's config follow it across reloads (``Recorder.follow``).
-        self.follows_config = keys is not None
-        if keys is None:  # server.api_key alone: one admin key
-            keys = KeyRing([Key(ADMIN_KEY_NAME, api_key.encode(), admin=True)] if api_key else [])
-        #: Keys, limits and the activity log: what the middleware checks and records.
+        #: Keys, limits and the activity log: what the middleware checks and records. Keys and
+        #: capture follow the supervisor's config across reloads (``Recorder.follow``).
         self.recorder = Recorder(
             activity,
-            keys,
+            KeyRing.from_config(config.server),
             Limiter(),
             self.metrics,
-            capture=capture,
-            capture_models=dict(capture_models or {}),
-            capture_max_bytes=capture_max_bytes,
+            capture=config.server.capture,
+            capture_models={n: m.capture for n, m in config.models.items() if m.capture is not None},
+            capture_max_bytes=config.server.capture_max_bytes,
         )
-        if self.follows_config:
-            self.recorder.follow(supervisor.config)
+        self.recorder.follow(supervisor.config)
         #: Set when the service starts stopping: endless responses (events, log follow) end then.
         self.closing = anyio.Event()
         self.upstream: httpx.AsyncClient = async_pool(httpx.Timeout(None, connect=5.0), max_keepalive=512)
@@ -87,16 +62,12 @@ class GatewayState:
         self.streams = StreamPool(connect_timeout=5.0, max_idle=512)
 
     def apply(self, config: ForgeConfig) -> None:
-        """A reloaded config's ``[server]`` settings that the gateway reads per request, from the
-        next request on. Keys and capture follow the config by themselves (``Recorder.follow``);
-        what only a restart applies is named by the reload (``service._server``)."""
-        server = config.server
-        self.max_body_bytes = server.max_body_bytes
+        """A reloaded config's ``[server]`` settings, from the next request on: the section is
+        swapped; what lives outside it (the recorder's byte limit, the activity store's bounds) is
+        told. Opening or closing the store (``server.activity``) and what only a restart applies
+        are the reload's (``service._server``)."""
+        server = self.server = config.server
         self.model_dirs = [p.resolve() for p in config.model_dirs]
-        self.sse_keepalive = server.sse_keepalive
-        self.keep_alive_streams = server.keep_alive_streams
-        self.metrics_public = server.metrics_public
-        self.allow_remote_media = server.allow_remote_media
         self.recorder.capture_max_bytes = server.capture_max_bytes
         store = self.recorder.store
         if store is not None:  # read by its writer thread at each trim and each captured body
@@ -128,5 +99,5 @@ def body_limit(st: GatewayState, path: str) -> int:
     """The body limit of a route: ``max_body_bytes``, or on the audio routes enough for an
     ``audio_max_bytes`` file and its form (the file itself is checked by ``_audio``)."""
     if path in AUDIO_PATHS:
-        return max(st.max_body_bytes, st.audio_max_bytes + _FORM_OVERHEAD)
-    return st.max_body_bytes
+        return max(st.server.max_body_bytes, st.server.audio_max_bytes + _FORM_OVERHEAD)
+    return st.server.max_body_bytes

@@ -37,6 +37,7 @@ class EventKind(StrEnum):
     SLEEP = "sleep"  # its child freed (sleeping: true) or reloaded (false) the model (sleep_idle)
     READY = "ready"  # the supervisor is up, preloads done (model "*")
     CONFIG = "config"  # a reload was applied (model "*")
+    RESTART_REQUIRED = "restart_required"  # a reload changed [server] keys only a restart applies ("*")
     LOG = "log"  # one line of a child's log (the log bus only)
     WAITING = "waiting"  # its RPC workers are down or busy: the start waits (backoff) and re-plans
     CONTEXT_SAVED = "context_saved"  # keep_context: a slot was saved at a planned stop

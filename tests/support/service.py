@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -52,13 +53,15 @@ class Service:
     state_dir: Path
     config: Path
     api_key: str | None = None
+    #: How its certificate is checked when it serves HTTPS (``[server] tls_cert``).
+    verify: ssl.SSLContext | bool = True
 
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers=self.headers, timeout=60)
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=60, verify=self.verify)
 
     def models(self) -> dict[str, dict[str, Any]]:
         with self.client() as c:
@@ -133,6 +136,7 @@ def running_service(
     api_key: str | None = None,
     extra_env: dict[str, str] | None = None,
     wait_ready: bool = True,
+    verify: ssl.SSLContext | bool = True,
 ) -> Iterator[Service]:
     env = {"FORGE_LLAMA_SERVER": str(llama_server_bin), **(extra_env or {})}
     stderr = state_dir / "serve.stderr"
@@ -142,7 +146,7 @@ def running_service(
         if not url.startswith("http"):
             proc.wait(timeout=10)
             raise AssertionError(f"forge serve did not start (exit {proc.returncode}): {stderr.read_text()}")
-        svc = Service(proc, url, state_dir, config, api_key)
+        svc = Service(proc, url, state_dir, config, api_key, verify)
         if wait_ready:
             wait_for(lambda: _ready(svc), timeout=60, what="/ready")
         yield svc
@@ -150,7 +154,8 @@ def running_service(
 
 def _ready(svc: Service) -> bool:
     try:
-        return httpx.get(f"{svc.url}/ready", headers=svc.headers, timeout=2).status_code == 200
+        with svc.client() as c:
+            return c.get("/ready", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 

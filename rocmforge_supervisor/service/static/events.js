@@ -35,6 +35,8 @@ function describe(ev) {
       return ["yielded", d.message || `memory on ${d.device}`];
     case "config":
       return ["config", Object.entries(d.changes || {}).filter(([, v]) => v.length).map(([k, v]) => `${k}: ${v.join(", ")}`).join("; ")];
+    case "restart_required":
+      return ["restart needed", d.message || (d.keys || []).join(", ")];
     case "context_saved":
       return ["context saved", `slot ${d.slot}: ${d.tokens} tokens in ${took(d.ms, d.save_ms)}`];
     case "context_restored":
