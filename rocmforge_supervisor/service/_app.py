@@ -46,7 +46,7 @@ def create_app(
         state.upstream,
         resolve_path=partial(local_model_path, settings=state.settings),
     )
-    ollama_api = ollama.OllamaBackend(facts, forward=partial(_proxy.open_upstream, state))
+    ollama_api = ollama.OllamaBackend(facts, forward=_proxy.Translated(state))
     routes: list[BaseRoute] = [
         *_observe.routes(),
         *_proxy.routes(),

@@ -175,6 +175,8 @@ def sse_error_chunk(exc: ForgeError, dialect: Dialect = "openai") -> bytes:
     """Once a stream has started, an error can only be an event: the shape llama-server sends —
     ``data: {"error":…}`` for OpenAI routes, ``event: error`` + Anthropic's body for /v1/messages."""
     status, err_type, _ = status_for(exc)
+    if dialect == "ollama":  # an NDJSON stream: its error is a line of its own, as Ollama's
+        return json.dumps({"error": str(exc)}, separators=(",", ":")).encode() + b"\n"
     if dialect == "anthropic":
         body = shape_error("anthropic", status, str(exc), err_type)
         return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"

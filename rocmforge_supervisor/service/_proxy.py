@@ -35,6 +35,7 @@ from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
 from ..client import Upstream, asend
 from ..supervisor import backend_of
 from ._audio import is_translation, parse_form, relay, to_inference
+from ._dialect import Translator
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
 from ._listing import check_media, check_tools, model_list
 from ._middleware import read_body
@@ -54,7 +55,7 @@ from ._state import GatewayState, body_limit, request_id, state_of
 from ._tools import asks_for_tools
 from ._upstream_http import StreamResponse, supports
 from ._usage import StreamMeter, Used, used_in
-from ._validate import check_fields, parse_object
+from ._validate import check_fields, default_length, parse_object
 
 __all__ = ["FORWARDED", "open_upstream", "routes"]
 
@@ -88,7 +89,6 @@ _KINDS: dict[str, str] = {
 }
 #: Route kinds that generate: a model's ``max_tokens`` default applies to them.
 _GENERATES = frozenset({"chat", "completion"})
-_LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
 def _checked_json(
@@ -108,8 +108,7 @@ def _checked_json(
     check_fields(payload, kind)
     name = resolve_name(asked, st.supervisor.names())
     default = st.supervisor.config_of(name).max_tokens  # 404 before queueing
-    if default is not None and kind in _GENERATES and all(payload.get(k) is None for k in _LENGTH_FIELDS):
-        payload["max_tokens"] = default
+    if kind in _GENERATES and default_length(payload, default):
         body = json.dumps(payload).encode()
     return name, payload.get("stream") is True, body, payload
 
@@ -232,15 +231,20 @@ class _Forwarder:
         *,
         retry: bool = False,
         stream: bool = False,
+        translator: Translator | None = None,
     ) -> None:
         self.st = st
-        self.route = route
+        self.route = route  # the client's route: the metrics' endpoint, the errors' dialect
         self.name = name
         self.rid = rid
         self.received = received
         self.path, self.body, self.content_type = request
+        #: What the child is asked (its path without the query): the stream's kind and end marker.
+        self.upstream_path = self.path.partition("?")[0]
         self.retry = retry
         self.stream = stream
+        #: A dialect that is not llama-server's own (Ollama): its answers translated.
+        self.translator = translator
         #: "502" once the child broke the stream (the relay sends the client an error event).
         self._stream_status = "200"
 
@@ -349,8 +353,12 @@ class _Forwarder:
                 self._count("200", content, used_in(content))
             else:
                 self._count(str(status), b"", None)
+            if self.translator is not None and status == 200:
+                return Opened(200, {"content-type": "application/json"}, self.translator.whole(content))
             return Opened(status, headers, content)
-        meter = StreamMeter(self.route.path)
+        meter = StreamMeter(self.upstream_path)
+        if self.translator is not None:
+            headers = {"content-type": self.translator.stream_type}
         relay = self._relay(upstream, meter)
 
         async def close() -> None:
@@ -366,15 +374,23 @@ class _Forwarder:
         self, upstream: httpx.Response | StreamResponse, meter: StreamMeter
     ) -> AsyncGenerator[bytes, None]:
         first = True
-        marker = _END_MARKERS.get(self.route.path)
+        marker = _END_MARKERS.get(self.upstream_path)
         try:
-            async for chunk in upstream.aiter_raw():
-                if first:
-                    self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
-                    note_timing(first_byte=True)
-                    first = False
-                meter.feed(chunk)
-                yield chunk
+            if self.translator is None:  # the hot path: the child's bytes as they come
+                async for chunk in upstream.aiter_raw():
+                    if first:
+                        self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
+                        note_timing(first_byte=True)
+                        first = False
+                    meter.feed(chunk)
+                    yield chunk
+            else:
+                async for piece in self.translator.stream(_metered(upstream.aiter_raw(), meter)):
+                    if first:
+                        self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
+                        note_timing(first_byte=True)
+                        first = False
+                    yield piece
             if marker is not None and marker not in meter.tail and b'"error"' not in meter.tail:
                 raise StreamError(f"the stream ended without {marker.decode()}")
         except (StreamError, httpx.HTTPError) as exc:
@@ -401,6 +417,50 @@ class _Forwarder:
             if used is not None:
                 note_used(used)
             note_finish(tail=tail)
+
+
+async def _metered(chunks: AsyncIterator[bytes], meter: StreamMeter) -> AsyncIterator[bytes]:
+    """The child's chunks, each read by the meter (the request's tokens) before it is translated."""
+    async for chunk in chunks:
+        meter.feed(chunk)
+        yield chunk
+
+
+class Translated:
+    """The forwarder for a translated dialect (Ollama's ``/api/chat``…; the Ollama routes' one
+    way to a model): a request already in llama-server's terms through the one forwarder and the
+    one relay response — the same load wait, slot, watchdog retry, metrics (under ``endpoint``),
+    activity record and charge as every route."""
+
+    def __init__(self, st: GatewayState) -> None:
+        self.st = st
+
+    def __call__(
+        self,
+        *,
+        endpoint: str,
+        name: str,
+        rid: str | None,
+        upstream_path: str,
+        body: bytes,
+        stream: bool,
+        translator: Translator,
+    ) -> RelayResponse:
+        route = ForwardRoute(endpoint, "POST", "json", "ollama")
+        fwd = _Forwarder(
+            self.st,
+            route,
+            name,
+            rid,
+            time.perf_counter(),
+            (upstream_path, body, "application/json"),
+            retry=not stream,
+            stream=stream,
+            translator=translator,
+        )
+        # No keep-alive pings (an NDJSON stream has no comment line); the connection is kept, as
+        # Ollama keeps it.
+        return RelayResponse(fwd.open, dialect="ollama", request_id=rid, stream=stream, interval=0.0)
 
 
 def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._errors import InvalidRequest
 
-__all__ = ["CHECKS", "check_fields", "parse_object"]
+__all__ = ["CHECKS", "LENGTH_FIELDS", "check_fields", "default_length", "parse_object"]
 
 _INT64 = (-(2**63), 2**63 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
@@ -200,3 +200,16 @@ def check_fields(payload: dict[str, Any], kind: str) -> None:
         check = checks.get(key)
         if check is not None and value is not None:
             check(value, key)
+
+
+#: The fields that bound an answer's length, in every request shape llama-server reads.
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
+
+
+def default_length(payload: dict[str, Any], default: int | None, *, field: str = "max_tokens") -> bool:
+    """A model's ``max_tokens`` (forge.toml) set as ``field`` in a request that bounds its answer
+    by none of :data:`LENGTH_FIELDS`: the one rule for every route and dialect. Whether it set it."""
+    if default is None or any(payload.get(k) is not None for k in LENGTH_FIELDS):
+        return False
+    payload[field] = default
+    return True

@@ -243,9 +243,11 @@ def main() -> None:
                 delta = {"delta": {"content": f"tok{i} "}} if chat else {"text": f"tok{i} "}
                 choice = {"index": 0, "finish_reason": None, **delta}
                 events.append(f"data: {json.dumps({'choices': [choice]})}\n\n")
-            # As the real one ends: a last chunk with the finish reason and nothing else, then [DONE].
+            # As the real one ends: a last chunk with the finish reason and its ``timings`` (what it
+            # read and produced; sent without ``include_usage`` too), then [DONE].
             last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
-            events.append(f"data: {json.dumps({'choices': [last]})}\n\n")
+            timings = {"cache_n": 0, "prompt_n": 2, "predicted_n": chunks}
+            events.append(f"data: {json.dumps({'choices': [last], 'timings': timings})}\n\n")
             self._stream(events, "data: [DONE]\n\n")
 
         def _messages(self, stream: bool) -> None:

@@ -18,36 +18,30 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
-import anyio
-import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp
 
 from ... import __version__
 from ..._errors import ForgeError, InvalidRequest, ModelNotFound, RequestRejected, UsageError
 from ...client import SSEDecoder
 from ...supervisor import Supervisor, backend_of
-from .._errors_http import UpstreamModel, error_response, upstream_error
+from .._dialect import Translator
+from .._errors_http import error_response
 from .._listing import ModelFacts, check_media, check_tools, visible_models
 from .._recording import (
     admit_model,
-    note_finish,
     note_model,
-    note_status,
-    note_timing,
-    note_used,
     request_key,
 )
 from .._routes import resolve_name
-from .._usage import StreamMeter, used_in
-from .._validate import parse_object
+from .._validate import default_length, parse_object
 from ._convert import (
     ChatStream,
     Target,
@@ -70,9 +64,22 @@ __all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "routes"]
 #: these routes follow. forge's own version is in ``forge_version``.
 OLLAMA_COMPAT_VERSION = "0.18.3"
 
-#: (model, method, llama-server path, body, request id) → the child's streaming response; entering
-#: acquires the model (waiting up to its load_wait), leaving releases it.
-Forward = Callable[[str, str, str, bytes, str | None], AbstractAsyncContextManager[httpx.Response]]
+
+class Forward(Protocol):
+    """The one forwarder (``_proxy.translated``): a request already in llama-server's terms, sent
+    to model ``name``'s child and answered through ``translator``, as a response to return."""
+
+    def __call__(
+        self,
+        *,
+        endpoint: str,
+        name: str,
+        rid: str | None,
+        upstream_path: str,
+        body: bytes,
+        stream: bool,
+        translator: Translator,
+    ) -> ASGIApp: ...
 
 
 @dataclass(frozen=True)
@@ -170,25 +177,25 @@ async def api_unsupported(request: Request) -> Response:
 # -- generation -------------------------------------------------------------------------------------
 
 
-async def api_chat(b: OllamaBackend, request: Request) -> Response:
+async def api_chat(b: OllamaBackend, request: Request) -> ASGIApp:
     return await _generation(b, request, generate=False)
 
 
-async def api_generate(b: OllamaBackend, request: Request) -> Response:
+async def api_generate(b: OllamaBackend, request: Request) -> ASGIApp:
     return await _generation(b, request, generate=True)
 
 
-async def api_embed(b: OllamaBackend, request: Request) -> Response:
+async def api_embed(b: OllamaBackend, request: Request) -> ASGIApp:
     return await _generation(b, request, generate=False, embed="embed")
 
 
-async def api_embeddings(b: OllamaBackend, request: Request) -> Response:
+async def api_embeddings(b: OllamaBackend, request: Request) -> ASGIApp:
     return await _generation(b, request, generate=False, embed="embeddings")
 
 
 async def _generation(
     b: OllamaBackend, request: Request, *, generate: bool, embed: str | None = None
-) -> Response:
+) -> ASGIApp:
     rid = _rid(request)
     try:
         body = await _body(request)
@@ -223,7 +230,7 @@ async def _generation(
                 )
     except ForgeError as exc:
         return error_response(exc, rid, "ollama")
-    return await _send(b, name, target, rid, generate=generate)
+    return _send(b, request, name, target, rid, generate=generate)
 
 
 def _default_length(b: OllamaBackend, name: str, body: dict[str, Any], target: Target) -> None:
@@ -232,10 +239,8 @@ def _default_length(b: OllamaBackend, name: str, body: dict[str, Any], target: T
     options = body.get("options")
     if isinstance(options, dict) and "num_predict" in options:
         return
-    default = b.supervisor.view(name).config.max_tokens
-    if default is None or any(k in target.payload for k in ("max_tokens", "n_predict")):
-        return
-    target.payload["n_predict" if target.kind == "native" else "max_tokens"] = default
+    field = "n_predict" if target.kind == "native" else "max_tokens"
+    default_length(target.payload, b.supervisor.config_of(name).max_tokens, field=field)
 
 
 def _may_control(request: Request, name: str, keep_alive: float | None) -> bool:
@@ -274,141 +279,88 @@ async def _load_or_unload(
     return JSONResponse({**head, "done": True, "done_reason": reason})
 
 
-async def _send(b: OllamaBackend, name: str, target: Target, rid: str | None, *, generate: bool) -> Response:
-    started = time.perf_counter()
-    stack = AsyncExitStack()
-    body = json.dumps(target.payload).encode()
-    try:
-        up = await stack.enter_async_context(b.forward(name, "POST", target.path, body, rid))
-        if up.status_code != 200 or not target.payload.get("stream"):
-            raw = await up.aread()
-            await stack.aclose()
-            return _reply(up.status_code, raw, name, target, started, generate)
-    except ForgeError as exc:
-        await stack.aclose()
-        return error_response(exc, rid, "ollama")
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await stack.aclose()
-        raise
-
-    meter = StreamMeter(target.path)
-
-    async def lines() -> AsyncGenerator[bytes, None]:
-        broken = False
-        try:
-            async for obj in _translate_stream(up, meter, name, target, started, generate):
-                note_timing(first_byte=True)
-                yield json.dumps(_noted(obj), separators=(",", ":")).encode() + b"\n"
-        except httpx.HTTPError as exc:
-            broken = True
-            note_status(502, "stream_broken")
-            yield (
-                json.dumps(
-                    {"error": f"model {name!r} stopped mid-stream: {exc}"}, separators=(",", ":")
-                ).encode()
-                + b"\n"
-            )
-        finally:
-            if not broken:  # what the child read and produced, also when the client left
-                note_used(meter.used())
-            with anyio.CancelScope(shield=True):
-                await stack.aclose()
-
-    return _ClosingStream(lines(), stack, media_type="application/x-ndjson")
+def _send(
+    b: OllamaBackend, request: Request, name: str, target: Target, rid: str | None, *, generate: bool
+) -> ASGIApp:
+    """The translated request through the one forwarder (``Forward``): metrics, activity, the
+    watchdog's retry and the key's charge are the same as on every route; only the answer's shape
+    is Ollama's (:class:`_OllamaAnswer`)."""
+    return b.forward(
+        endpoint=request.url.path,
+        name=name,
+        rid=rid,
+        upstream_path=target.path,
+        body=json.dumps(target.payload).encode(),
+        stream=bool(target.payload.get("stream")),
+        translator=_OllamaAnswer(name, target, time.perf_counter(), generate),
+    )
 
 
-class _ClosingStream(StreamingResponse):
-    """Releases the model however the response ends, even if the body never started; the body's
-    generator is closed here too, so that its ``finally`` (the request's charge) runs while the
-    request is still being recorded — starlette leaves a generator the client cut to the GC."""
+@dataclass(frozen=True)
+class _OllamaAnswer:
+    """llama-server's answer in Ollama's shape: a JSON object, or NDJSON lines as they complete."""
 
-    def __init__(self, content: AsyncGenerator[bytes, None], stack: AsyncExitStack, **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self._lines = content
-        self._stack = stack
+    name: str
+    target: Target
+    started: float
+    generate: bool
+    stream_type: str = "application/x-ndjson"
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._lines.aclose()
-                await self._stack.aclose()
+    def whole(self, content: bytes) -> bytes:
+        data = json.loads(content)
+        name, target, started = self.name, self.target, self.started
+        reply: dict[str, Any]
+        if target.kind == "embed":
+            vectors = [d["embedding"] for d in sorted(data.get("data", []), key=lambda d: d.get("index", 0))]
+            usage = data.get("usage") or {}
+            reply = {
+                "model": name,
+                "embeddings": vectors,
+                "total_duration": int((time.perf_counter() - started) * 1e9),
+                "load_duration": 0,
+                "prompt_eval_count": int(usage.get("prompt_tokens", 0) or 0),
+            }
+        elif target.kind == "embeddings":
+            reply = {"embedding": data["data"][0]["embedding"]}
+        elif target.kind == "native":
+            reply = generate_reply(data, name, started)
+        else:
+            reply = chat_reply(data, name, started, generate=self.generate)
+        return json.dumps(reply).encode()
 
+    async def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for obj in self._objects(chunks):
+            yield json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
-def _upstream_error(status: int, raw: bytes, name: str) -> Response:
-    """llama-server's error through the one map (client faults 4xx), in Ollama's shape."""
-    return error_response(upstream_error(UpstreamModel(name), status, raw), dialect="ollama")
-
-
-def _noted(obj: dict[str, Any]) -> dict[str, Any]:
-    """An answer (or a stream's last line) with its finish reason noted in the activity record
-    (its tokens are read from the child's answer itself, as on every route: ``_usage``)."""
-    if obj.get("done") or "prompt_eval_count" in obj:
-        note_finish(obj.get("done_reason"))
-    return obj
-
-
-def _reply(status: int, raw: bytes, name: str, target: Target, started: float, generate: bool) -> Response:
-    if status != 200:
-        return _upstream_error(status, raw, name)
-    used = used_in(raw)
-    if used is not None:
-        note_used(used)
-    data = json.loads(raw)
-    if target.kind == "embed":
-        vectors = [d["embedding"] for d in sorted(data.get("data", []), key=lambda d: d.get("index", 0))]
-        usage = data.get("usage") or {}
-        return JSONResponse(
-            _noted(
-                {
-                    "model": name,
-                    "embeddings": vectors,
-                    "total_duration": int((time.perf_counter() - started) * 1e9),
-                    "load_duration": 0,
-                    "prompt_eval_count": int(usage.get("prompt_tokens", 0) or 0),
-                }
-            )
-        )
-    if target.kind == "embeddings":
-        return JSONResponse({"embedding": data["data"][0]["embedding"]})
-    if target.kind == "native":
-        return JSONResponse(_noted(generate_reply(data, name, started)))
-    return JSONResponse(_noted(chat_reply(data, name, started, generate=generate)))
-
-
-async def _translate_stream(
-    up: httpx.Response, meter: StreamMeter, name: str, target: Target, started: float, generate: bool
-) -> AsyncIterator[dict[str, Any]]:
-    decoder = SSEDecoder()
-    chat = ChatStream(name, started, generate=generate)
-    async for chunk in up.aiter_raw():
-        meter.feed(chunk)
-        for ev in decoder.feed(chunk):
-            if not ev.data or ev.data == "[DONE]":
-                continue
-            data = json.loads(ev.data)
-            if "error" in data:
-                err = data["error"]
-                yield {"error": err.get("message") if isinstance(err, dict) else str(err)}
-                return
-            if target.kind == "native":
-                piece = native_piece(data, name, started)
-                yield piece
-                if piece["done"]:
+    async def _objects(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
+        name, target, started = self.name, self.target, self.started
+        decoder = SSEDecoder()
+        chat = ChatStream(name, started, generate=self.generate)
+        async for chunk in chunks:
+            for ev in decoder.feed(chunk):
+                if not ev.data or ev.data == "[DONE]":
+                    continue
+                data = json.loads(ev.data)
+                if "error" in data:
+                    err = data["error"]
+                    yield {"error": err.get("message") if isinstance(err, dict) else str(err)}
                     return
-                continue
-            for line in chat.feed(data):
-                yield line
-    if target.kind != "native":
-        yield chat.finish()
+                if target.kind == "native":
+                    piece = native_piece(data, name, started)
+                    yield piece
+                    if piece["done"]:
+                        return
+                    continue
+                for line in chat.feed(data):
+                    yield line
+        if target.kind != "native":
+            yield chat.finish()
 
 
 def routes(b: OllamaBackend) -> list[BaseRoute]:
     """The Ollama API's routes, each bound to ``b``."""
 
-    def bound(handler: Callable[[OllamaBackend, Request], Awaitable[Response]]) -> Callable[[Request], Any]:
+    def bound(handler: Callable[[OllamaBackend, Request], Awaitable[ASGIApp]]) -> Callable[[Request], Any]:
         return partial(handler, b)
 
     return [

@@ -1,0 +1,32 @@
+"""A dialect that is not llama-server's own, as the one forwarder sees it: a translator of the
+child's answers. The request side (its body in llama-server's terms, the upstream path) is made
+by the dialect's routes; the error side is ``_errors_http``'s shape for the dialect. Everything
+between — the load wait, the slot, the watchdog's retry, metrics, the activity record, the
+key's charge — is the forwarder's, the same for every dialect (llama-swap's ``apiconv``
+converters plugged into its one proxy path are the model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+__all__ = ["Translator"]
+
+
+class Translator(Protocol):
+    """The child's answer in the dialect's shape."""
+
+    @property
+    def stream_type(self) -> str:
+        """``content-type`` of a streamed answer (``application/x-ndjson`` for Ollama)."""
+        ...
+
+    def whole(self, content: bytes) -> bytes:
+        """A whole 200 answer (llama-server's JSON) as the dialect's body (JSON)."""
+        ...
+
+    def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The child's SSE, as the raw chunks arrive, into the dialect's stream: each piece is
+        sent as soon as it is complete. An error event of the child becomes the dialect's."""
+        ...
