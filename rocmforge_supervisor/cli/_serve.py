@@ -50,7 +50,7 @@ def connect_service(
     The key is ``api_key``, else the config's ``server.api_key`` (which FORGE_API_KEY also sets).
     An ``https://`` service's certificate is checked as ``find_service`` says.
     """
-    from ..service._info import find_service  # not the server, nor httpx without a service running
+    from ..service import find_service  # not the server, nor httpx without a service running
 
     settings = get_settings()
     state_dir = settings.state_dir
@@ -143,9 +143,8 @@ def serve(
 ) -> None:
     """Run the supervisor: many models behind one OpenAI-compatible endpoint, until SIGTERM/Ctrl-C."""
     from ..config import load_config
-    from ..service._logging import setup_logging
-    from ..service._sdnotify import SdNotifier
-    from ..service._server import run_service
+    from ..process import SdNotifier
+    from ..service import run_service, setup_logging
 
     settings = get_settings()
     cfg = load_config(config, settings)
@@ -195,7 +194,7 @@ def serve(
 
     import anyio  # start-up time: only serve runs an event loop here
 
-    from ..service._server import loop_options
+    from ..service import loop_options
 
     def on_stopped(signame: str, running: list[str]) -> None:
         """One line at the end (Ctrl-C on `make run` printed nothing): what was stopped."""
@@ -465,7 +464,7 @@ def load_in_service(client: Any, model: str) -> tuple[dict[str, Any], float]:
         f"loading {escape(model)} in the forge service at {escape(client.base_url)} …"
     ) as spinner:
         # Progress from the same event stream the control API serves: state changes as they come.
-        from ..service._client import ServiceClient
+        from ..service import ServiceClient
 
         watcher = ServiceClient(client.base_url, client.api_key, verify=client.verify)
 

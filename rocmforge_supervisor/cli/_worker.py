@@ -116,7 +116,7 @@ def worker(
             spec = next(s for s in specs if s.name == name)
             console.print(spec.address)  # stdout: the addresses, for scripts and [[workers]]
             if len(ready) == len(specs):
-                from ..service._sdnotify import SdNotifier
+                from ..process import SdNotifier
 
                 SdNotifier.from_settings(settings).ready(f"{len(specs)} rpc worker(s) listening")
 

@@ -11,6 +11,7 @@ from ._probe import ProbeRun, probe_server
 from ._programs import LLAMA_SERVER, WHISPER_SERVER, CommandProgram, ServerProgram
 from ._restart import Breaker, ChildEvent, Life, Outcome, RestartPolicy, restart_loop
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
+from ._sdnotify import SdNotifier
 from ._spawn import with_parent_death
 from ._spec import InstanceSpec, InstanceState, crash_advice, describe_returncode, unwrap_group
 from ._statelock import StateDirLock
@@ -33,6 +34,7 @@ __all__ = [
     "ProbeRun",
     "RestartPolicy",
     "RpcWorker",
+    "SdNotifier",
     "ServerProgram",
     "StateDirLock",
     "WorkerEvent",

@@ -1,5 +1,8 @@
 """`forge serve`: the gateway (one OpenAI-compatible endpoint), control API, metrics, systemd.
 
+What the CLI uses of it is exported here, and only here (an import-linter contract keeps
+``cli/`` out of the private modules).
+
 Names are imported on first use (start-up time): ``forge ps`` finds a running service through
 ``_info`` and must not import the server (uvicorn, starlette, the supervisor) to do it.
 """
@@ -11,7 +14,8 @@ if TYPE_CHECKING:
     from ._app import GatewayState, create_app
     from ._client import ServiceClient
     from ._info import find_service, read_service_info
-    from ._server import run_service
+    from ._logging import setup_logging
+    from ._server import loop_options, run_service
 else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
@@ -19,7 +23,8 @@ else:  # mypy sees the imports above (and flags a name that is not there)
             "._app": ("GatewayState", "create_app"),
             "._client": ("ServiceClient",),
             "._info": ("find_service", "read_service_info"),
-            "._server": ("run_service",),
+            "._logging": ("setup_logging",),
+            "._server": ("loop_options", "run_service"),
         },
     )
 
@@ -28,6 +33,8 @@ __all__ = [
     "ServiceClient",
     "create_app",
     "find_service",
+    "loop_options",
     "read_service_info",
     "run_service",
+    "setup_logging",
 ]

@@ -27,14 +27,13 @@ from starlette.types import ASGIApp
 from .._errors import ConfigError, ForcedExit, ForgeError, ServiceError
 from .._files import write_text_atomic
 from ..config import ForgeConfig, ForgeSettings, ServerConfig
-from ..process import StateDirLock, unwrap_group
+from ..process import SdNotifier, StateDirLock, unwrap_group
 from ..supervisor import EventKind, ModelState, Supervisor
 from ._app import GatewayState, create_app
 from ._info import ServiceInfo, read_service_info, service_info_path
 from ._logging import relog
 from ._observe import MetricsPort
 from ._recording import open_store
-from ._sdnotify import SdNotifier
 
 __all__ = ["ServiceInfo", "loop_options", "read_service_info", "run_service", "service_info_path"]
 

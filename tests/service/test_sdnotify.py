@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rocmforge_supervisor.config import ForgeSettings
-from rocmforge_supervisor.service._sdnotify import SdNotifier
+from rocmforge_supervisor.process import SdNotifier
 
 
 class Listener:
