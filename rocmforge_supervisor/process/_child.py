@@ -165,6 +165,9 @@ class ChildProcess:
         self.stop_requested = False
         #: It exited (or was killed) before anyone asked it to stop.
         self.died_unasked = False
+        #: Lines the current spawn printed: none, for a llama-server that exited before its
+        #: logging thread wrote anything (seen under CPU load on a port taken or a missing file).
+        self.lines_read = 0
         self._process: anyio.abc.Process | None = None
         self._wake = anyio.Event()
         self._drain_done = anyio.Event()
@@ -233,6 +236,7 @@ class ChildProcess:
         self._process = process
         self.pid = process.pid
         self._drain_done = anyio.Event()
+        self.lines_read = 0  # this spawn's own lines (a child that dies fast may print none)
         self.last_output = time.monotonic()
         self.state = "loading"
         stream = process.stdout if self.kind.log_on_stdout else process.stderr
@@ -409,6 +413,7 @@ class ChildProcess:
         looked for only until it is ready (:meth:`wait_ready` is their only reader), so a serving
         child's chatter costs a write and the kind's own look (see ``line_blocks_of``)."""
         self.log.add_lines(lines)
+        self.lines_read += len(lines)
         starting = self.state != "ready"
         for line in lines:
             if starting:

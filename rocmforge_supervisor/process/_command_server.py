@@ -71,11 +71,4 @@ class CommandServerKind(ModelServerKind):
     def failure(self, reason: str, message: str, child: ChildProcess) -> StartFailed:
         if reason == "timeout":
             message = f"{message} (waiting for {self.ready_sign})"
-        return StartFailed(
-            f"command for {self.alias!r} failed to start: {message}",
-            hint=self.hints.get(reason, self.default_hint),
-            returncode=child.returncode,
-            reason=reason,
-            stderr_tail=child.log.tail(15),
-            log_path=self.log_path,
-        )
+        return super().failure(reason, message, child)

@@ -149,9 +149,10 @@ class LlamaServer(OwnsChild):
                         try:
                             await self._spawn_and_wait(port)
                             break
-                        except StartFailed as exc:
+                        except StartFailed as failed:
+                            exc = self._silent_exit(failed, port)
                             if exc.reason != "bind" or attempt == attempts - 1:
-                                raise
+                                raise exc from None
                             self.log.note(f"port {port} was taken before the child bound it; retrying")
                             self.child.reset()
                     self.load_seconds = time.monotonic() - started
@@ -315,6 +316,21 @@ class LlamaServer(OwnsChild):
         self.ready_at = time.time()
         self.ready_monotonic = time.monotonic()
         self._remove_key_file()  # read at argument parsing: no longer needed on disk
+
+    def _silent_exit(self, exc: StartFailed, port: int) -> StartFailed:
+        """A start that ended with nothing in the child's log says no why (llama-server logs from
+        a thread of its own, and an exit right after its start can beat it: under CPU load a
+        taken port or a missing model file printed nothing 11 times in 15). Then what forge can
+        see itself decides: the port held by someone else is a bind failure (retried on another
+        port), a model file that is not there is one."""
+        if exc.reason != "crashed" or self.child.lines_read > 0 or not self.child.exited.is_set():
+            return exc
+        if not port_is_free(port, self.spec.host):
+            self.log.note(f"it printed nothing, and port {port} is held by another process")
+            return self._fail("bind", f"{exc.message.split(': ', 1)[-1]}; port {port} is taken")
+        if not self.spec.model_path.exists():
+            return self._fail("file_not_found", f"{self.spec.model_path} does not exist")
+        return exc
 
     def _fail(self, reason: str, message: str) -> StartFailed:
         return self.child.kind.failure(reason, message, self.child)

@@ -54,8 +54,22 @@ class ServerProgram(Protocol):
         ...
 
 
+class _KnownServer:
+    """A server forge knows (llama-server, whisper-server): its kind's readiness, no extra
+    environment, ``/health`` for liveness."""
+
+    def readiness(self) -> Readiness | None:
+        return None
+
+    def env(self) -> Mapping[str, str]:
+        return {}
+
+    def liveness(self) -> tuple[str, bool]:
+        return "/health", False
+
+
 @dataclass(frozen=True)
-class _LlamaServer:
+class _LlamaServer(_KnownServer):
     takes_key: bool = True
 
     def argv(self, spec: InstanceSpec, port: int, api_key_file: Path | None) -> list[str]:
@@ -78,18 +92,9 @@ class _LlamaServer:
         log_path = str(spec.log_path) if spec.log_path else None
         return LlamaServerKind(spec.alias, log_path, amx=spec.amx_unprotected())
 
-    def readiness(self) -> Readiness | None:
-        return None
-
-    def env(self) -> Mapping[str, str]:
-        return {}
-
-    def liveness(self) -> tuple[str, bool]:
-        return "/health", False
-
 
 @dataclass(frozen=True)
-class _WhisperServer:
+class _WhisperServer(_KnownServer):
     takes_key: bool = False  # whisper-server has no API key
 
     def argv(self, spec: InstanceSpec, port: int, api_key_file: Path | None) -> list[str]:
@@ -104,15 +109,6 @@ class _WhisperServer:
 
     def kind(self, spec: InstanceSpec) -> ChildKind:
         return WhisperServerKind(spec.alias, str(spec.log_path) if spec.log_path else None)
-
-    def readiness(self) -> Readiness | None:
-        return None
-
-    def env(self) -> Mapping[str, str]:
-        return {}
-
-    def liveness(self) -> tuple[str, bool]:
-        return "/health", False
 
 
 LLAMA_SERVER: ServerProgram = _LlamaServer()

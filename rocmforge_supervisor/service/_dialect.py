@@ -8,10 +8,13 @@ converters plugged into its one proxy path are the model).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Translator"]
+from starlette.types import ASGIApp
+
+__all__ = ["DialectRequest", "Forward", "Translator"]
 
 
 class Translator(Protocol):
@@ -30,3 +33,20 @@ class Translator(Protocol):
         """The child's SSE, as the raw chunks arrive, into the dialect's stream: each piece is
         sent as soon as it is complete. An error event of the child becomes the dialect's."""
         ...
+
+
+@dataclass(frozen=True)
+class DialectRequest:
+    """A request of a translated dialect, already in llama-server's terms."""
+
+    endpoint: str  # the client's route (the metrics' endpoint, the activity row's route)
+    name: str  # the model
+    rid: str | None
+    upstream_path: str  # what the child is asked
+    body: bytes
+    stream: bool
+    translator: Translator
+
+
+#: The one forwarder, for a translated dialect: the response to return.
+Forward = Callable[[DialectRequest], ASGIApp]

@@ -35,7 +35,7 @@ from .._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
 from ..client import Upstream, asend
 from ..supervisor import backend_of
 from ._audio import is_translation, parse_form, relay, to_inference
-from ._dialect import Translator
+from ._dialect import DialectRequest, Translator
 from ._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
 from ._listing import check_media, check_tools, model_list
 from ._middleware import read_body
@@ -426,41 +426,25 @@ async def _metered(chunks: AsyncIterator[bytes], meter: StreamMeter) -> AsyncIte
         yield chunk
 
 
-class Translated:
-    """The forwarder for a translated dialect (Ollama's ``/api/chat``…; the Ollama routes' one
-    way to a model): a request already in llama-server's terms through the one forwarder and the
-    one relay response — the same load wait, slot, watchdog retry, metrics (under ``endpoint``),
-    activity record and charge as every route."""
-
-    def __init__(self, st: GatewayState) -> None:
-        self.st = st
-
-    def __call__(
-        self,
-        *,
-        endpoint: str,
-        name: str,
-        rid: str | None,
-        upstream_path: str,
-        body: bytes,
-        stream: bool,
-        translator: Translator,
-    ) -> RelayResponse:
-        route = ForwardRoute(endpoint, "POST", "json", "ollama")
-        fwd = _Forwarder(
-            self.st,
-            route,
-            name,
-            rid,
-            time.perf_counter(),
-            (upstream_path, body, "application/json"),
-            retry=not stream,
-            stream=stream,
-            translator=translator,
-        )
-        # No keep-alive pings (an NDJSON stream has no comment line); the connection is kept, as
-        # Ollama keeps it.
-        return RelayResponse(fwd.open, dialect="ollama", request_id=rid, stream=stream, interval=0.0)
+def forward_translated(st: GatewayState, req: DialectRequest) -> RelayResponse:
+    """A request of a translated dialect (Ollama's ``/api/chat``…; the Ollama routes' one way to a
+    model) through the one forwarder and the one relay response: the same load wait, slot,
+    watchdog retry, metrics (under its endpoint), activity record and charge as every route."""
+    route = ForwardRoute(req.endpoint, "POST", "json", "ollama")
+    fwd = _Forwarder(
+        st,
+        route,
+        req.name,
+        req.rid,
+        time.perf_counter(),
+        (req.upstream_path, req.body, "application/json"),
+        retry=not req.stream,
+        stream=req.stream,
+        translator=req.translator,
+    )
+    # No keep-alive pings (an NDJSON stream has no comment line); the connection is kept, as
+    # Ollama keeps it.
+    return RelayResponse(fwd.open, dialect="ollama", request_id=req.rid, stream=req.stream, interval=0.0)
 
 
 def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:

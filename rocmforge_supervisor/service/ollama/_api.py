@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -32,7 +32,7 @@ from ... import __version__
 from ..._errors import ForgeError, InvalidRequest, ModelNotFound, RequestRejected, UsageError
 from ...client import SSEDecoder
 from ...supervisor import Supervisor, backend_of
-from .._dialect import Translator
+from .._dialect import DialectRequest, Forward
 from .._errors_http import error_response
 from .._listing import ModelFacts, check_media, check_tools, visible_models
 from .._recording import (
@@ -63,23 +63,6 @@ __all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "routes"]
 #: refuses servers that look older than it needs: NoLlama#9); this is the Ollama API behaviour
 #: these routes follow. forge's own version is in ``forge_version``.
 OLLAMA_COMPAT_VERSION = "0.18.3"
-
-
-class Forward(Protocol):
-    """The one forwarder (``_proxy.translated``): a request already in llama-server's terms, sent
-    to model ``name``'s child and answered through ``translator``, as a response to return."""
-
-    def __call__(
-        self,
-        *,
-        endpoint: str,
-        name: str,
-        rid: str | None,
-        upstream_path: str,
-        body: bytes,
-        stream: bool,
-        translator: Translator,
-    ) -> ASGIApp: ...
 
 
 @dataclass(frozen=True)
@@ -286,13 +269,15 @@ def _send(
     watchdog's retry and the key's charge are the same as on every route; only the answer's shape
     is Ollama's (:class:`_OllamaAnswer`)."""
     return b.forward(
-        endpoint=request.url.path,
-        name=name,
-        rid=rid,
-        upstream_path=target.path,
-        body=json.dumps(target.payload).encode(),
-        stream=bool(target.payload.get("stream")),
-        translator=_OllamaAnswer(name, target, time.perf_counter(), generate),
+        DialectRequest(
+            endpoint=request.url.path,
+            name=name,
+            rid=rid,
+            upstream_path=target.path,
+            body=json.dumps(target.payload).encode(),
+            stream=bool(target.payload.get("stream")),
+            translator=_OllamaAnswer(name, target, time.perf_counter(), generate),
+        )
     )
 
 
