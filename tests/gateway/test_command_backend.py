@@ -153,7 +153,8 @@ def test_a_command_that_never_gets_ready_fails_naming_health(tmp_path: Path, lla
         "-c",
         "import sys, time; print('up on', sys.argv[1], flush=True); time.sleep(600)",
     ]
-    cmd = "[" + ", ".join(f'"{a}"' for a in [*never, "${PORT}"]) + "]"
+    marker = str(tmp_path)  # this test's own child, not another test's running beside it
+    cmd = "[" + ", ".join(f'"{a}"' for a in [*never, "${PORT}", marker]) + "]"
     config = write_config(
         tmp_path / "forge.toml",
         FAST
@@ -175,7 +176,7 @@ gpu = "cpu"
         error = row["last_error"] or ""
         assert "GET /v1/models" in error and "health" in error
         assert row["pid"] is None
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "up on" in " ".join(p.info["cmdline"] or [])]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
 
 
 @pytest.mark.parametrize(

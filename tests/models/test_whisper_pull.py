@@ -14,7 +14,7 @@ import pytest
 
 from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.models import inspect_whisper
-from rocmforge_supervisor.process import InstanceSpec, LlamaServer
+from rocmforge_supervisor.process import WHISPER_SERVER, InstanceSpec, LlamaServer
 from tests.support.whisper import spoken_wav, whisper_server_or_skip
 
 FORGE = [sys.executable, "-m", "rocmforge_supervisor.cli"]
@@ -49,7 +49,7 @@ async def test_pull_whisper_writes_a_model_whisper_server_transcribes(
         binary=binary,
         model_path=path,
         alias="stt",
-        backend="whisper",
+        program=WHISPER_SERVER,
         cpu_only=True,
         log_path=tmp_path / "stt.log",
         state_dir=tmp_path / "state",
