@@ -3,7 +3,7 @@
 The same three steps as llama-server's (:mod:`._launch`), much shorter: resolve (the file, its
 ggml header checked by :func:`~..models.inspect_whisper`), decide (one device: the model is loaded
 whole, there are no layers to split), plan (an :class:`~..process.InstanceSpec` with
-``backend="whisper"``: the process layer builds whisper-server's argv and runs it like any child).
+``program=WHISPER_SERVER``: the process layer builds whisper-server's argv and runs it like any child).
 
 Memory: the estimate is the file plus whisper.cpp's state (:func:`~..models.whisper_state_bytes`);
 the child's own allocation lines replace it once it has loaded (:class:`~..models.WhisperLedgerFeed`
