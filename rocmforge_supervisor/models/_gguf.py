@@ -180,6 +180,59 @@ class GGUFInfo:
     tensor_types: Mapping[str, int] = field(default_factory=dict)
     """Bytes per ggml type (``Q4_K`` → bytes), for the quantization display."""
 
+    @classmethod
+    def outside(
+        cls,
+        path: Path,
+        *,
+        architecture: str,
+        name: str | None,
+        file_type: str,
+        size_bytes: int,
+        size_label: str | None = None,
+        file_type_id: int | None = None,
+        block_count: int = 0,
+        head_count: int = 0,
+        embedding_length: int = 0,
+        vocab_size: int = 0,
+        has_chat_template: bool = False,
+        split_files: tuple[Path, ...] = (),
+    ) -> GGUFInfo:
+        """What the listings and placement know of a model that is no GGUF forge reads (a
+        whisper.cpp file, a command's model): its size and what its own format says, every other
+        count zero."""
+        return cls(
+            path=path,
+            architecture=architecture,
+            name=name,
+            size_label=size_label,
+            parameter_count=0,
+            file_type=file_type,
+            file_type_id=file_type_id,
+            gguf_version=0,
+            context_length=None,
+            block_count=block_count,
+            head_count=head_count,
+            head_count_kv=(),
+            embedding_length=embedding_length,
+            feed_forward_length=None,
+            key_length=0,
+            value_length=0,
+            vocab_size=vocab_size,
+            sliding_window=None,
+            swa_layers=(),
+            has_chat_template=has_chat_template,
+            split_files=split_files,
+            file_size_bytes=size_bytes,
+            tensor_count=0,
+            tensor_bytes=size_bytes,
+            layer_bytes=(),
+            input_bytes=0,
+            output_bytes=0,
+            output_tied=False,
+            embedding_bytes=0,
+        )
+
     @property
     def head_count_kv_max(self) -> int:
         return max(self.head_count_kv, default=0)

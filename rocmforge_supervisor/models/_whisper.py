@@ -62,36 +62,19 @@ def inspect_whisper(path: Path) -> GGUFInfo:
         _HEADER.unpack(head)
     )
     kind = _TYPES.get(alayer, f"{alayer}-layer")
-    return GGUFInfo(
-        path=path,
+    return GGUFInfo.outside(
+        path,
         architecture="whisper",
         name=path.stem,
         size_label=kind,
-        parameter_count=0,
         file_type={0: "F32", 1: "F16"}.get(ftype % 1000, f"ftype {ftype}"),
         file_type_id=ftype,
-        gguf_version=0,
-        context_length=None,
         block_count=alayer,
         head_count=ahead,
-        head_count_kv=(),
         embedding_length=astate,
-        feed_forward_length=None,
-        key_length=0,
-        value_length=0,
         vocab_size=n_vocab,
-        sliding_window=None,
-        swa_layers=(),
-        has_chat_template=False,
         split_files=(path,),
-        file_size_bytes=size,
-        tensor_count=0,
-        tensor_bytes=size,
-        layer_bytes=(),
-        input_bytes=0,
-        output_bytes=0,
-        output_tied=False,
-        embedding_bytes=0,
+        size_bytes=size,
     )
 
 

@@ -86,37 +86,13 @@ def _decision(devices: list[Device], need: int, memory: int | None) -> Placement
 def command_info(name: str, config: ModelConfig) -> GGUFInfo:
     """What the status and the listing show of a model forge cannot read: its name, the memory
     the user gave (as its size) and no chat template of forge's knowing."""
-    size = config.memory or 0
-    return GGUFInfo(
-        path=Path(config.path),
+    return GGUFInfo.outside(
+        Path(config.path),
         architecture="command",
         name=name,
-        size_label=None,
-        parameter_count=0,
         file_type="command",
-        file_type_id=None,
-        gguf_version=0,
-        context_length=None,
-        block_count=0,
-        head_count=0,
-        head_count_kv=(),
-        embedding_length=0,
-        feed_forward_length=None,
-        key_length=0,
-        value_length=0,
-        vocab_size=0,
-        sliding_window=None,
-        swa_layers=(),
         has_chat_template=True,  # an OpenAI chat server templates its own chats
-        split_files=(),
-        file_size_bytes=size,
-        tensor_count=0,
-        tensor_bytes=size,
-        layer_bytes=(),
-        input_bytes=0,
-        output_bytes=0,
-        output_tied=False,
-        embedding_bytes=0,
+        size_bytes=config.memory or 0,
     )
 
 
