@@ -311,7 +311,8 @@ class _OllamaAnswer:
             reply = generate_reply(data, name, started)
         else:
             reply = chat_reply(data, name, started, generate=self.generate)
-        return json.dumps(reply).encode()
+        # As starlette's JSONResponse wrote it before (Ollama's own answers are compact too).
+        return json.dumps(reply, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
     async def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         async for obj in self._objects(chunks):
