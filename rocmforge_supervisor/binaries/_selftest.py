@@ -20,7 +20,6 @@ import hashlib
 import json
 import re
 import signal
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -267,31 +266,25 @@ def _attempt(
     """One start through process/'s lifecycle (a port of its own, retried if the bind races),
     one completion, the stop."""
     seen = _Seen()
-    with tempfile.TemporaryDirectory(prefix="forge-selftest-") as state:
-        # The flags a child gets (server_argv: --metrics, --no-webui, …; the default threads and
-        # repack), on a small context and one slot: the test is of the binary, not of the model.
-        spec = InstanceSpec(
-            binary=binary,
-            model_path=model,
-            alias="forge-selftest",
-            ctx_size=256,
-            parallel=1,
-            verbosity=REQUIRED_VERBOSITY,  # as a child: its buffer lines say which kernels ran
-            extra_args=args,
-            api_key="",  # no key: it listens on loopback for this one request
-            state_dir=Path(state),
-            parent_env=env,
-            line_listeners=[seen.feed],
-            stall_timeout=timeout,
-            ready_timeout=timeout,
-            stop_timeout=10.0,
-        )
-        run = probe_server(spec, lambda client: _complete(client, timeout))
+    # The flags a child gets (server_argv: --metrics, --no-webui, …; the default threads and
+    # repack), on a small context and one slot: the test is of the binary, not of the model.
+    spec = InstanceSpec(
+        binary=binary,
+        model_path=model,
+        alias="forge-selftest",
+        ctx_size=256,
+        parallel=1,
+        verbosity=REQUIRED_VERBOSITY,  # as a child: its buffer lines say which kernels ran
+        extra_args=args,
+        parent_env=env,
+        line_listeners=[seen.feed],
+    )
+    run = probe_server(spec, lambda client: _complete(client, timeout), timeout=timeout)
     if run.outcome == "ok":
         return _attempt_result(seen, args, True, f"served {_N_PREDICT} tokens", None, "completion")
     stage = "load" if run.stage == "load" else "completion"
     rc = run.returncode
-    if rc is not None and rc != 0 and rc != -signal.SIGTERM and rc != -signal.SIGKILL:
+    if run.crashed:
         where = "on its first completion" if stage == "completion" else "while loading"
         return _attempt_result(seen, args, False, f"{describe_returncode(rc)} {where}", rc, stage)
     if run.failure is not None:

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import struct
 import tempfile
 import time
@@ -208,26 +207,19 @@ def whisper_selftest(binary: Path, model: Path, timeout: float = 120.0) -> tuple
     if not model.is_file():
         return False, f"the self-test model {model} is missing"
     tail: collections.deque[str] = collections.deque(maxlen=3)
-    with tempfile.TemporaryDirectory(prefix="forge-whisper-selftest-") as state:
-        spec = InstanceSpec(
-            binary=binary,
-            model_path=model,
-            alias="whisper-selftest",
-            program=WHISPER_PROGRAM,
-            extra_args=["-t", "1"],
-            api_key="",
-            state_dir=Path(state),
-            line_listeners=[tail.append],
-            stall_timeout=timeout,
-            ready_timeout=timeout,
-            stop_timeout=10.0,
-        )
-        run = probe_server(spec, lambda client: _inference(client, timeout))
+    spec = InstanceSpec(
+        binary=binary,
+        model_path=model,
+        alias="whisper-selftest",
+        program=WHISPER_PROGRAM,
+        extra_args=["-t", "1"],
+        line_listeners=[tail.append],
+    )
+    run = probe_server(spec, lambda client: _inference(client, timeout), timeout=timeout)
     if run.outcome == "ok":
         return True, "served /health and one /inference"
-    rc = run.returncode
-    if rc not in (None, 0, -signal.SIGTERM, -signal.SIGKILL):
-        outcome = describe_returncode(rc)
+    if run.crashed:
+        outcome = describe_returncode(run.returncode)
     elif run.failure is not None:
         outcome = (
             "not ready in time" if run.failure.reason == "timeout" else "exited before it answered /health"

@@ -130,12 +130,12 @@ def parse_reserve(value: object) -> Reserve:
             if not 0 <= pct < 100:
                 raise ValueError(f"{value!r} is not a percentage below 100%; use {RESERVE_HELP}")
             return pct / 100
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", text)
-        if m and m.group(2) in _RESERVE_UNITS:
-            number = float(m.group(1))
-            if m.group(2) == "" and "." in m.group(1):
-                return parse_reserve(number)
-            return int(number * _RESERVE_UNITS[m.group(2)])
+        if re.fullmatch(r"\d+\.\d+", text):  # a plain number with a point: a fraction
+            return parse_reserve(float(text))
+        try:
+            return parse_bytes(text)
+        except ValueError:
+            pass
     raise ValueError(f"{value!r} is not {RESERVE_HELP}")
 
 

@@ -10,9 +10,13 @@ works whether or not the calling thread already runs one.
 
 from __future__ import annotations
 
+import dataclasses
+import signal
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import httpx
@@ -39,16 +43,30 @@ class ProbeRun:
     stage: str  # "load" or "question": where it ended
     failure: StartFailed | None = None
 
+    @property
+    def crashed(self) -> bool:
+        """It died of itself (an exit status that is neither success nor our stop's signal)."""
+        return self.returncode not in (None, 0, -signal.SIGTERM, -signal.SIGKILL)
 
-def probe_server(spec: InstanceSpec, ask: Callable[[httpx.Client], str]) -> ProbeRun:
-    """Start ``spec``'s server (its ``ready_timeout`` and ``stall_timeout`` bound the start), ``ask``
-    it one question once ready (a blocking function given a client on the child's URL: ``"ok"``
-    or what went wrong), stop it. Never raises for the server's behaviour."""
+
+def probe_server(spec: InstanceSpec, ask: Callable[[httpx.Client], str], *, timeout: float) -> ProbeRun:
+    """Start ``spec``'s server (no key, a state directory of its own, ``timeout`` bounding the
+    start), ``ask`` it one question once ready (a blocking function given a client on the child's
+    URL: ``"ok"`` or what went wrong), stop it. Never raises for the server's behaviour."""
     result: list[ProbeRun | BaseException] = []
 
     def main() -> None:
         try:
-            result.append(anyio.run(_probe, spec, ask))
+            with tempfile.TemporaryDirectory(prefix=f"forge-{spec.alias}-") as state:
+                one = dataclasses.replace(
+                    spec,
+                    api_key="",  # no key: it listens on loopback for this one question
+                    state_dir=Path(state),
+                    stall_timeout=timeout,
+                    ready_timeout=timeout,
+                    stop_timeout=10.0,
+                )
+                result.append(anyio.run(_probe, one, ask))
         except BaseException as exc:  # handed to the caller's thread
             result.append(exc)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -36,6 +38,22 @@ def _spec(binary: Path, model: Path, tmp_path: Path, **kw: object) -> InstanceSp
     }
     base.update(kw)
     return InstanceSpec(**base)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _first_port_taken(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """The first port the child is given is held by someone else (a listening socket of the
+    test's); later ones come from the OS as usual. Yields the taken port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        taken_port = taken.getsockname()[1]
+        real_free_port = instance_module.free_port
+        ports = iter([taken_port])
+        monkeypatch.setattr(
+            instance_module, "free_port", lambda host: next(ports, None) or real_free_port(host)
+        )
+        yield taken_port
 
 
 def _gone(pid: int, timeout: float = 5.0) -> bool:
@@ -156,15 +174,7 @@ async def test_bind_race_is_retried_on_another_port(
     llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Fault injection: the first "free" port is taken by someone else before the child binds it.
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        taken_port = taken.getsockname()[1]
-        real_free_port = instance_module.free_port
-        ports = iter([taken_port])
-        monkeypatch.setattr(
-            instance_module, "free_port", lambda host: next(ports, None) or real_free_port(host)
-        )
+    with _first_port_taken(monkeypatch) as taken_port:
         async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
             assert server.port != taken_port
         log = (tmp_path / "m.log").read_text()
@@ -239,18 +249,9 @@ async def test_a_child_that_exits_silently_is_judged_by_what_forge_sees(
     port taken, a missing file) printed nothing 11 times in 15. ``/bin/false`` stands in for that
     child here (exit 1, no output): a port someone else holds is a bind failure (retried on
     another port), a model file that is not there is named, anything else stays a crash."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        taken_port = taken.getsockname()[1]
-        real_free_port = instance_module.free_port
-        ports = iter([taken_port])
-        monkeypatch.setattr(
-            instance_module, "free_port", lambda host: next(ports, None) or real_free_port(host)
-        )
-        with pytest.raises(StartFailed) as info:
-            async with LlamaServer(_spec(Path("/bin/false"), tiny_gguf, tmp_path)):
-                pass
+    with _first_port_taken(monkeypatch) as taken_port, pytest.raises(StartFailed) as info:
+        async with LlamaServer(_spec(Path("/bin/false"), tiny_gguf, tmp_path)):
+            pass
     assert info.value.reason == "crashed"  # the second port was free: a plain silent crash
     assert f"port {taken_port} is held by another process" in (tmp_path / "m.log").read_text()
 
