@@ -27,6 +27,8 @@ error (the input was wrong), 1 for a runtime failure (the input was fine, the wo
     ├── BinaryNotFound             no llama-server to run
     │   └── SelfTestFailed         it is there, but could not serve one completion on this machine
     ├── PlacementError             the model fits on no device (names need and free memory)
+    │   ├── ResidencyConflict      a residency rule forbids the load: pinned, swap = never, a group (409)
+    │   └── ResidencyBusy          its group's members are busy: the load waits
     ├── HubError                   Hugging Face resolution or download failed
     ├── InstanceError              a llama-server child failed
     │   ├── StartFailed            it never became ready (``reason`` says why)
@@ -72,6 +74,8 @@ __all__ = [
     "RateLimited",
     "RequestError",
     "RequestRejected",
+    "ResidencyBusy",
+    "ResidencyConflict",
     "SelfTestFailed",
     "ServerError",
     "ServerUnavailable",
@@ -213,6 +217,29 @@ class SelfTestFailed(BinaryNotFound):
 
 class PlacementError(ForgeError):
     """The model does not fit on any allowed device, even after evicting idle models."""
+
+
+class ResidencyConflict(PlacementError):
+    """A load the residency rules forbid: it would need a pinned or never-swap model gone, or a
+    group's loaded members all stay (409 at the edge, at once: waiting cannot change it)."""
+
+    def __init__(self, message: str, *, rule: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        #: The rule that decided: ``pinned``, ``swap = "never"``, ``group 'chat' has max_loaded = 1``.
+        self.rule = rule
+
+    def again(self) -> ResidencyConflict:
+        """A fresh copy for another waiter (one exception object raised in two tasks would
+        carry both tracebacks)."""
+        return ResidencyConflict(self.message, rule=self.rule, hint=self.hint)
+
+
+class ResidencyBusy(PlacementError):
+    """A load that waits: its group's loaded members are busy (the start re-plans when one is idle)."""
+
+    def __init__(self, message: str, *, rule: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.rule = rule
 
 
 class HubError(ForgeError):

@@ -230,6 +230,7 @@ _PS_COLUMNS = (
     "name",
     "state",
     "backend",
+    "rules",
     "pid",
     "devices",
     "port",
@@ -256,6 +257,7 @@ def _ps_cells(r: dict[str, Any]) -> list[str]:
         str(r["name"]),
         str(r["state"]) + (" (sleeping)" if r.get("sleeping") else ""),
         str(r.get("backend") or "llama"),
+        _rules(r.get("residency") or {}),
         str(r.get("pid") or "-"),
         _devices(r),
         str(r.get("port") or "-"),
@@ -269,6 +271,23 @@ def _ps_cells(r: dict[str, Any]) -> list[str]:
 
 
 _ERROR_CELL = 60
+
+
+def _rules(residency: dict[str, Any]) -> str:
+    """The residency rules in a few words: ``pinned``, ``never swap``, ``group chat``, ``default``."""
+    words = []
+    if residency.get("pinned"):
+        words.append("pinned")
+    if residency.get("swap") == "never":
+        words.append("never swap")
+    if residency.get("group"):
+        words.append(f"group {residency['group']}")
+    if residency.get("default"):
+        words.append("default")
+    cost = residency.get("evict_cost")
+    if cost not in (None, 1, 1.0):
+        words.append(f"cost {cost:g}")
+    return ", ".join(words) or "-"
 
 
 def _short(text: str) -> str:

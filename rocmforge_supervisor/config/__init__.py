@@ -28,7 +28,15 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._file import CONFIG_NAME, SYSTEM_CONFIG_DIR, config_search_path, load_config
     from ._names import MODEL_NAME, is_loopback
-    from ._schema import ForgeConfig, KeyConfig, ModelConfig, ServerConfig, SupervisorConfig, WorkerConfig
+    from ._schema import (
+        ForgeConfig,
+        GroupConfig,
+        KeyConfig,
+        ModelConfig,
+        ServerConfig,
+        SupervisorConfig,
+        WorkerConfig,
+    )
     from ._settings import ForgeSettings, get_settings
     from ._values import GpuChoice, GpuLayers, GpuRef, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
 else:  # mypy sees the imports above (and flags a name that is not there)
@@ -39,6 +47,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
             "._names": ("MODEL_NAME", "is_loopback"),
             "._schema": (
                 "ForgeConfig",
+                "GroupConfig",
                 "KeyConfig",
                 "ModelConfig",
                 "ServerConfig",
@@ -66,6 +75,7 @@ __all__ = [
     "GpuChoice",
     "GpuLayers",
     "GpuRef",
+    "GroupConfig",
     "KeyConfig",
     "ModelConfig",
     "ServerConfig",

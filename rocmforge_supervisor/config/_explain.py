@@ -25,6 +25,7 @@ _SECRET_KEYS = frozenset({"api_key", "key"})
 _CUSTOM_KINDS = frozenset(
     {
         "mmproj_reference",
+        "residency",
         "gpu_layers",
         "gpu",
         "owned_flag",
@@ -98,6 +99,9 @@ def _describe(
         loc = (*loc, _VALIDATOR_FIELD[kind])
     if kind == "rpc_owned":  # the whole config's validator: the model it is about is in ctx
         loc = (*loc, "models", str((err.get("ctx") or {}).get("model")), "args")
+    at = (err.get("ctx") or {}).get("at")
+    if kind == "residency" and at:  # the whole config's validator: the key it is about is in ctx
+        loc = (*loc, *str(at).split("."))
     if kind == "extra_forbidden":
         reason = "unknown key"
         guess = difflib.get_close_matches(loc[-1], known_keys(loc[:-1]), n=1)

@@ -46,6 +46,7 @@ from ._values import (
 
 __all__ = [
     "ForgeConfig",
+    "GroupConfig",
     "KeyConfig",
     "ModelConfig",
     "ServerConfig",
@@ -237,6 +238,9 @@ class ServerConfig(_Section):
     allow_remote_media: bool = False
     """Let requests name ``http(s)`` image URLs, which the model server then downloads itself from
     any address (loopback and private ones included). Off: such requests get a 400 (send base64)."""
+    watch_config: bool = False
+    """Reload when the config file or a ``conf.d/*.toml`` beside it changes (as SIGHUP does:
+    unchanged models keep their children); a file that fails validation keeps the old config."""
     tls_cert: Path | None = None
     """A PEM certificate (chain): every listener serves HTTPS with it (``tls_key`` too, or neither)."""
     tls_key: Path | None = None
@@ -365,6 +369,9 @@ _NOT_IN_FINGERPRINT = frozenset(
         "load_wait",
         "max_tokens",
         "pinned",
+        "swap",
+        "evict_cost",
+        "default",
         "capture",
         "stall_timeout",
         "routes",  # the gateway's side: which requests it sends, not how the child runs
@@ -406,7 +413,18 @@ class ModelConfig(_Section):
     stall_timeout: float | None = Field(default=None, ge=0)
     """This model's ``supervisor.stall_timeout`` (seconds busy without progress; 0: off)."""
     pinned: bool = False
-    """Never evicted to yield memory to other programs (``supervisor.vram_reserve``)."""
+    """Never evicted: not to make room for another model (a load that would need it gone is
+    refused with 409), not by a group's rules, not to yield memory to other programs."""
+    swap: Literal["auto", "never"] = "auto"
+    """``never``: once loaded, placement never unloads it (a load that would need it gone gets
+    409); its ``ttl``, an explicit unload and memory pressure still may (llama-swap's
+    ``swappable: false``)."""
+    evict_cost: float = Field(default=1.0, gt=0)
+    """Weight against eviction: among idle models the one idle longest per unit of cost goes
+    first (score = idle seconds / evict_cost), so a model slow to load can be made the last."""
+    default: bool = False
+    """The warm default (at most one): loaded at start and, whenever it is not loaded and its
+    memory is free again, loaded back without a request (it never evicts anything to get there)."""
     sleep_idle: int | None = Field(default=None, ge=1)
     """Idle seconds after which the child frees its model, context and projector but keeps running
     (llama-server's ``--sleep-idle-seconds``); the next request reloads them. None: never."""
@@ -549,6 +567,19 @@ class WorkerConfig(_Section):
         return f"{host}:{int(port)}"
 
 
+class GroupConfig(_Section):
+    """``[groups.NAME]``: models that share residency rules. A model is in at most one group."""
+
+    members: list[str] = Field(min_length=1)
+    """The ``[models.*]`` names in the group."""
+    max_loaded: int | None = Field(default=None, ge=1)
+    """At most this many members loaded at once: loading another unloads the least valuable
+    idle member (by ``evict_cost``); a pinned or never-swap member is never that one."""
+    exclusive: bool = False
+    """Loading a member first unloads every model outside the group except pinned and
+    never-swap ones (their requests in flight finish first)."""
+
+
 # -- the whole file --------------------------------------------------------------------------------
 
 
@@ -571,6 +602,51 @@ class ForgeConfig(BaseSettings):
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     workers: list[WorkerConfig] = Field(default_factory=list)
+    groups: dict[str, GroupConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _residency_rules(self) -> ForgeConfig:
+        """Groups name configured models, each model in one group at most; one warm default,
+        which is never idle-unloaded (it would be loaded back at once)."""
+        member_of: dict[str, str] = {}
+        for group, rule in self.groups.items():
+            for i, member in enumerate(rule.members):
+                if member not in self.models:
+                    known = ", ".join(sorted(self.models)) or "none"
+                    raise custom(
+                        "residency",
+                        f"group {group!r} names {member!r}, which is no [models.*] entry (models: {known})",
+                        at=f"groups.{group}.members.{i}",
+                    )
+                if member in member_of:
+                    raise custom(
+                        "residency",
+                        f"{member!r} is in groups {member_of[member]!r} and {group!r}: "
+                        "a model may be in one group only",
+                        at=f"groups.{group}.members.{i}",
+                    )
+                member_of[member] = group
+        defaults = [name for name, m in self.models.items() if m.default]
+        if len(defaults) > 1:
+            raise custom(
+                "residency",
+                f"models {', '.join(repr(d) for d in defaults)} all set default = true: "
+                "at most one model is the warm default",
+                at=f"models.{defaults[1]}.default",
+            )
+        for name in defaults:
+            if self.models[name].ttl:
+                raise custom(
+                    "residency",
+                    f"model {name!r} is the warm default and has ttl = {self.models[name].ttl:g}: "
+                    "it would be loaded back as soon as it is unloaded; remove ttl or default",
+                    at=f"models.{name}.ttl",
+                )
+        return self
+
+    def group_of(self, name: str) -> str | None:
+        """The group model ``name`` is in, if any."""
+        return next((g for g, rule in self.groups.items() if name in rule.members), None)
 
     @field_validator("workers")
     @classmethod
@@ -691,4 +767,6 @@ def known_keys(parent: tuple[str, ...]) -> list[str]:
         section = ModelConfig
     elif len(parent) == 2 and parent[0] == "workers":
         section = WorkerConfig
+    elif len(parent) == 2 and parent[0] == "groups":
+        section = GroupConfig
     return list(section.model_fields) if section is not None else []

@@ -36,6 +36,7 @@ from .._errors import (
     QueueFull,
     RateLimited,
     RequestRejected,
+    ResidencyConflict,
     ServerError,
     ServerUnavailable,
     ServiceError,
@@ -63,6 +64,7 @@ _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    409: "invalid_request_error",
     413: "request_too_large",
     415: "invalid_request_error",
     429: "rate_limit_error",
@@ -102,6 +104,9 @@ def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
         # which says "in a moment" and which every SDK retries. The server failed, not the
         # request, so a 5xx (and in the 5xx alerts), with X-Should-Retry: false (error_response).
         return 500, "server_error", exc.kind or "model_failed"
+    if isinstance(exc, ResidencyConflict):
+        # A rule forbids the load (pinned, swap = never, a group): waiting will not change it.
+        return 409, "invalid_request_error", "residency_conflict"
     if isinstance(exc, PlacementError):
         return 503, "insufficient_resources", "does_not_fit"
     if isinstance(exc, ModelLoading):
@@ -162,7 +167,7 @@ def error_response(
         headers["Retry-After"] = "2"
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(exc, ModelFailed):
+    if isinstance(exc, ModelFailed | ResidencyConflict):
         # The official SDKs (openai, anthropic; Python and JS) obey this before the status: a
         # permanent failure is not retried (with their defaults, 3 tries and ~2 s of backoff).
         headers["X-Should-Retry"] = "false"

@@ -21,6 +21,7 @@ from ..config import GpuChoice, ModelConfig
 from ..hardware import Device, Inventory, child_env
 from ..models import AllocationLedger, DeviceEstimate, GGUFInfo, MemoryEstimate
 from ..process import CommandProgram, InstanceSpec
+from ._evicting import evict_by_group, loaded_others
 from ._host import PlacementHost
 from ._launch import LaunchPlan
 from ._placement import _chosen
@@ -110,8 +111,9 @@ async def plan_command(host: PlacementHost, m: ManagedModel) -> LaunchPlan:
     """The supervisor's plan for a command model (placement under its lock)."""
     config = m.config
     async with host.placement_lock:
+        await evict_by_group(host, m)
         inventory = await host.refresh_inventory()
-        loaded = [lm for o in host.models.values() if o is not m and (lm := o.as_loaded()) is not None]
+        loaded = loaded_others(host, m)
         decision = decide_command(m.name, config.memory, config.gpu, inventory, loaded)
     devices = [inventory.by_key(k) for k in decision.devices]
     gpus = [k for k in decision.devices if k != "cpu"]

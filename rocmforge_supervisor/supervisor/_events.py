@@ -39,7 +39,9 @@ class EventKind(StrEnum):
     CONFIG = "config"  # a reload was applied (model "*")
     RESTART_REQUIRED = "restart_required"  # a reload changed [server] keys only a restart applies ("*")
     LOG = "log"  # one line of a child's log (the log bus only)
-    WAITING = "waiting"  # its RPC workers are down or busy: the start waits (backoff) and re-plans
+    WAITING = "waiting"  # its RPC workers, or its group's members, are busy: the start waits and re-plans
+    REFUSED = "refused"  # a residency rule refused its load (409): ``rule`` names it
+    WARM = "warm"  # the warm default is loaded back without a request (``default = true``)
     CONTEXT_SAVED = "context_saved"  # keep_context: a slot was saved at a planned stop
     CONTEXT_RESTORED = "context_restored"  # keep_context: a saved slot was restored at a start
     CONTEXT_DELETED = "context_deleted"  # a saved slot was deleted (mismatch, budget, forget, unusable)

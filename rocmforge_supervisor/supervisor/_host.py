@@ -15,6 +15,7 @@ from ..config import ForgeSettings, SupervisorConfig, WorkerConfig
 from ..hardware import Inventory
 from ._device_context import DeviceContexts
 from ._events import EventBus
+from ._residency import GroupRule
 
 if TYPE_CHECKING:
     from ._keep_context import ContextKeeper
@@ -45,6 +46,11 @@ class PlacementHost(Protocol):
 
     @property
     def workers(self) -> Sequence[WorkerConfig]: ...
+
+    @property
+    def groups(self) -> Mapping[str, GroupRule]:
+        """``[groups.*]``: the residency rules of the configured groups."""
+        ...
 
     async def refresh_inventory(self) -> Inventory: ...
 

@@ -51,6 +51,7 @@ from ..process import InstanceSpec
 from ._placement import LoadedModel, PlacementDecision, PlacementPolicy, PlacementRequest, place
 from ._placement_types import WorkerShare
 from ._remote import plan_on_workers
+from ._residency import GroupRule
 
 __all__ = [
     "LaunchPlan",
@@ -182,6 +183,8 @@ def decide(
     allow_evict: bool = False,
     binary_args: Sequence[str] = (),
     device_context: Mapping[str, int] | None = None,
+    groups: Mapping[str, GroupRule] | None = None,
+    now: float | None = None,
 ) -> PlacementDecision:
     """Step 2 (pure): where it goes, and which idle models must make room. ``binary_args``: the
     flags every child of the binary gets (the self-test's ``--no-repack``): they change its size.
@@ -203,7 +206,9 @@ def decide(
         projector=model.projector,
         projector_offload=spec.mmproj_offload,
     )
-    policy = PlacementPolicy(allow_evict=allow_evict, device_context=dict(device_context or {}))
+    policy = PlacementPolicy(
+        allow_evict=allow_evict, device_context=dict(device_context or {}), groups=dict(groups or {}), now=now
+    )
     return place(inventory, request, loaded, policy)
 
 

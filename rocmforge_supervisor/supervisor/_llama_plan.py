@@ -6,15 +6,15 @@ with the supervisor's state, through the narrow :class:`~._host.PlacementHost`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
 
-from .._errors import PlacementError
+from .._errors import PlacementError, ResidencyBusy, ResidencyConflict
 from ..hardware import Inventory, discover_workers
-from ._events import EventKind
+from ._evicting import evict, loaded_others
 from ._host import PlacementHost
 from ._launch import LaunchPlan, ModelSpec, ResolvedModel, build_plan, decide, decide_on_workers, resolve
 from ._placement import PlacementDecision
@@ -22,11 +22,8 @@ from ._placement import PlacementDecision
 if TYPE_CHECKING:
     from ._managed import ManagedModel
 
-__all__ = ["evict", "plan_llama"]
+__all__ = ["plan_llama"]
 
-#: After an eviction: how long to wait for the driver to hand the memory back (Ollama waits 5 s).
-_RELEASE_TIMEOUT = 5.0
-_RELEASE_POLL = 0.25
 #: Seconds an RPC worker may take to answer the device probe (a held one never answers).
 _WORKER_PROBE_TIMEOUT = 10.0
 
@@ -65,7 +62,7 @@ async def _decide(
     inventory = await host.refresh_inventory()
     if spec.workers in ("only", "all"):
         return await _decide_on_workers(host, m, spec, model), inventory
-    loaded = [lm for o in host.models.values() if o is not m and (lm := o.as_loaded()) is not None]
+    loaded = loaded_others(host, m)
     contexts = await anyio.to_thread.run_sync(host.device_contexts.for_devices, inventory.devices)
     try:
         decision = decide(
@@ -74,12 +71,16 @@ async def _decide(
             model,
             inventory,
             loaded,
-            allow_evict=True,
+            allow_evict=not m.warming,  # the warm default never unloads another model to get in
             binary_args=host.binary_args,
             device_context=contexts,
+            groups=host.groups,
+            now=time.monotonic(),
         )
+    except (ResidencyConflict, ResidencyBusy):
+        raise  # the rules decided, not the memory: RPC workers would not change it
     except PlacementError:
-        if spec.workers == "never":
+        if spec.workers == "never" or m.warming:
             raise
         return await _decide_on_workers(host, m, spec, model), inventory
     if decision.evict:
@@ -103,26 +104,3 @@ async def _decide_on_workers(
         lambda: discover_workers(binary, free, timeout=_WORKER_PROBE_TIMEOUT)
     )
     return decide_on_workers(spec, m.name, model, reports, held)
-
-
-async def evict(host: PlacementHost, decision: PlacementDecision, *, for_model: str) -> Inventory:
-    """Unload what placement chose, then wait (bounded) until the drivers hand the memory back."""
-    for victim in decision.evict:
-        other = host.models.get(victim)
-        if other is not None:
-            host.events.publish(victim, EventKind.EVICT, for_model=for_model)
-            await other.unload("evicted")
-    with anyio.move_on_after(_RELEASE_TIMEOUT):
-        # Polled: the drivers' counters change with no event to wait on.
-        while _short(_free_by_device(await host.refresh_inventory()), decision.need_bytes):  # noqa: ASYNC110
-            await anyio.sleep(_RELEASE_POLL)
-    return await host.refresh_inventory()
-
-
-def _free_by_device(inventory: Inventory) -> dict[str, int]:
-    return {d.key: d.vram_free_bytes for d in inventory.devices if d.usable}
-
-
-def _short(free: Mapping[str, int], need: Mapping[str, int]) -> dict[str, int]:
-    """Per device: the bytes still missing."""
-    return {k: v - free.get(k, 0) for k, v in need.items() if free.get(k, 0) < v}

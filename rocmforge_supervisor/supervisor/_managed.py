@@ -27,6 +27,8 @@ from .._errors import (
     ModelRetired,
     PlacementError,
     QueueFull,
+    ResidencyBusy,
+    ResidencyConflict,
     StartFailed,
 )
 from ..config import ModelConfig, SupervisorConfig
@@ -47,6 +49,7 @@ from ._launch import LaunchPlan
 from ._loading import wait_ready_within
 from ._placement import LoadedModel
 from ._remote import WorkersUnavailable
+from ._residency import Residency
 from ._status import ModelState, ModelStatus, check_transition, model_status
 from ._watchdog import ProgressWatch, poll_interval, slots_signature
 
@@ -57,6 +60,9 @@ log = logging.getLogger("rocmforge.supervisor")
 PlanFn = Callable[["ManagedModel"], Awaitable[LaunchPlan]]
 
 #: Planned stops whose slots are not worth saving (the model is gone from the config).
+#: Seconds between re-plans while a group's members are all busy.
+_GROUP_POLL = 0.5
+
 _NO_SAVE = frozenset({"removed", "failed replacement"})
 
 #: Start failures that a restart cannot fix: the model fails at once, with the reason.
@@ -124,6 +130,12 @@ class ManagedModel:
         self.on_ready: list[Callable[[ManagedModel], None]] = []
         #: Idle seconds a client asked for (Ollama's ``keep_alive``); the config's ``ttl`` wins.
         self.ttl_hint: float | None = None
+        #: Its residency rules (pinned, swap, evict_cost, group, default): set by the supervisor.
+        self.residency = Residency(pinned=config.pinned, never_swap=config.swap == "never")
+        #: A start without a request (the warm default): it never evicts, and gives up quietly.
+        self.warming = False
+        #: The residency rule that refused the last start (409 to the requests that waited on it).
+        self.refused: ResidencyConflict | None = None
 
     # -- configuration that may change in place on reload --------------------------------------
 
@@ -209,6 +221,7 @@ class ManagedModel:
             in_flight=self.in_flight + self.waiting + (0 if ready else 1),
             last_used=self.last_used,
             counted=ready,
+            residency=self.residency,
         )
 
     # -- the child's life ----------------------------------------------------------------------
@@ -274,6 +287,7 @@ class ManagedModel:
         if self.state != ModelState.LOADING:
             self._set_state(ModelState.LOADING, restarts=self.restarts)
         self.loading_since = time.monotonic()
+        waiting = False  # for its group's busy members: said once
         while not self._stop_requested:
             try:
                 return await self._plan(self)
@@ -282,7 +296,30 @@ class ManagedModel:
                 self._events.publish(self.name, EventKind.WAITING, reason="workers", message=exc.message)
                 self._set_state(ModelState.LOADING, waiting_for="workers", retry_in=self.restart.delay)
                 await self._wait_backoff()
+            except ResidencyBusy as exc:  # its group's members are busy: re-plan when one is idle
+                if self.warming:
+                    self._gave_up_warming(exc)
+                    return None
+                if not waiting:
+                    waiting = True
+                    self._events.publish(self.name, EventKind.WAITING, reason="group", rule=exc.rule)
+                    self._set_state(ModelState.LOADING, waiting_for="group", message=exc.message)
+                # Polled: a member going idle is another model's event; a load waits seconds anyway.
+                with anyio.move_on_after(_GROUP_POLL):
+                    await self._stop_event.wait()
+            except ResidencyConflict as exc:  # a rule forbids it now: refused, not failed
+                if self.warming:
+                    self._gave_up_warming(exc)
+                    return None
+                self.refused = exc
+                self.last_error = str(exc)
+                self._events.publish(self.name, EventKind.REFUSED, rule=exc.rule, message=exc.message)
+                log.warning("model %s: load refused: %s", self.name, exc, extra={"model": self.name})
+                return None
             except ForgeError as exc:
+                if self.warming and isinstance(exc, PlacementError):
+                    self._gave_up_warming(exc)
+                    return None
                 kind = (
                     "placement"
                     if isinstance(exc, PlacementError)
@@ -384,11 +421,18 @@ class ManagedModel:
         if self.last_error is not None:
             self.last_crash = self.last_error
         self.last_error, self.failure_kind = None, None
+        self.warming = False  # loaded: its restarts place it like any start
         self.load_seconds = server.load_seconds
         self.ready_since = self.last_used = time.monotonic()
         self._set_state(ModelState.READY, pid=server.pid, port=server.port, load_seconds=server.load_seconds)
         for cb in self.on_ready:
             cb(self)
+
+    def _gave_up_warming(self, exc: PlacementError) -> None:
+        """The warm default does not fit now (or would unload another model): no failure, no
+        refusal; the supervisor tries again when memory is freed."""
+        log.debug("model %s: the warm default waits: %s", self.name, exc, extra={"model": self.name})
+        return None
 
     def _start_failed(self, inner: BaseException, exc: BaseException) -> Outcome:
         """A start that did not come up (or a bug while supervising)."""
@@ -565,6 +609,7 @@ class ManagedModel:
 
     async def wait_ready(self, start: Callable[[ManagedModel], None]) -> LlamaServer:
         """Until ready; starts the child (via ``start``) when nothing runs. Raises when it failed."""
+        joined = False  # a start this waiter caused or waited on: its refusal is this one's
         while True:
             if self.retired:
                 raise ModelRetired(f"model {self.name!r} was replaced or removed", hint="retry")
@@ -577,9 +622,15 @@ class ManagedModel:
                     kind=self.failure_kind,
                     hint=f"fix the cause, then `forge load {self.name}` or reload the config",
                 )
+            if joined and not self._running and self.refused is not None:
+                raise self.refused.again()
             changed = self._changed
+            joined = joined or self._running
             if not self._running:
+                self.refused = None  # a new start: the rules are asked again
+                self.warming = False
                 start(self)
+                joined = True
             elif self.state == ModelState.DRAINING:
                 await self._done.wait()
                 continue

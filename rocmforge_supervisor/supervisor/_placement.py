@@ -7,8 +7,10 @@ Nothing here touches a process, a file or a clock: the supervisor gathers the fa
 The ladder: one GPU with the whole model; else a tensor split over the
 fewest GPUs (of one vendor) that hold it; else, when the policy allows, a partial offload (as
 many layers as fit); the CPU when there is no GPU (or when the policy allows falling back to
-it). When none fits, idle models are evicted, least recently used first, never one with
-requests in flight, and only as many as needed. Otherwise :class:`PlacementError` names what the
+it). When none fits, idle models are evicted, the highest idle seconds per ``evict_cost`` first,
+never one with requests in flight, never a pinned or never-swap one (``_residency``), and only as
+many as needed; a group's rules may unload members (``max_loaded``) or outsiders (``exclusive``)
+first. When only pinned or never-swap models stand in the way: :class:`ResidencyConflict`. Otherwise :class:`PlacementError` names what the
 model needs, what each device has free, and what to change.
 
 Free memory on a device is what discovery reported, minus what our own children hold but the
@@ -18,10 +20,11 @@ never more than the total minus everything our children hold (Ollama's rule).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
-from .._errors import PlacementError
+from .._errors import PlacementError, ResidencyConflict
+from .._units import format_bytes
 from ..config import GpuChoice, GpuRef
 from ..hardware import Device, Inventory
 from ._placement_types import (
@@ -34,6 +37,7 @@ from ._placement_types import (
 )
 from ._planner import Layout, Planner
 from ._refusal import refusal
+from ._residency import eviction_order, group_evictions
 
 __all__ = [
     "LoadedModel",
@@ -124,26 +128,37 @@ def place(
             return planner.cpu(free)
         return planner.explicit(choice, free)
 
-    idle = sorted((m for m in others if m.in_flight == 0), key=lambda m: (m.last_used, m.name))
-    forced = _forced_evictions(request, others, idle, policy)
+    now = policy.now if policy.now is not None else max((m.last_used for m in others), default=0.0)
+    rules = [] if not others else group_evictions(request.name, others, policy.groups, now)
+    forced, why = _forced_evictions(request, others, policy, now)
+    for m, ev in rules:
+        if m not in forced:
+            forced.append(m)
+            why[m.name] = ev.rule
+    if forced and not policy.allow_evict:
+        raise PlacementError(
+            f"{request.name} would unload {', '.join(m.name for m in forced)} ({why[forced[0].name]})",
+            hint="load it when they are unloaded",
+        )
+    idle = eviction_order([m for m in others if m.in_flight == 0 and m not in forced], now)
     evicted = list(forced)
     layout = attempt(free_memory(inventory, [m for m in others if m not in evicted], evicted))
     if layout is None and policy.allow_evict:
         for m in idle:
-            if m in evicted:
-                continue
             evicted.append(m)
             layout = attempt(free_memory(inventory, [x for x in others if x not in evicted], evicted))
             if layout is not None:
                 break
         if layout is not None:
-            # Keep only the evictions the layout needs: try sparing each, most recent first.
+            # Keep only the evictions the layout needs: try sparing each, the last chosen first.
             for m in reversed(evicted[len(forced) :]):
                 trial = [x for x in evicted if x is not m]
                 spared = attempt(free_memory(inventory, [x for x in others if x not in trial], trial))
                 if spared is not None:
                     evicted, layout = trial, spared
     if layout is None:
+        if policy.allow_evict:
+            _refuse_for_protected(inventory, request, others, evicted, planner, attempt)
         raise refusal(inventory, request, others, policy, planner, choice)
 
     need = planner.need(layout)
@@ -155,23 +170,76 @@ def place(
         estimate=layout.estimate,
         need_bytes=need,
         reason=_reason(inventory, layout),
+        evict_rules={m.name: why.get(m.name, _MEMORY_RULE) for m in evicted},
+    )
+
+
+#: The rule an eviction for room names (the others name their group or ``max_loaded``).
+_MEMORY_RULE = "memory: the idle model with the highest idle seconds / evict_cost"
+
+
+def _refuse_for_protected(
+    inventory: Inventory,
+    request: PlacementRequest,
+    others: Sequence[LoadedModel],
+    evicted: Sequence[LoadedModel],
+    planner: Planner,
+    attempt: Callable[[Mapping[str, int]], Layout | None],
+) -> None:
+    """When only models the rules keep (pinned, never-swap) stand in the way: a
+    :class:`ResidencyConflict` naming them and the memory missing — waiting cannot fix it."""
+    protected = [m for m in others if m.residency.protected and m not in evicted]
+    if not protected:
+        return
+    gone = [*evicted, *protected]
+    layout = attempt(free_memory(inventory, [x for x in others if x not in gone], gone))
+    if layout is None:
+        return  # it does not fit even then: the memory refusal says what it needs
+    # The fewest protected models it would take (the biggest first), for the message.
+    holders: list[LoadedModel] = []
+    for m in sorted(protected, key=lambda m: -sum(m.bytes_by_device.values())):
+        holders.append(m)
+        trial = [*evicted, *holders]
+        if attempt(free_memory(inventory, [x for x in others if x not in trial], trial)) is not None:
+            break
+    free = free_memory(inventory, [x for x in others if x not in evicted], evicted)
+    need = planner.need(layout)
+    short = {k: v - free.get(k, 0) for k, v in need.items() if v > free.get(k, 0)}
+    missing = "; ".join(
+        f"{format_bytes(v)} more on {describe_device(inventory.by_key(k))} "
+        f"(needs {format_bytes(need[k])}, {format_bytes(max(0, free.get(k, 0)))} free)"
+        for k, v in short.items()
+    )
+    held = ", ".join(
+        f"{m.name} ({m.residency.rule}, {format_bytes(sum(m.bytes_by_device.values()))})" for m in holders
+    )
+    first = holders[0]
+    rule = first.residency.rule
+    undo = "pinned = false" if first.residency.pinned else 'swap = "auto"'
+    verb = "stays" if len(holders) == 1 else "stay"
+    raise ResidencyConflict(
+        f"{request.name} does not fit while {held} {verb} loaded by rule: it needs {missing}",
+        rule=rule,
+        hint=f"unload {first.name} yourself (`forge unload {first.name}`), or set {undo} on it",
     )
 
 
 def _forced_evictions(
-    request: PlacementRequest, others: Sequence[LoadedModel], idle: list[LoadedModel], policy: PlacementPolicy
-) -> list[LoadedModel]:
+    request: PlacementRequest, others: Sequence[LoadedModel], policy: PlacementPolicy, now: float
+) -> tuple[list[LoadedModel], dict[str, str]]:
     """The idle models that must go whatever the memory says: the policy's cap on loaded models."""
     if policy.max_loaded is None or len(others) < policy.max_loaded:
-        return []
+        return [], {}
     excess = len(others) - policy.max_loaded + 1
+    idle = eviction_order([m for m in others if m.in_flight == 0], now)
     if not policy.allow_evict or len(idle) < excess:
         raise PlacementError(
             f"{request.name} cannot be loaded: {len(others)} models are loaded (at most "
             f"{policy.max_loaded}) and {'eviction is off' if not policy.allow_evict else 'too few are idle'}",
             hint="unload a model, or raise the limit of loaded models",
         )
-    return idle[:excess]
+    rule = f"at most {policy.max_loaded} models loaded"
+    return idle[:excess], {m.name: rule for m in idle[:excess]}
 
 
 def _reason(inventory: Inventory, layout: Layout) -> str:

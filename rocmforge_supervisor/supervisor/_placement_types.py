@@ -13,6 +13,7 @@ from .._argv import SIZE_FLAGS, kv_unified_in_args, normalise_flag, outputs_ever
 from ..config import GpuChoice
 from ..hardware import Device, Inventory
 from ..models import GGUFInfo, MemoryEstimate, ProjectorInfo
+from ._residency import GroupRule, Residency
 
 __all__ = [
     "LoadedModel",
@@ -88,6 +89,8 @@ class LoadedModel:
     Either way free memory never exceeds the total minus everything our children hold."""
     visible_bytes: Mapping[str, int] = field(default_factory=dict)
     """When not ``counted``: per device, the part the counters already show."""
+    residency: Residency = field(default_factory=Residency)
+    """Its rules: pinned, never-swap, evict_cost, group (``_residency``)."""
 
     def held(self, device: str) -> int:
         return self.bytes_by_device.get(device, 0)
@@ -114,6 +117,11 @@ class PlacementPolicy:
     device_context: Mapping[str, int] = field(default_factory=dict)
     """GPU key → the per-process device context forge measured there (``_device_context``); a GPU
     not in it gets its backend's default (:data:`~..models.DEVICE_CONTEXT_BYTES`)."""
+    groups: Mapping[str, GroupRule] = field(default_factory=dict)
+    """``[groups.*]``: their max_loaded / exclusive rules apply to a member's load."""
+    now: float | None = None
+    """The monotonic time the eviction score measures idleness against; None: the latest
+    ``last_used`` among the loaded models (a pure caller's stand-in for the clock)."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,8 @@ class PlacementDecision:
     reason: str
     workers: tuple[WorkerShare, ...] = ()
     """Set when every layer goes to RPC workers (``devices`` are then their devices' keys)."""
+    evict_rules: Mapping[str, str] = field(default_factory=dict)
+    """Per model in ``evict``: the rule that chose it (the ``evict`` event names it)."""
 
     @property
     def on_cpu(self) -> bool:

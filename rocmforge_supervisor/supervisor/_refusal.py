@@ -24,10 +24,11 @@ def refusal(
     planner: Planner,
     choice: list[Device] | Literal["auto", "cpu"],
 ) -> PlacementError:
-    idle = [m for m in others if m.in_flight == 0]
-    busy = [m for m in others if m.in_flight > 0]
+    kept_by_rule = [m for m in others if m.residency.protected]
+    idle = [m for m in others if m.in_flight == 0 and not m.residency.protected]
+    busy = [m for m in others if m.in_flight > 0 and not m.residency.protected]
     evictable = idle if policy.allow_evict else []
-    kept = [*busy, *(idle if not policy.allow_evict else [])]
+    kept = [*busy, *kept_by_rule, *(idle if not policy.allow_evict else [])]
     free = free_memory(inventory, kept, evictable)
     if choice == "cpu" or (choice == "auto" and not inventory.gpus) or request.n_gpu_layers == 0:
         targets: list[Device] = []
@@ -70,6 +71,10 @@ def refusal(
     )
     if busy:
         message += f"; busy, not evicted: {', '.join(m.name for m in busy)}"
+    if kept_by_rule:
+        message += "; kept by their rules: " + ", ".join(
+            f"{m.name} ({m.residency.rule})" for m in kept_by_rule
+        )
     if idle and not policy.allow_evict:
         message += f"; eviction is off, idle: {', '.join(m.name for m in idle)}"
     hint = _advice(request, planner, free, best, lay)

@@ -117,6 +117,8 @@ class ModelStatus:
     """Its saved KV-cache slots (count, tokens, bytes, newest) and this run's save/restore totals."""
     backend: str = "llama"
     """The server that runs it: ``llama`` (llama-server), ``whisper`` (whisper-server) or ``command``."""
+    residency: dict[str, Any] = field(default_factory=dict)
+    """Its residency rules: ``pinned``, ``swap``, ``evict_cost``, ``group``, ``default``."""
     context: dict[str, Any] = field(default_factory=dict)
     """Its context as started (else as configured): ``ctx_size``, ``parallel``, ``kv_unified`` and
     ``per_request``, the tokens one request can use (``/v1/models``' ``context_length``)."""
@@ -161,6 +163,7 @@ class ModelStatus:
             "keep_context": self.keep_context,
             "contexts": dict(self.contexts),
             "context": dict(self.context),
+            "residency": dict(self.residency),
         }
 
 
@@ -208,6 +211,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
         log_path=_log_path(m),
         modalities=list(plan.projector.modalities) if plan and plan.projector else [],
         context=_context(m),
+        residency=m.residency.to_json(),
     )
 
 

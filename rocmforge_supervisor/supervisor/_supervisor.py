@@ -31,10 +31,11 @@ from ..process import ChildLedger, LlamaServer
 from ._backends import backend_of
 from ._context_store import ContextStore
 from ._device_context import CONTEXT_FILE, DeviceContexts, learn_from_child
-from ._events import EventBus, EventKind
+from ._events import Event, EventBus, EventKind
 from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan
 from ._managed import ManagedModel
+from ._residency import GroupRule, Residency
 from ._status import ModelState, ModelStatus
 from ._view import ModelView, model_view
 from ._yielding import PressureMonitor
@@ -79,6 +80,10 @@ class Supervisor:
         self._keepers: dict[str, ContextKeeper] = {}
         #: The GPU backend's per-process context, measured on our children (placement counts it).
         self.device_contexts = DeviceContexts(self.settings.cache_dir / CONTEXT_FILE)
+        #: ``[groups.*]`` as placement reads them (the residency rules; reloaded with the config).
+        self.groups: dict[str, GroupRule] = _groups(config)
+        #: Models an explicit unload took down: the warm default is not loaded back until used.
+        self._held_off: set[str] = set()
         for name, mc in config.models.items():
             self.models[name] = self._new_model(name, mc, config)
 
@@ -95,6 +100,7 @@ class Supervisor:
         )
         m.on_ready.append(lambda _m: self.record_children())
         m.on_ready.append(self._learn_device_context)
+        m.residency = _residency(config, name, mc)
         return m
 
     def _learn_device_context(self, m: ManagedModel) -> None:
@@ -141,7 +147,7 @@ class Supervisor:
                     await m.settled()
                 self.ready.set()
                 self.events.publish("*", EventKind.READY, preloaded=[m.name for m in preload])
-                await anyio.sleep_forever()
+                await self._keep_default_warm()
         finally:
             self._tg = None
             with anyio.CancelScope(shield=True):
@@ -164,6 +170,35 @@ class Supervisor:
     def _start(self, m: ManagedModel) -> None:
         if self._tg is None:
             raise UsageError("the supervisor is not running", hint="start it with `forge serve`")
+        self._held_off.discard(m.name)
+        m.start_in(self._tg)
+
+    # -- the warm default ------------------------------------------------------------------------
+
+    def _default(self) -> ManagedModel | None:
+        return next((m for m in self.models.values() if m.residency.default), None)
+
+    async def _keep_default_warm(self) -> None:
+        """``default = true``: load that model, idle, whenever it is not loaded and fits without
+        unloading anything — at start, after another model stops (ttl, eviction, unload, crash),
+        after a reload, and every ``_WARM_RETRY`` s (memory pressure ends without an event)."""
+        while True:
+            self._try_warm()
+            async with self.events.subscribe() as received:
+                with anyio.move_on_after(_WARM_RETRY):
+                    async for ev in received:
+                        if _frees_memory(ev, self._default()):
+                            break
+
+    def _try_warm(self) -> None:
+        m = self._default()
+        if m is None or m.running or m.retired or m.state == ModelState.FAILED or self._tg is None:
+            return
+        if m.name in self._held_off:
+            return
+        m.warming = True
+        m.refused = None
+        self.events.publish(m.name, EventKind.WARM)
         m.start_in(self._tg)
 
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
@@ -241,6 +276,7 @@ class Supervisor:
     async def load(self, name: str) -> ModelStatus:
         """Load (and wait until ready). Resets a failed model's breaker."""
         m = self.get(name)
+        self._held_off.discard(name)
         m.reset()
         await m.wait_ready(self._start)
         return m.status()
@@ -255,6 +291,7 @@ class Supervisor:
     async def unload(self, name: str, *, forget: bool = False) -> ModelStatus:
         """Drain and stop; ``forget``: without saving, and the saved contexts are deleted."""
         m = self.get(name)
+        self._held_off.add(name)
         await m.unload(save=not forget)
         if forget:
             await anyio.to_thread.run_sync(self.keeper(name).forget)
@@ -282,6 +319,7 @@ class Supervisor:
         async with self._reload_lock:
             self.config = new_config
             self.policy = new_config.supervisor
+            self.groups = _groups(new_config)
             # The disk budget of kept contexts, from the next save on (a new context_dir: a restart).
             self.context_store.max_bytes = new_config.server.context_max_bytes
             summary: ReloadSummary = {
@@ -305,6 +343,9 @@ class Supervisor:
                     self._start(m)
             for name in sorted(old_names & new_names):
                 await self._reload_one(self.models[name], new_config, summary)
+            for name, m in self.models.items():  # rules change in place: no child restarts for them
+                if name in new_config.models:
+                    m.residency = _residency(new_config, name, new_config.models[name])
             await anyio.to_thread.run_sync(self.context_store.refresh, summary["added"])
             self.events.publish("*", EventKind.CONFIG, changes=summary)
             return summary
@@ -386,6 +427,37 @@ class Supervisor:
     def record_children(self) -> None:
         """The ledger the next run's stale-child sweep reads."""
         self.ledger.record((m.name, m.server) for m in self.models.values() if m.server is not None)
+
+
+#: Seconds between looks at whether the warm default fits again, with no event to say so.
+_WARM_RETRY = 30.0
+
+#: States in which a model holds no memory any more.
+_GONE = frozenset({ModelState.STOPPED.value, ModelState.FAILED.value, ModelState.UNLOADED.value})
+
+
+def _frees_memory(ev: Event, default: ManagedModel | None) -> bool:
+    """Whether ``ev`` may have made room for the warm default: another model stopped, or a reload."""
+    if ev.kind == EventKind.CONFIG:
+        return True
+    return ev.kind == EventKind.STATE and ev.state in _GONE and (default is None or ev.model != default.name)
+
+
+def _groups(config: ForgeConfig) -> dict[str, GroupRule]:
+    return {
+        name: GroupRule(name, frozenset(g.members), max_loaded=g.max_loaded, exclusive=g.exclusive)
+        for name, g in config.groups.items()
+    }
+
+
+def _residency(config: ForgeConfig, name: str, mc: ModelConfig) -> Residency:
+    return Residency(
+        pinned=mc.pinned,
+        never_swap=mc.swap == "never",
+        evict_cost=mc.evict_cost,
+        group=config.group_of(name),
+        default=mc.default,
+    )
 
 
 def _upstream(server: LlamaServer) -> Upstream:

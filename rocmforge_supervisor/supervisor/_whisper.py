@@ -41,6 +41,7 @@ from ..models import (
     whisper_state_bytes,
 )
 from ..process import WHISPER_SERVER, InstanceSpec
+from ._evicting import evict_by_group, loaded_others
 from ._host import PlacementHost
 from ._launch import LaunchPlan
 from ._placement import _chosen
@@ -157,8 +158,9 @@ async def plan_whisper(sup: PlacementHost, m: ManagedModel) -> LaunchPlan:
     """The supervisor's ``_plan`` for a whisper model (placement under its lock)."""
     binary, info, gpu_capable = await anyio.to_thread.run_sync(_resolve, m.config.path, sup.settings)
     async with sup.placement_lock:
+        await evict_by_group(sup, m)
         inventory = await sup.refresh_inventory()
-        loaded = [lm for o in sup.models.values() if o is not m and (lm := o.as_loaded()) is not None]
+        loaded = loaded_others(sup, m)
         decision = decide_whisper(m.name, info, m.config.gpu, inventory, loaded, gpu_capable=gpu_capable)
     return plan_launch(
         m.name,

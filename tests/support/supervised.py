@@ -52,12 +52,13 @@ def fake_config(
     *,
     machine: str = "no_gpu",
     server: dict[str, Any] | None = None,
+    groups: dict[str, dict[str, Any]] | None = None,
     **supervisor: Any,
 ) -> ForgeConfig:
     """``folder/forge.toml`` with ``[server]`` (its state in ``folder/state``, plus ``server``; a
     list of tables, such as ``keys``, as ``[[server.keys]]``),
-    ``[supervisor]`` (:data:`FAKE_TIMERS`, plus ``supervisor``) and one ``[models.NAME]`` per entry
-    (``path`` defaults to ``default_model``), loaded on the ``machine`` fixture's hardware."""
+    ``[supervisor]`` (:data:`FAKE_TIMERS`, plus ``supervisor``), one ``[models.NAME]`` per entry
+    (``path`` defaults to ``default_model``) and one ``[groups.NAME]`` per ``groups`` entry, loaded on the ``machine`` fixture's hardware."""
     server = server or {}
     tables = {k: v for k, v in server.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
     lines = ["[server]", f'state_dir = "{folder / "state"}"']
@@ -70,6 +71,8 @@ def fake_config(
     for name, keys in models.items():
         lines += ["", f"[models.{name}]", f'path = "{keys.get("path", default_model)}"']
         lines += [f"{k} = {_toml(v)}" for k, v in keys.items() if k != "path"]
+    for name, keys in (groups or {}).items():
+        lines += ["", f"[groups.{name}]", *(f"{k} = {_toml(v)}" for k, v in keys.items())]
     path = folder / "forge.toml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

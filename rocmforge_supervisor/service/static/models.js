@@ -24,6 +24,17 @@ function savedContexts(c) {
   return c.count ? `context kept: ${c.count} · ${c.tokens} tok · ${bytes(c.bytes)}` : "context kept: none yet";
 }
 
+// The residency rules ([models.X] pinned / swap / evict_cost / default, [groups.*]) in a few words.
+function rules(r) {
+  const words = [];
+  if (r.pinned) words.push("pinned");
+  if (r.swap === "never") words.push("never swap");
+  if (r.group) words.push(`group ${r.group}`);
+  if (r.default) words.push("default");
+  if (r.evict_cost !== undefined && r.evict_cost !== 1) words.push(`evict cost ${r.evict_cost}`);
+  return words.join(" · ");
+}
+
 class ModelRow {
   constructor(name, table, onError) {
     this.name = name;
@@ -33,6 +44,7 @@ class ModelRow {
     this.nameEl = h("span", { class: "name", text: name });
     this.pathEl = h("span", { class: "path" });
     this.modalEl = h("span", { class: "modalities" });
+    this.rulesEl = h("span", { class: "rules" });
     this.badge = h("span", { class: "badge" });
     this.since = h("span", { class: "since" });
     this.progress = h("progress", { max: "100", "aria-label": `${name} loading progress` });
@@ -65,7 +77,7 @@ class ModelRow {
       h(
         "tr",
         { class: "main" },
-        h("th", { scope: "row", "data-label": "Model" }, this.nameEl, this.pathEl, this.modalEl),
+        h("th", { scope: "row", "data-label": "Model" }, this.nameEl, this.pathEl, this.modalEl, this.rulesEl),
         cell("State", this.badge, " ", this.since, this.progressWrap),
         cell("Devices · memory", this.mem),
         cell("PID · port", this.pid),
@@ -95,6 +107,8 @@ class ModelRow {
     this.modalEl.title = other.length
       ? `runs on ${s.backend}-server (/v1/audio/transcriptions)`
       : s.modalities?.length ? `takes ${s.modalities.join(" and ")} input (mmproj)` : "";
+    setText(this.rulesEl, rules(s.residency || {}));
+    this.rulesEl.title = "residency rules: what placement may not unload, its group, the warm default";
     setText(this.since, s.since ? `for ${duration(Math.max(0, serverNow() - s.since))}` : "");
     this.updateProgress(s);
     const running = ["loading", "ready", "draining"].includes(s.state);
