@@ -140,6 +140,11 @@ def serve(
         "--check-config",
         help="Only validate the config (file + FORGE_* variables): exit 0, or 2 and the error.",
     ),
+    watch: bool = typer.Option(
+        False,
+        "--watch",
+        help="Reload when the config file or conf.d/*.toml beside it changes (server.watch_config).",
+    ),
 ) -> None:
     """Run the supervisor: many models behind one OpenAI-compatible endpoint, until SIGTERM/Ctrl-C."""
     from ..config import load_config
@@ -149,7 +154,14 @@ def serve(
     settings = get_settings()
     cfg = load_config(config, settings)
     overrides = {
-        k: v for k, v in {"host": host, "port": port, "log_format": log_format}.items() if v is not None
+        k: v
+        for k, v in {
+            "host": host,
+            "port": port,
+            "log_format": log_format,
+            "watch_config": True if watch else None,
+        }.items()
+        if v is not None
     }
     if overrides:
         cfg = cfg.with_server(**overrides)

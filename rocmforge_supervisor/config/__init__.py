@@ -26,7 +26,7 @@ from .._lazy import lazy_getattr
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._file import CONFIG_NAME, SYSTEM_CONFIG_DIR, config_search_path, load_config
+    from ._file import CONF_D, CONFIG_NAME, SYSTEM_CONFIG_DIR, config_files, config_search_path, load_config
     from ._names import MODEL_NAME, is_loopback
     from ._schema import (
         ForgeConfig,
@@ -43,7 +43,14 @@ else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
         {
-            "._file": ("CONFIG_NAME", "SYSTEM_CONFIG_DIR", "config_search_path", "load_config"),
+            "._file": (
+                "CONFIG_NAME",
+                "CONF_D",
+                "SYSTEM_CONFIG_DIR",
+                "config_files",
+                "config_search_path",
+                "load_config",
+            ),
             "._names": ("MODEL_NAME", "is_loopback"),
             "._schema": (
                 "ForgeConfig",
@@ -68,6 +75,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
 
 __all__ = [
     "CONFIG_NAME",
+    "CONF_D",
     "MODEL_NAME",
     "SYSTEM_CONFIG_DIR",
     "ForgeConfig",
@@ -81,6 +89,7 @@ __all__ = [
     "ServerConfig",
     "SupervisorConfig",
     "WorkerConfig",
+    "config_files",
     "config_search_path",
     "get_settings",
     "gpu_layers_for_placement",

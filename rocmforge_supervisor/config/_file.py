@@ -10,6 +10,10 @@ sets ``server.api_key`` so the secret can stay out of the file.
 Typos must not pass silently: unknown sections and keys are errors, and every error names the dotted
 key (``models.gemma.ctx_size``) and where to fix it (the file, or the variable that set it).
 
+A ``conf.d/`` directory beside the file adds its ``*.toml`` files, merged in name order: tables
+merge, and a key set by two files is an error naming both. Each file's relative paths are taken
+relative to its own directory.
+
 Relative paths in the file (``state_dir``, ``log_dir``, ``tls_cert``/``tls_key``, ``model_dirs``, a
 model ``path`` that looks like a path) are taken relative to the file's directory, so that a unit
 started from ``/`` reads the same config as a shell in the file's directory.
@@ -34,7 +38,7 @@ from ._names import MODEL_NAME
 from ._schema import ForgeConfig, known_keys
 from ._settings import ForgeSettings
 
-__all__ = ["CONFIG_NAME", "SYSTEM_CONFIG_DIR", "config_search_path", "load_config"]
+__all__ = ["CONFIG_NAME", "CONF_D", "SYSTEM_CONFIG_DIR", "config_files", "config_search_path", "load_config"]
 
 SYSTEM_CONFIG_DIR = Path("/etc/rocmforge")
 
@@ -73,19 +77,76 @@ def load_config(
     if env is None:
         env = os.environ
     source = _find_file(path, settings, system_dir)
-    file_data = _read_toml(source) if source is not None else {}
-    if source is not None:
-        file_data = _resolve_relative(file_data, source.parent)
+    file_data: dict[str, Any] = {}
+    origins: dict[tuple[str, ...], Path] = {}
+    for part in config_files(source):
+        data = _resolve_relative(_read_toml(part), part.parent)
+        file_data = _merge_file(file_data, data, part, origins)
     env_data, env_keys = _env_layer(env)
     merged = _merge(file_data, env_data)
     _check_model_names(merged, source, env_keys)
     try:
         config = ForgeConfig(**merged)
     except ValidationError as exc:
-        raise translate(exc, (), source=source, env_keys=env_keys, known_keys=known_keys) from exc
+        error = translate(exc, (), source=source, env_keys=env_keys, known_keys=known_keys)
+        # A key a conf.d file set: the error names that file.
+        key = tuple((error.key or "").split("."))
+        setter = next((origins[key[:i]] for i in range(len(key), 0, -1) if key[:i] in origins), source)
+        if setter != source:
+            error = translate(exc, (), source=setter, env_keys=env_keys, known_keys=known_keys)
+        raise error from exc
     config._source = source
     config._settings = settings
     return config
+
+
+#: The directory beside the config file whose ``*.toml`` files are merged into it, in name order.
+CONF_D = "conf.d"
+
+
+def config_files(source: Path | None) -> list[Path]:
+    """The files a config is read from: the file, then ``conf.d/*.toml`` beside it (name order).
+    What ``[server] watch_config`` watches."""
+    if source is None:
+        return []
+    conf_d = source.parent / CONF_D
+    parts = sorted(p for p in conf_d.glob("*.toml") if p.is_file()) if conf_d.is_dir() else []
+    return [source, *parts]
+
+
+def _merge_file(
+    base: dict[str, Any],
+    over: Mapping[str, Any],
+    part: Path,
+    origins: dict[tuple[str, ...], Path],
+    at: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """``over`` (from file ``part``) merged into ``base``: tables merge, and a key that two files
+    set is an error naming both (which one wins would depend on file names: never silently)."""
+    out = dict(base)
+    for key, value in over.items():
+        here = (*at, key)
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge_file(out[key], value, part, origins, here)
+            continue
+        if key in out:
+            first = origins.get(here)
+            raise ConfigError(
+                f"config {part}: {'.'.join(here)} is set in both {first} and {part}",
+                key=".".join(here),
+                hint="set it in one of the two files only",
+            )
+        out[key] = value
+        _record(origins, here, value, part)
+    return out
+
+
+def _record(origins: dict[tuple[str, ...], Path], at: tuple[str, ...], value: Any, part: Path) -> None:
+    """``at`` and, for a whole table, every key under it came from file ``part``."""
+    origins[at] = part
+    if isinstance(value, Mapping):
+        for key, sub in value.items():
+            _record(origins, (*at, key), sub, part)
 
 
 def _find_file(path: Path | None, settings: ForgeSettings, system_dir: Path) -> Path | None:

@@ -34,6 +34,7 @@ from ._info import ServiceInfo, read_service_info, service_info_path
 from ._logging import relog
 from ._observe import MetricsPort
 from ._recording import open_store
+from ._watch import watch_config
 
 __all__ = ["ServiceInfo", "loop_options", "read_service_info", "run_service", "service_info_path"]
 
@@ -173,6 +174,8 @@ async def _run_locked(
     base_url = _url(sock, scheme)
     ollama_url = _url(sockets[1], scheme) if config.server.ollama_port is not None else None
     _warn_plain_http(config.server)
+    if config.server.watch_config and config_path is None:
+        log.warning("watch_config: no config file to watch (start forge serve with --config)")
     info_path = service_info_path(supervisor.state_dir)
     metrics_port = sockets[-1].getsockname()[1] if config.server.metrics_port is not None else None
     state, uv = _gateway(config, supervisor, None, metrics_port)
@@ -198,6 +201,14 @@ async def _run_locked(
                 if on_listening is not None:
                     on_listening(base_url, ollama_url)
                 tg.start_soon(_announce_ready, supervisor, notifier)
+                if reload is not None and config_path is not None:
+                    tg.start_soon(
+                        watch_config,
+                        config_path,
+                        reload,
+                        supervisor.events,
+                        lambda: state.server.watch_config,
+                    )
                 if notifier is not None and notifier.watchdog_interval:
                     tg.start_soon(_watchdog, notifier, notifier.watchdog_interval)
                 signame = await _until_stop(signals, tg, reload, notifier)

@@ -37,6 +37,9 @@ class EventKind(StrEnum):
     SLEEP = "sleep"  # its child freed (sleeping: true) or reloaded (false) the model (sleep_idle)
     READY = "ready"  # the supervisor is up, preloads done (model "*")
     CONFIG = "config"  # a reload was applied (model "*")
+    CONFIG_REJECTED = (
+        "config_rejected"  # watch_config: a changed file failed validation; the old config stays ("*")
+    )
     RESTART_REQUIRED = "restart_required"  # a reload changed [server] keys only a restart applies ("*")
     LOG = "log"  # one line of a child's log (the log bus only)
     WAITING = "waiting"  # its RPC workers, or its group's members, are busy: the start waits and re-plans
