@@ -41,7 +41,12 @@ def test_conf_d_files_merge_into_the_file_in_name_order(tmp_path: Path) -> None:
     assert list(cfg.models) == ["a", "b"] and cfg.models["a"].ttl == 60 and cfg.server.port == 9000
     assert cfg.models["b"].path == str(tmp_path / "conf.d" / "b.gguf")  # relative to its own file
     assert cfg.group_of("b") == "chat"
-    assert [p.name for p in config_files(path)] == ["forge.toml", "10-a-ttl.toml", "20-b.toml", "30-groups.toml"]
+    assert [p.name for p in config_files(path)] == [
+        "forge.toml",
+        "10-a-ttl.toml",
+        "20-b.toml",
+        "30-groups.toml",
+    ]
 
 
 def test_a_key_set_in_two_files_is_an_error_naming_both(tmp_path: Path) -> None:
@@ -54,7 +59,9 @@ def test_a_key_set_in_two_files_is_an_error_naming_both(tmp_path: Path) -> None:
 
 
 def test_an_invalid_key_in_a_conf_d_file_names_that_file(tmp_path: Path) -> None:
-    path = _setup(tmp_path, '[models.a]\npath = "a.gguf"\n', **{"10-b": '[models.b]\npath = "b.gguf"\nctx_sise = 1\n'})
+    path = _setup(
+        tmp_path, '[models.a]\npath = "a.gguf"\n', **{"10-b": '[models.b]\npath = "b.gguf"\nctx_sise = 1\n'}
+    )
     with pytest.raises(ConfigError) as err:
         load_config(path, _settings(tmp_path), env={})
     assert "10-b.toml" in str(err.value) and "models.b.ctx_sise" in str(err.value)
