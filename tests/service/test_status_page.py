@@ -99,7 +99,7 @@ def _recorded_machine_env(key: str) -> dict[str, str]:
 def test_status_page_live_actions_crash_and_chat(
     tmp_path: Path, smollm2_path: Path, tiny_gguf: Path, llama_server_bin: Path
 ) -> None:
-    cfg = _config(tmp_path, smollm2_path, "smollm2", parallel=2, ttl=900)
+    cfg = _config(tmp_path, smollm2_path, "smollm2", parallel=2, ttl=900, pinned=True)
     with cfg.open("a") as f:  # a second model whose child refuses its arguments: a failed row
         f.write(
             f'[models.broken]\npath = "{tiny_gguf}"\ngpu = "cpu"\npreload = true\nargs = ["--no-such-flag"]\n'
@@ -120,6 +120,9 @@ def test_status_page_live_actions_crash_and_chat(
         wait_until(d, lambda d: "held by smollm2" in d.find_element(By.ID, "devices").text, "the CPU bar")
         assert d.find_elements(By.CSS_SELECTOR, 'li[data-device="cpu"] .bar .seg.ours')
         assert "no TTL" not in cell(d, "smollm2", "TTL left")
+        # Its residency rules under its name (issue 33); the other model has none to show.
+        assert model_row(d, "smollm2").find_element(By.CSS_SELECTOR, ".rules").text == "pinned"
+        assert not model_row(d, "broken").find_element(By.CSS_SELECTOR, ".rules").is_displayed()
 
         # The failed model: its reason and the child's last stderr lines, in its row.
         wait_until(d, lambda d: row_state(d, "broken") == "failed", "the failed row")

@@ -216,3 +216,32 @@ async def test_rules_change_on_reload_without_a_restart(make_config: MakeConfig,
         await sup.load("b")
         await sup.load("c")
         assert [m for m, _ in _evictions(sup)] == ["b"]
+
+
+async def test_loads_queue_behind_an_eviction_and_a_group_never_overfills(
+    make_config: MakeConfig, fake_bin: Path
+) -> None:
+    cfg = make_config(
+        {"x": SMALL, "y": SMALL, "z": SMALL}, groups={"chat": {"members": ["x", "y", "z"], "max_loaded": 1}}
+    )
+    async with running(cfg, fake_bin) as sup:
+        await sup.load("x")
+        loaded_at_once: list[int] = []
+
+        def count() -> None:
+            loaded_at_once.append(sum(m.as_loaded() is not None for m in sup.models.values()))
+
+        for m in sup.models.values():
+            m.on_ready.append(lambda _m: count())
+
+        async def ask(name: str) -> None:
+            async with sup.acquire(name, load_wait=20):
+                pass
+
+        async with anyio.create_task_group() as tg:  # four requests for two members at once
+            for name in ("y", "y", "z", "z"):
+                tg.start_soon(ask, name)
+        assert loaded_at_once and max(loaded_at_once) == 1
+        assert sum(m.state == ModelState.READY for m in sup.models.values()) == 1
+        evicted = [m for m, _ in _evictions(sup)]
+        assert evicted[0] == "x" and len(evicted) == 2  # y and z took turns: one swap each way
