@@ -51,7 +51,7 @@ from ._placement import LoadedModel
 from ._remote import WorkersUnavailable
 from ._residency import Residency
 from ._status import ModelState, ModelStatus, check_transition, model_status
-from ._watchdog import ProgressWatch, poll_interval, slots_signature
+from ._watchers import watch_health, watch_progress, watch_sleep, watch_ttl
 
 __all__ = ["ManagedModel", "PlanFn"]
 
@@ -96,7 +96,8 @@ class ManagedModel:
         self.stalls = 0  # children killed by the progress watchdog
         self.pressure_evictions = 0  # unloads to yield memory to other programs (vram_reserve)
         self.sleeping = False  # the child freed its model after sleep_idle idle seconds (/props)
-        self._kill_reason: str | None = None  # why we killed the child, for its crash record
+        #: Why a watcher killed the child (a stall), for its crash record.
+        self.kill_reason: str | None = None
         self.last_error: str | None = None
         #: Why the child last ended before the one that runs now (kept after a recovery).
         self.last_crash: str | None = None
@@ -190,6 +191,11 @@ class ManagedModel:
         while self.state not in (ModelState.READY, ModelState.FAILED, ModelState.STOPPED):
             await self._changed.wait()
         return self.state
+
+    @property
+    def events(self) -> EventBus:
+        """Where its events go (the watchers publish theirs here too)."""
+        return self._events
 
     def _set_state(self, state: ModelState, **data: Any) -> None:
         check_transition(self.state, state)
@@ -346,12 +352,12 @@ class ManagedModel:
                 if not self._stop_requested:  # a stop asked during the load: never announced ready
                     await self._restore_context(server, plan)
                     self._on_ready(server)
-                tg.start_soon(self._watch_health, server)
+                tg.start_soon(watch_health, self, server)
                 if backend_of(self.config).has_slots:  # whisper-server, a command: no /slots to watch
-                    tg.start_soon(self._watch_progress, server)
-                tg.start_soon(self._watch_ttl)
+                    tg.start_soon(watch_progress, self, server)
+                tg.start_soon(watch_ttl, self)
                 if self.config.sleep_idle:
-                    tg.start_soon(self._watch_sleep, server)
+                    tg.start_soon(watch_sleep, self, server)
                 await server.exited.wait()
                 tg.cancel_scope.cancel()
         except BaseException as exc:
@@ -369,8 +375,8 @@ class ManagedModel:
         if self._stop_requested:
             return Outcome.STOPPED
         how = describe_returncode(server.returncode)
-        if self._kill_reason is not None:  # we killed it (a stall): that is the cause
-            how, self._kill_reason = f"{how}: {self._kill_reason}", None
+        if self.kill_reason is not None:  # we killed it (a stall): that is the cause
+            how, self.kill_reason = f"{how}: {self.kill_reason}", None
         # What its log and its exit say about why (an RPC worker it placed layers on died; a CPU
         # fault): the kind's crash advice.
         cause = server.crash_cause(amx="amx_int8" in cpu_flags())
@@ -473,109 +479,10 @@ class ManagedModel:
         self._set_state(ModelState.FAILED, error=reason)
         log.error("model %s failed: %s", self.name, reason, extra={"model": self.name})
 
-    async def _watch_health(self, server: LlamaServer) -> None:
-        """A child that has not answered ``/health`` for ``health_interval × health_failures``
-        seconds (SIGSTOP, deadlock) is killed.
-
-        The probes overlap the interval instead of adding to it: one goes out every
-        ``health_interval``, whether the one before has answered or not, and each may wait for
-        its answer until that deadline (the last answer + interval × failures). Any answer moves
-        the deadline on, so a slow child is not a hung one. Before, each failed check cost the
-        interval plus its own timeout: the bound was about twice what the two knobs say
-        (issue 19, 4: 6.2 s for 1 s × 3).
-        """
-        interval = self.policy.health_interval
-        window = interval * self.policy.health_failures
-        answered = anyio.current_time()
-        unanswered = 0  # probes sent since the last answer
-
-        async def probe() -> None:
-            nonlocal answered, unanswered
-            sent = anyio.current_time()
-            status = await server.health(timeout=max(0.01, answered + window - sent))
-            if status == 200:
-                if sent >= answered:  # the newest news: the probes sent before it are answered too
-                    answered, unanswered = anyio.current_time(), 0
-                return
-            now = anyio.current_time()
-            msg = "model %s: /health check failed (no answer for %.1f s of %g s)"
-            log.warning(msg, self.name, now - answered, window, extra={"model": self.name})
-
-        async with anyio.create_task_group() as tg:
-            due = answered + interval
-            while True:
-                await anyio.sleep_until(min(due, answered + window))
-                now = anyio.current_time()
-                if now >= answered + window:
-                    break
-                if now >= due:
-                    unanswered += 1
-                    tg.start_soon(probe)
-                    due += interval
-            tg.cancel_scope.cancel()
-        self._events.publish(self.name, EventKind.HANG, failures=unanswered, seconds=window)
-        self.last_error = f"no answer to /health for {window:g} s ({unanswered} checks): killed"
-        server.kill(self.last_error)
-
     @property
     def stall_timeout(self) -> float:
         own = self.config.stall_timeout
         return self.policy.stall_timeout if own is None else own
-
-    async def _watch_progress(self, server: LlamaServer) -> None:
-        """A child busy with our requests whose slots make no progress for ``stall_timeout`` is
-        stalled (a wedged decode answers /health all the same: see ``_watchdog``): killed, and
-        restarted through the crash path, which counts it in the breaker. The timeout is read at
-        every poll: a reload that changes only ``stall_timeout`` keeps the child (0: off)."""
-        watch = ProgressWatch(self.stall_timeout)
-        while True:
-            timeout = self.stall_timeout
-            await anyio.sleep(poll_interval(timeout) if timeout > 0 else 1.0)
-            if timeout <= 0:
-                watch.observe(False, None)  # off: nothing counts, and a later timeout starts afresh
-                continue
-            watch.timeout = timeout
-            interval = poll_interval(timeout)
-            # A sleeping child reloading its model for a request answers /slots only once loaded:
-            # a wake is not a stall.
-            busy = self.in_flight > 0 and not self.sleeping
-            signature = slots_signature(await server.slots(timeout=min(2.0, interval))) if busy else None
-            if watch.observe(busy, signature):
-                self.stalls += 1
-                seconds = round(watch.stalled_for, 1)
-                self._kill_reason = (
-                    f"stalled: no progress for {seconds:g} s with {self.in_flight} request(s) in flight"
-                )
-                self._events.publish(self.name, EventKind.STALL, seconds=seconds, in_flight=self.in_flight)
-                log.warning("model %s: %s", self.name, self._kill_reason, extra={"model": self.name})
-                server.kill(self._kill_reason)
-                return
-
-    async def _watch_sleep(self, server: LlamaServer) -> None:
-        """Whether the child sleeps (``sleep_idle``): ``/props``' ``is_sleeping``, which does not
-        wake it, read every second; a change is an event, and the status says it."""
-        try:
-            while True:
-                props = await server.props(timeout=2.0)
-                sleeping = bool(props.get("is_sleeping")) if props is not None else self.sleeping
-                if sleeping != self.sleeping:
-                    self.sleeping = sleeping
-                    self._events.publish(self.name, EventKind.SLEEP, sleeping=sleeping)
-                await anyio.sleep(1.0)
-        finally:
-            self.sleeping = False  # a new child starts awake
-
-    async def _watch_ttl(self) -> None:
-        while True:
-            if self.ttl <= 0:  # no ttl (yet): a client's keep_alive hint may set one later
-                await anyio.sleep(1.0)
-                continue
-            idle_for = time.monotonic() - self.last_used
-            if self.in_flight == 0 and self.waiting == 0 and idle_for >= self.ttl:
-                self._events.publish(self.name, EventKind.TTL, idle_seconds=idle_for)
-                await self.unload(reason="ttl")
-                return
-            await anyio.sleep(max(0.05, self.ttl - idle_for if self.in_flight == 0 else self.ttl))
 
     async def unload(self, reason: str = "unload", *, save: bool = True) -> None:
         """Drain in-flight requests (bounded), save the slots (``keep_context``; not with
