@@ -4,9 +4,12 @@ config error before the start, not a child that loads both and silently never dr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._errors import ConfigError, ForgeError
-from ..config import ForgeConfig, ForgeSettings
+
+if TYPE_CHECKING:  # start-up time: `forge --help` imports no settings
+    from ..config import ForgeConfig, ForgeSettings
 
 __all__ = ["check_drafts"]
 
@@ -32,7 +35,7 @@ def check_drafts(cfg: ForgeConfig, settings: ForgeSettings) -> None:
     from ..models import check_draft_vocab
 
     for name, m in cfg.models.items():
-        if m.backend != "llama" or m.draft is None:
+        if m.draft is None:  # the config allows a draft on llama-server models only
             continue
         model, draft = _local(m.path, settings), _local(m.draft, settings)
         if model is None or draft is None:

@@ -159,9 +159,10 @@ class ModelFacts:
 async def check_tools(facts: ModelFacts, name: str, body: dict[str, Any]) -> None:
     """A 400 when ``body`` sends tools that model ``name`` cannot use (:mod:`._tools`): every
     route's way to that one check, with the model's card and arguments as ``/v1/models`` reads them."""
-    rerank = reranks(facts.supervisor.view(name).config)
-    tools = await facts.tools(name)
-    refuse_unusable_tools(name, body, await facts.card(name), facts.args(name), tools=tools, rerank=rerank)
+    config = facts.supervisor.view(name).config
+    card, args, tools = await facts.card(name), facts.args(name), await facts.tools(name)
+    configured = config.tools is not None
+    refuse_unusable_tools(name, body, card, args, tools=tools, rerank=reranks(config), configured=configured)
 
 
 def check_media(supervisor: Supervisor, name: str, body: dict[str, Any], *, allow_remote: bool) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from .._argv import normalise_flag
 from .._errors import InvalidRequest
 from ..config import ModelConfig
+from ..supervisor import backend_of
 
 __all__ = ["RERANK_ROUTES", "refuse_wrong_kind", "reranks"]
 
@@ -35,8 +36,8 @@ def reranks(config: ModelConfig) -> bool:
 def refuse_wrong_kind(name: str, config: ModelConfig, path: str) -> None:
     """A 400 (:class:`InvalidRequest`) when route ``path`` is not what llama-server model ``name``
     does: text generation from a reranker, reranking from a model that does not rerank."""
-    if config.backend != "llama":
-        return  # a command's routes are its own (``routes``), whisper's are audio
+    if not backend_of(config).has_slots:
+        return  # not llama-server: a command's routes are its own (``routes``), whisper's are audio
     if path in _GENERATING and reranks(config):
         raise InvalidRequest(
             f"model {name!r} is a reranker (rerank = true in [models.{name}]): it answers "

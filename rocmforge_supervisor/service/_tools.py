@@ -50,15 +50,17 @@ def refuse_unusable_tools(
     *,
     tools: bool | None = None,
     rerank: bool = False,
+    configured: bool = False,
 ) -> None:
     """Raise a 400 (:class:`RequestRejected`) when ``payload`` sends tools that model ``name``
     would drop. ``card`` None (a hub model not fetched yet): nothing known, llama-server decides.
-    ``tools``/``rerank``: as :func:`~._model_card.capabilities` takes them (what the listings say)."""
+    ``tools``/``rerank``: as :func:`~._model_card.capabilities` takes them (what the listings say);
+    ``configured``: ``tools`` is the model's own key (the error then names it)."""
     if card is None or not asks_for_tools(payload):
         return
     if "tools" in capabilities(card, args, tools=tools, rerank=rerank):
         return
-    if tools is False and not rerank:
+    if configured and tools is False and not rerank:
         raise RequestRejected(
             f"model {name!r} does not take tools: its [models.{name}] has tools = false",
             hint="send the request without tools, or remove tools = false from the model",
