@@ -273,7 +273,9 @@ def decide_on_workers(
         held=held,
         name=name,
         spread=spec.workers == "all",
-        embeddings=spec.embeddings or outputs_every_token(spec.args),
+        embeddings=spec.embeddings or spec.rerank or outputs_every_token(spec.args),
+        draft=model.draft.info if model.draft is not None else None,
+        draft_on_gpu=spec.draft_gpu != "cpu",
     ).as_decision()
 
 
@@ -315,7 +317,7 @@ def build_plan(
     offload = on_gpu if spec.mmproj_offload is None else spec.mmproj_offload and on_gpu
     extra += mmproj_args(model.projector.path if model.projector else None, offload)
     extra += rerank_args(spec.rerank)
-    extra += _draft_args(spec, model.draft, on_gpu=on_gpu)
+    extra += _draft_args(spec, model.draft, on_gpu=on_gpu or bool(remote))
     # The binary's own needs on this CPU (its self-test's workaround: --no-repack on an AMX CPU at
     # the pinned llama.cpp) come before the user's args, so a user's --repack still wins.
     extra += binary_args
