@@ -56,8 +56,8 @@ def refuse_unusable_tools(
     would drop. ``card`` None (a hub model not fetched yet): nothing known, llama-server decides.
     ``tools``/``rerank``: as :func:`~._model_card.capabilities` takes them (what the listings say);
     ``configured``: ``tools`` is the model's own key (the error then names it)."""
-    if card is None or not asks_for_tools(payload):
-        return
+    if card is None or rerank or not asks_for_tools(payload):
+        return  # a reranker takes no chat at all: the route check answers that (``_rerank``)
     if "tools" in capabilities(card, args, tools=tools, rerank=rerank):
         return
     if configured and tools is False and not rerank:

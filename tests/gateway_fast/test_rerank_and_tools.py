@@ -47,6 +47,8 @@ async def test_a_reranker_answers_rerank_routes_and_refuses_chat_naming_the_key(
         assert r.status_code == 400, r.text
         message = r.json()["error"]["message"]
         assert "rerank = true" in message and "'rr'" in message and "/v1/rerank" in message
+        r = await gw.client.post("/v1/chat/completions", json={**chat, "tools": [TOOL]})
+        assert r.status_code == 400 and "is a reranker" in r.json()["error"]["message"], r.text
         r = await gw.client.post("/v1/messages", json={**chat, "max_tokens": 4})
         assert r.status_code == 400 and r.json()["type"] == "error", r.text
         assert "rerank = true" in r.json()["error"]["message"]
