@@ -32,16 +32,21 @@ def _local(ref: str, settings: ForgeSettings) -> Path | None:
 
 def check_drafts(cfg: ForgeConfig, settings: ForgeSettings) -> None:
     """Each model's ``draft`` against its vocabulary, where both files are local."""
-    from ..models import check_draft_vocab
+    from ..models import check_draft_vocab, unknown_name
 
+    place = f"config {cfg.source.name}: " if cfg.source is not None else "config: "
     for name, m in cfg.models.items():
         if m.draft is None:  # the config allows a draft on llama-server models only
             continue
+        typo = unknown_name(m.draft)  # "smolm2-135m": never loadable, told with its "did you mean"
+        if typo is not None:
+            raise ConfigError(
+                f"{place}models.{name}.draft: {typo.message}", key=f"models.{name}.draft", hint=typo.hint
+            )
         model, draft = _local(m.path, settings), _local(m.draft, settings)
         if model is None or draft is None:
             continue
         try:
             check_draft_vocab(model, draft, key=f"models.{name}.draft")
         except ConfigError as exc:
-            place = f"config {cfg.source.name}: " if cfg.source is not None else "config: "
             raise ConfigError(place + exc.message, key=exc.key, hint=exc.hint) from None

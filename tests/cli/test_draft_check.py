@@ -36,3 +36,21 @@ def test_gemma_cannot_draft_for_smollm2(tmp_path: Path, smollm2_path: Path, gemm
         timeout=60,
     )
     assert r.returncode == 0 and "config OK" in r.stderr, r.stderr
+
+
+def test_a_misspelt_embedded_draft_is_a_config_error(tmp_path: Path, smollm2_path: Path) -> None:
+    env = dict(os.environ, FORGE_STATE_DIR=str(tmp_path / "state"))
+    cfg = write_config(tmp_path / "forge.toml", model_section("chat", smollm2_path, draft="smolm2-135m"))
+    r = subprocess.run(
+        [*FORGE, "serve", "--check-config", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: config forge.toml: models.chat.draft: 'smolm2-135m' is not an embedded"), (
+        line
+    )
+    assert "did you mean 'smollm2-135m'?" in line
