@@ -28,9 +28,11 @@ __all__ = [
     "outputs_every_token",
     "probe_argv",
     "redact",
+    "rerank_args",
     "resolve_kv_unified",
     "rpc_args",
     "server_argv",
+    "speculative_args",
 ]
 
 #: llama-server flags forge sets itself (or that would turn the child into something else: another
@@ -299,3 +301,41 @@ def redact(args: Sequence[str]) -> list[str]:
             out.append(a)
             hide_next = secret
     return out
+
+
+def speculative_args(
+    draft: Path | None,
+    types: Sequence[str],
+    *,
+    n_max: int | None = None,
+    n_min: int | None = None,
+    draft_on_gpu: bool = True,
+    name_type: bool = True,
+) -> list[str]:
+    """The speculative-decoding flags of the pinned llama-server. A draft model goes with its
+    layers all on the model's GPUs (split as the model is: the estimate counts it so) or, off the
+    GPU, with no device at all. ``types`` empty with a draft: ``draft-simple``, without which the
+    pin loads the draft and never drafts — unless ``name_type`` is False (the draft GGUF declares
+    its own type, an MTP head or a DFlash draft, which llama-server reads from it)."""
+    a: list[str] = []
+    if draft is not None:
+        a += ["--spec-draft-model", str(draft)]
+        a += (
+            ["--spec-draft-ngl", "all"]
+            if draft_on_gpu
+            else ["--spec-draft-device", "none", "--spec-draft-ngl", "0"]
+        )
+    chosen = list(types) or (["draft-simple"] if draft is not None and name_type else [])
+    if chosen:
+        a += ["--spec-type", ",".join(chosen)]
+    if n_max is not None:
+        a += ["--spec-draft-n-max", str(n_max)]
+    if n_min is not None:
+        a += ["--spec-draft-n-min", str(n_min)]
+    return a
+
+
+def rerank_args(rerank: bool) -> list[str]:
+    """``rerank = true``: ``--reranking`` (embeddings with the GGUF's rank pooling, and the
+    ``/v1/rerank`` and ``/rerank`` routes)."""
+    return ["--reranking"] if rerank else []

@@ -17,6 +17,7 @@ from rich.markup import escape
 from .._errors import ConfigError, ServiceError, UsageError
 from .._units import format_bytes
 from ._common import console, err_console, get_settings
+from ._draft_check import check_drafts
 
 if TYPE_CHECKING:
     from ..config import ForgeConfig
@@ -166,6 +167,7 @@ def serve(
     if overrides:
         cfg = cfg.with_server(**overrides)
     _check_model_names(cfg)
+    check_drafts(cfg, settings)
     if check_config:
         n = len(cfg.models)
         err_console.print(

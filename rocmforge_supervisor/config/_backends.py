@@ -40,6 +40,7 @@ BACKEND_NAMES: tuple[BackendName, ...] = ("llama", "whisper", "command")
 LLAMA_ONLY = (
     "ctx_size", "gpu_layers", "parallel", "kv_unified", "sleep_idle", "embeddings", "max_tokens", "keep_context",
     "mmproj", "mmproj_offload", "workers",
+    "draft", "draft_max", "draft_min", "speculative", "rerank",
 )  # fmt: skip
 
 #: Keys that only mean something to a user's command (``backend = "command"``).

@@ -32,6 +32,7 @@ from ._backends import DEFAULT_COMMAND_ROUTES, ONE_AT_A_TIME, BackendName, key_p
 from ._explain import custom, translate
 from ._names import is_loopback
 from ._settings import ForgeSettings
+from ._speculative import speculative_problem
 from ._tls import tls_pair_problem
 from ._values import (
     GpuChoice,
@@ -375,6 +376,7 @@ _NOT_IN_FINGERPRINT = frozenset(
         "capture",
         "stall_timeout",
         "routes",  # the gateway's side: which requests it sends, not how the child runs
+        "tools",  # what the listings show, not how the child runs
     }
 )
 
@@ -469,6 +471,37 @@ class ModelConfig(_Section):
     (``"12GiB"``), for placement; None: placed without a memory check."""
     env: dict[str, str] = Field(default_factory=dict)
     """``backend = "command"``: extra environment for the command (the device mask is forge's)."""
+
+    # -- speculative decoding, reranking, tools (issue 34): checked by config/_speculative.py --
+    draft: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    """A draft model for speculative decoding: a GGUF path, an embedded name or
+    ``hf:org/repo:QUANT``. It must share the model's vocabulary (refused at config check when it
+    does not). Its weights and KV cache (the model's context, ``f16``) count in placement."""
+    draft_max: int | None = Field(default=None, ge=1)
+    """Tokens the draft proposes per step (``--spec-draft-n-max``; llama-server's default 3)."""
+    draft_min: int | None = Field(default=None, ge=0)
+    """The fewest draft tokens worth checking (``--spec-draft-n-min``; default 0)."""
+    draft_gpu: Literal["auto", "cpu"] = "auto"
+    """Where the draft sits: ``auto``, on the model's GPUs (split as the model is) or in RAM when
+    the model is; ``cpu``: always in system RAM (saves GPU memory, drafts slower)."""
+    speculative: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    """llama-server's ``--spec-type``, comma-separated: ``draft-simple`` (the default with a
+    ``draft``), ``draft-eagle3``, ``draft-mtp`` (the model's own MTP head), ``draft-dflash``,
+    ``draft-dspark``, or a draft-free n-gram mode: ``ngram-simple``, ``ngram-map-k``,
+    ``ngram-map-k4v``, ``ngram-mod``, ``ngram-cache``."""
+    rerank: bool = False
+    """A reranker (``--reranking``): served on ``/v1/rerank`` and ``/rerank`` only; a chat or
+    completion request to it is a 400."""
+    tools: bool | None = None
+    """The ``tools`` capability in ``/v1/models`` and ``/api/show``: None from the chat template
+    (the running child's ``/props``), false hides it (and tool requests get a 400), true shows it."""
+
+    @model_validator(mode="after")
+    def _speculative_keys(self) -> ModelConfig:
+        problem = speculative_problem(self)
+        if problem is not None:
+            raise custom(*problem)
+        return self
 
     @property
     def unified_kv(self) -> bool:

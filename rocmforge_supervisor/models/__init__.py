@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         resolve_projector_path,
         unknown_name,
     )
+    from ._draft import check_draft_vocab, declares_spec_type, vocab_mismatch
     from ._estimate import (
         DEVICE_CONTEXT_BYTES,
         DeviceEstimate,
@@ -69,6 +70,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "estimate_memory",
                 "kv_bytes_per_token",
             ),
+            "._draft": ("check_draft_vocab", "declares_spec_type", "vocab_mismatch"),
             "._gguf": ("GGUFInfo", "inspect_gguf"),
             "._hub": (
                 "HubRef",
@@ -102,7 +104,9 @@ __all__ = [
     "PulledModel",
     "WhisperLedgerFeed",
     "backend_of",
+    "check_draft_vocab",
     "choose_projector",
+    "declares_spec_type",
     "default_device_context",
     "embedded_models",
     "ensure_embedded",
@@ -121,5 +125,6 @@ __all__ = [
     "resolve_model_path",
     "resolve_projector_path",
     "unknown_name",
+    "vocab_mismatch",
     "whisper_state_bytes",
 ]

@@ -20,6 +20,10 @@ A multimodal projector (``--mmproj``) is loaded by mtmd, which says it different
     reserve_compute_meta:      ROCm0 compute buffer size =     0.02 MiB
 
 Its weights are on the backend the first line names; both are the ``projector`` part.
+
+A speculative-decoding draft model (``--spec-draft-model``) is loaded after the model, announced by
+``common_speculative_init_result: loading draft model '…'``, and prints the same lines for its
+own buffers: everything after that line is the ``draft`` part (and does not start a new load).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ __all__ = [
 #: The ``-lv`` / ``--log-verbosity`` a child needs for its allocation lines to be printed.
 REQUIRED_VERBOSITY = 4
 
-Part = Literal["weights", "kv", "compute", "output", "projector"]
+Part = Literal["weights", "kv", "compute", "output", "projector", "draft"]
 
 _LINE_RE = re.compile(
     r"(?:^|\s|:)(?P<buffer>[A-Za-z][\w.\[\]:-]*?)\s+"
@@ -70,6 +74,8 @@ _VENDOR = {
     "Metal": "metal",
 }
 _MIB = 1024 * 1024
+#: The line that starts a draft model's load (``common/speculative.cpp`` at the pin).
+_DRAFT_LOAD = "loading draft model"
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,8 @@ class AllocationLedger:
     allocations: list[Allocation] = field(default_factory=list)
     _after_weights: bool = False
     _clip_backend: str = "CPU"
+    _draft: bool = False
+    """The draft model's load has begun: its buffers are the ``draft`` part."""
 
     def _projector_line(self, line: str) -> Allocation | None:
         """The projector's allocations (mtmd's own lines); they never start a new load."""
@@ -159,10 +167,15 @@ class AllocationLedger:
     def feed(self, line: str) -> Allocation | None:
         if "CLIP using" in line or "load_hparams: model size" in line or "reserve_compute_meta" in line:
             return self._projector_line(line)
+        if _DRAFT_LOAD in line:
+            self._draft = True
+            return None
         alloc = parse_allocation_line(line, self.gpu_keys)
         if alloc is None:
             return None
-        if alloc.part == "weights" and self._after_weights:
+        if self._draft:
+            alloc = Allocation(alloc.device, alloc.buffer, "draft", alloc.bytes)
+        elif alloc.part == "weights" and self._after_weights:
             self.allocations.clear()
             self._after_weights = False
         elif alloc.part != "weights":

@@ -115,6 +115,7 @@ def _parts_json(parts: DeviceEstimate | MemoryEstimate) -> dict[str, int]:
         "compute_bytes": parts.compute_bytes,
         "output_bytes": parts.output_bytes,
         "projector_bytes": parts.projector_bytes,
+        **({"draft_bytes": parts.draft_bytes} if parts.draft_bytes else {}),  # speculative decoding
         **({"context_bytes": parts.context_bytes} if parts.context_bytes else {}),  # GPUs only
     }
 
@@ -134,13 +135,15 @@ class DeviceEstimate:
     """A multimodal projector's weights and compute buffer, on the device mtmd runs it on."""
     context_bytes: int = 0
     """The backend's per-process device context on this GPU (not an allocation the child logs)."""
+    draft_bytes: int = 0
+    """A speculative-decoding draft model here: its weights, KV cache, compute and output buffers."""
 
     @property
     def allocated_bytes(self) -> int:
         """What the child's own allocations will be here (what its log reports): all but the context."""
         return (
             self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.projector_bytes
-        )
+        ) + self.draft_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -202,6 +205,10 @@ class MemoryEstimate:
     @property
     def context_bytes(self) -> int:
         return sum(d.context_bytes for d in self.devices)
+
+    @property
+    def draft_bytes(self) -> int:
+        return sum(d.draft_bytes for d in self.devices)
 
     @property
     def total_bytes(self) -> int:
@@ -348,6 +355,8 @@ def estimate_memory(
     projector_offload: bool | None = None,
     repack: bool = True,
     device_context: Mapping[str, int] | None = None,
+    draft: GGUFInfo | None = None,
+    draft_on_gpu: bool = True,
 ) -> MemoryEstimate:
     """Estimate the memory of one llama-server load, per device and part.
 
@@ -361,7 +370,8 @@ def estimate_memory(
     first GPU unless ``projector_offload`` is False (None: on, as llama-server's default) or no GPU
     is used. ``repack`` False (``--no-repack``): no CPU_REPACK copy of the weights on the CPU.
     ``device_context``: GPU key → the per-process device context measured there; a GPU not in it
-    gets its backend's :func:`default_device_context`.
+    gets its backend's :func:`default_device_context`. ``draft``: a speculative-decoding draft
+    model, counted as :func:`_draft_bytes` says (in RAM when ``draft_on_gpu`` is False).
     """
     gpus = [d for d in devices if d != "cpu"]
     n_layer = info.block_count
@@ -442,6 +452,21 @@ def estimate_memory(
     if projector is not None:
         proj_dev = gpus[0] if gpus and projector_offload is not False else "cpu"
         projector_on[proj_dev] = projector.total_bytes
+    draft_on: dict[str, int] = {}
+    if draft is not None:
+        draft_est = estimate_memory(
+            draft,
+            n_gpu_layers=None if gpus and draft_on_gpu else 0,
+            ctx_size=n_ctx,
+            parallel=n_seq,
+            kv_unified=unified,
+            flash_attn=fa,
+            devices=tuple(gpus) if draft_on_gpu and gpus else ("cpu",),
+            tensor_split=tensor_split,
+            n_ubatch=n_ubatch,
+            repack=repack,
+        )
+        draft_on = _draft_bytes(draft_est)
     per_device = tuple(
         DeviceEstimate(
             device=k,
@@ -451,6 +476,7 @@ def estimate_memory(
             output_bytes=output.get(k, 0),
             layers=layers.get(k, 0),
             projector_bytes=projector_on.get(k, 0),
+            draft_bytes=draft_on.get(k, 0),
             context_bytes=_context(k, device_context) if k in gpus else 0,
         )
         for k in keys
@@ -466,3 +492,11 @@ def estimate_memory(
         flash_attn=fa,
         embeddings=embeddings,
     )
+
+
+def _draft_bytes(est: MemoryEstimate) -> dict[str, int]:
+    """A draft model's allocations per device. llama-server (``common_base_params_to_speculative``)
+    gives the draft the target's context, slots, unified cache, ubatch and tensor split, its own
+    ``f16`` cache (``--spec-draft-type-k/-v``) and one output row per slot: a second load of the
+    same shape, whose device context is the target's (one process)."""
+    return {d.device: d.allocated_bytes for d in est.devices if d.allocated_bytes}

@@ -28,6 +28,7 @@ from ..supervisor import Supervisor
 from ._media import refuse_unusable_media
 from ._model_card import ModelCard, capabilities, card_for, projector_for
 from ._recording import request_key
+from ._rerank import reranks
 from ._tools import refuse_unusable_tools
 
 __all__ = ["PROPS_TIMEOUT", "ModelFacts", "check_media", "check_tools", "model_list", "visible_models"]
@@ -134,15 +135,34 @@ class ModelFacts:
         """The child's extra llama-server arguments (as started, else as configured)."""
         return list(self.supervisor.view(name).args)
 
+    async def tools(self, name: str) -> bool | None:
+        """Whether the model takes tools: its ``tools`` key when set, else the running child's
+        chat template (``/props``' ``chat_template_caps.supports_tools``: the template llama-server
+        really renders, a ``--chat-template`` of the user's included); None: not running, the
+        GGUF's template decides."""
+        config = self.supervisor.view(name).config
+        if config.tools is not None:
+            return config.tools
+        props = await self.props(name)
+        caps = props.get("chat_template_caps") if props is not None else None
+        if isinstance(caps, dict) and isinstance(caps.get("supports_tools"), bool):
+            return bool(caps["supports_tools"])
+        return None
+
     async def capabilities(self, name: str, card: ModelCard) -> list[str]:
         """The model's capabilities as every listing reports them."""
-        return capabilities(card, self.args(name), await self.modalities(name))
+        rerank = reranks(self.supervisor.view(name).config)
+        tools = await self.tools(name)
+        return capabilities(card, self.args(name), await self.modalities(name), tools=tools, rerank=rerank)
 
 
 async def check_tools(facts: ModelFacts, name: str, body: dict[str, Any]) -> None:
     """A 400 when ``body`` sends tools that model ``name`` cannot use (:mod:`._tools`): every
     route's way to that one check, with the model's card and arguments as ``/v1/models`` reads them."""
-    refuse_unusable_tools(name, body, await facts.card(name), facts.args(name))
+    config = facts.supervisor.view(name).config
+    card, args, tools = await facts.card(name), facts.args(name), await facts.tools(name)
+    configured = config.tools is not None
+    refuse_unusable_tools(name, body, card, args, tools=tools, rerank=reranks(config), configured=configured)
 
 
 def check_media(supervisor: Supervisor, name: str, body: dict[str, Any], *, allow_remote: bool) -> None:

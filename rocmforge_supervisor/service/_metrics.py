@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from ..supervisor import ModelState, ModelStatus
+from ._drafting import DraftTally
 from ._pool_metrics import PoolSample, pool_families
 
 __all__ = ["DeviceRow", "Metrics"]
@@ -208,6 +209,7 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=self.registry,
         )
+        self.drafts = DraftTally(self.registry)
         self._last_load_seq = 0
         self._collector = _SupervisorCollector(status, self.child_texts)
         self.registry.register(self._collector)

@@ -124,11 +124,23 @@ def projector_for(path: Path) -> ProjectorInfo:
     return _PROJECTORS[key]
 
 
-def capabilities(card: ModelCard, args: list[str], modalities: Sequence[str] = ()) -> list[str]:
+def capabilities(
+    card: ModelCard,
+    args: list[str],
+    modalities: Sequence[str] = (),
+    *,
+    tools: bool | None = None,
+    rerank: bool = False,
+) -> list[str]:
+    """``tools``: what the running child's chat template says (``/props``) or the model's
+    ``tools`` key; None: the GGUF's template decides. ``rerank``: a reranker, which only reranks."""
+    if rerank:
+        return ["rerank"]
     embedding_only = card.architecture in EMBEDDING_ARCHITECTURES
     caps = [] if embedding_only else ["completion"]
     no_jinja = "--no-jinja" in args
-    if not embedding_only and card.template and "tools" in card.template and not no_jinja:
+    from_template = bool(card.template and "tools" in card.template)
+    if not embedding_only and not no_jinja and (from_template if tools is None else tools):
         caps.append("tools")
     if embedding_only or card.pooling or any(a in ("--embedding", "--embeddings") for a in args):
         caps.append("embedding")

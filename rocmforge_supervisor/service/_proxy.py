@@ -50,6 +50,7 @@ from ._recording import (
     request_key,
 )
 from ._relay import Opened, RelayResponse
+from ._rerank import refuse_wrong_kind
 from ._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
 from ._state import GatewayState, body_limit, request_id, state_of
 from ._tools import asks_for_tools
@@ -140,6 +141,7 @@ async def _slot(
             param="model",
             hint="name a model of GET /v1/models that serves this route",
         )
+    refuse_wrong_kind(name, config, path.partition("?")[0])
     load_wait = st.supervisor.load_wait(name)
     async with st.supervisor.acquire(name, load_wait=load_wait, loaded=loaded) as upstream:
         note_timing(slot=True)  # the activity record's queue wait, for every dialect
@@ -414,6 +416,7 @@ class _Forwarder:
         m.duration.labels(self.name).observe(time.perf_counter() - self.received)
         m.requests.labels(self.name, self.route.path, status).inc()
         if status == "200":
+            m.drafts.count(self.name, tail)
             if used is not None:
                 note_used(used)
             note_finish(tail=tail)

@@ -178,9 +178,13 @@ async def api_throughput(request: Request) -> Response:
     """
     summary: Live tokens/s per model, from the child's /slots (tokens decoded since the last sample).
     responses:
-      200: {description: "{models: {name: {tokens_per_second, busy_slots, slots}}}"}
+      200: {description: "{models: {name: {tokens_per_second, busy_slots, slots, draft_tokens, draft_accepted, draft_acceptance}}}"}
     """
-    return JSONResponse({"models": await _sampler(request).sample(state_of(request).supervisor)})
+    st = state_of(request)
+    rates = await _sampler(request).sample(st.supervisor)
+    return JSONResponse(
+        {"models": {name: {**r, **st.metrics.drafts.rate(name)} for name, r in rates.items()}}
+    )
 
 
 def routes() -> list[BaseRoute]:

@@ -43,12 +43,30 @@ def asks_for_tools(payload: Mapping[str, Any]) -> bool:
 
 
 def refuse_unusable_tools(
-    name: str, payload: Mapping[str, Any], card: ModelCard | None, args: list[str]
+    name: str,
+    payload: Mapping[str, Any],
+    card: ModelCard | None,
+    args: list[str],
+    *,
+    tools: bool | None = None,
+    rerank: bool = False,
+    configured: bool = False,
 ) -> None:
     """Raise a 400 (:class:`RequestRejected`) when ``payload`` sends tools that model ``name``
-    would drop. ``card`` None (a hub model not fetched yet): nothing known, llama-server decides."""
-    if card is None or not asks_for_tools(payload) or "tools" in capabilities(card, args):
+    would drop. ``card`` None (a hub model not fetched yet): nothing known, llama-server decides.
+    ``tools``/``rerank``: as :func:`~._model_card.capabilities` takes them (what the listings say);
+    ``configured``: ``tools`` is the model's own key (the error then names it)."""
+    if card is None or rerank or not asks_for_tools(payload):
+        return  # a reranker takes no chat at all: the route check answers that (``_rerank``)
+    if "tools" in capabilities(card, args, tools=tools, rerank=rerank):
         return
+    if configured and tools is False and not rerank:
+        raise RequestRejected(
+            f"model {name!r} does not take tools: its [models.{name}] has tools = false",
+            hint="send the request without tools, or remove tools = false from the model",
+            status_code=400,
+            error_type="invalid_request_error",
+        )
     if "--no-jinja" in args:
         why = "runs without a jinja chat template (its GGUF has none), so llama-server cannot render tools"
     else:

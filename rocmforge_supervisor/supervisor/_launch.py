@@ -31,10 +31,13 @@ from .._argv import (
     mmproj_args,
     normalise_flag,
     outputs_every_token,
+    rerank_args,
     resolve_kv_unified,
     rpc_args,
+    speculative_args,
 )
 from ..config import ForgeSettings, GpuChoice, GpuLayers, ModelConfig, gpu_layers_for_placement
+from ..config._speculative import spec_types
 from ..hardware import Inventory, WorkerReport, child_env, cpu_flags
 from ..models import (
     REQUIRED_VERBOSITY,
@@ -42,6 +45,8 @@ from ..models import (
     GGUFInfo,
     MemoryEstimate,
     ProjectorInfo,
+    check_draft_vocab,
+    declares_spec_type,
     inspect_gguf,
     inspect_projector,
     resolve_model_path,
@@ -56,6 +61,7 @@ from ._residency import GroupRule
 __all__ = [
     "LaunchPlan",
     "ModelSpec",
+    "ResolvedDraft",
     "ResolvedModel",
     "WorkerMode",
     "build_plan",
@@ -90,6 +96,14 @@ class ModelSpec:
     """A multimodal projector: a path, ``hf:org/repo:FILE`` or ``auto`` (beside the model)."""
     mmproj_offload: bool | None = None
     """None: the projector on the GPU when the model is on one (llama-server's default), else RAM."""
+    draft: str | None = None
+    """A speculative-decoding draft model (a path, an embedded name or ``hf:``)."""
+    draft_max: int | None = None
+    draft_min: int | None = None
+    draft_gpu: Literal["auto", "cpu"] = "auto"
+    speculative: tuple[str, ...] = ()
+    """``--spec-type`` values; empty: ``draft-simple`` with a draft, else none."""
+    rerank: bool = False
 
     @classmethod
     def from_config(cls, mc: ModelConfig, *, workers_configured: bool = False) -> ModelSpec:
@@ -106,6 +120,12 @@ class ModelSpec:
             sleep_idle=mc.sleep_idle,
             mmproj=mc.mmproj,
             mmproj_offload=mc.mmproj_offload,
+            draft=mc.draft,
+            draft_max=mc.draft_max,
+            draft_min=mc.draft_min,
+            draft_gpu=mc.draft_gpu,
+            speculative=tuple(spec_types(mc.speculative)),
+            rerank=mc.rerank,
         )
 
 
@@ -114,6 +134,17 @@ class ResolvedModel:
     path: Path
     info: GGUFInfo
     projector: ProjectorInfo | None = None
+    draft: ResolvedDraft | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedDraft:
+    """A speculative-decoding draft model, checked against its model's vocabulary."""
+
+    path: Path
+    info: GGUFInfo
+    declares_type: bool = False
+    """Its GGUF names its own speculative type (an MTP head, DFlash): forge names none."""
 
 
 @dataclass
@@ -170,7 +201,20 @@ def resolve(spec: ModelSpec, settings: ForgeSettings) -> ResolvedModel:
     projector = None
     if spec.mmproj:
         projector = inspect_projector(resolve_projector_path(spec.mmproj, spec.path, path, settings))
-    return ResolvedModel(path=path, info=info, projector=projector)
+    return ResolvedModel(
+        path=path, info=info, projector=projector, draft=_resolve_draft(spec, path, settings)
+    )
+
+
+def _resolve_draft(spec: ModelSpec, model_path: Path, settings: ForgeSettings) -> ResolvedDraft | None:
+    """The draft, refused (``ConfigError``) when its vocabulary is not the model's: an ``hf:``
+    draft is only known here, after its download (a local one is also checked by
+    ``forge serve --check-config``)."""
+    if spec.draft is None:
+        return None
+    path = resolve_model_path(spec.draft, settings)
+    check_draft_vocab(model_path, path)
+    return ResolvedDraft(path, inspect_gguf(path), declares_spec_type(path))
 
 
 def decide(
@@ -200,11 +244,14 @@ def decide(
         # The flags build_plan adds for ``embeddings = true`` change the size too.
         extra_args=(
             *embedding_args(spec.embeddings, spec.args, str(model.info.architecture)),
+            *rerank_args(spec.rerank),
             *binary_args,
             *spec.args,
         ),
         projector=model.projector,
         projector_offload=spec.mmproj_offload,
+        draft=model.draft.info if model.draft is not None else None,
+        draft_on_gpu=spec.draft_gpu != "cpu",
     )
     policy = PlacementPolicy(
         allow_evict=allow_evict, device_context=dict(device_context or {}), groups=dict(groups or {}), now=now
@@ -231,7 +278,9 @@ def decide_on_workers(
         held=held,
         name=name,
         spread=spec.workers == "all",
-        embeddings=spec.embeddings or outputs_every_token(spec.args),
+        embeddings=spec.embeddings or spec.rerank or outputs_every_token(spec.args),
+        draft=model.draft.info if model.draft is not None else None,
+        draft_on_gpu=spec.draft_gpu != "cpu",
     ).as_decision()
 
 
@@ -272,6 +321,8 @@ def build_plan(
     on_gpu = not remote and not decision.on_cpu
     offload = on_gpu if spec.mmproj_offload is None else spec.mmproj_offload and on_gpu
     extra += mmproj_args(model.projector.path if model.projector else None, offload)
+    extra += rerank_args(spec.rerank)
+    extra += _draft_args(spec, model.draft, on_gpu=on_gpu or bool(remote))
     # The binary's own needs on this CPU (its self-test's workaround: --no-repack on an AMX CPU at
     # the pinned llama.cpp) come before the user's args, so a user's --repack still wins.
     extra += binary_args
@@ -328,4 +379,17 @@ def build_plan(
         actual=ledger,
         slot_save_dir=slot_save_dir,
         projector=model.projector,
+    )
+
+
+def _draft_args(spec: ModelSpec, draft: ResolvedDraft | None, *, on_gpu: bool) -> list[str]:
+    """The speculative-decoding flags: the draft where the estimate put it (the model's GPUs,
+    else system RAM), its type, its sizes."""
+    return speculative_args(
+        draft.path if draft is not None else None,
+        spec.speculative,
+        n_max=spec.draft_max,
+        n_min=spec.draft_min,
+        draft_on_gpu=on_gpu and spec.draft_gpu != "cpu",
+        name_type=draft is None or not draft.declares_type,
     )

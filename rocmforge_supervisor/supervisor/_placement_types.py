@@ -59,6 +59,10 @@ class PlacementRequest:
     """The model's multimodal projector (``--mmproj``): its weights and compute buffer count too."""
     projector_offload: bool | None = None
     """False: the projector stays in system RAM (``--no-mmproj-offload``)."""
+    draft: GGUFInfo | None = None
+    """A speculative-decoding draft model: its weights and KV cache count where it goes."""
+    draft_on_gpu: bool = True
+    """False (``draft_gpu = "cpu"``): the draft stays in system RAM."""
     extra_args: tuple[str, ...] = ()
     """The child's extra llama-server arguments: the ones that change its size (``-c``, ``-np``,
     ``-ctk``, ``-ctv``, ``-fa``, ``-ub``, ``-ngl``, ``-ts``, ``--embeddings``, ``--pooling``) are

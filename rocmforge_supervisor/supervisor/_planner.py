@@ -65,6 +65,8 @@ class Planner:
             projector=r.projector,
             projector_offload=r.projector_offload,
             device_context=self.policy.device_context,
+            draft=r.draft,
+            draft_on_gpu=r.draft_on_gpu,
         )
         return Layout(tuple(gpus), est.n_gpu_layers, tuple(split) if split else None, est, kind)
 

@@ -104,9 +104,12 @@ def plan_on_workers(
     name: str = "model",
     spread: bool = False,
     embeddings: bool = False,
+    draft: GGUFInfo | None = None,
+    draft_on_gpu: bool = True,
 ) -> RemotePlan:
     """The smallest set of workers that holds the whole model (``spread``: every usable worker),
-    or WorkersUnavailable saying why."""
+    or WorkersUnavailable saying why. ``draft``: a speculative-decoding draft, split over the same
+    devices (or in this machine's RAM when not ``draft_on_gpu``)."""
     skipped = {r.address: r.detail or r.state for r in reports if r.state != "ok"}
     skipped.update({a: "in use by another model" for a in held})
     usable = [r for r in reports if r.state == "ok" and r.address not in held and r.devices]
@@ -128,6 +131,8 @@ def plan_on_workers(
             devices=tuple(d.key for d in devices),
             tensor_split=split,
             embeddings=embeddings,
+            draft=draft,
+            draft_on_gpu=draft_on_gpu,
         )
         over = {  # a device with no share (nearly full) holds nothing: it cannot be over
             d.key: int(est.bytes_on(d.key) * (1 + _MARGIN)) + _RESERVE - d.free_bytes

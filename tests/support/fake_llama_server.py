@@ -52,6 +52,12 @@ reads a small file there, answering ``n_saved``/``n_restored`` as llama-server d
 ``/completion`` (llama-server's own route) answers ``{"content", "tokens_predicted"}``; each finished
 request prints llama-server's ``print_timing`` line.
 
+``--reranking`` (llama-server's own flag) makes it answer ``/v1/rerank``, ``/rerank`` and their
+``…ing`` spellings in the Jina/Cohere shape (``{"results": [{"index", "relevance_score"}]}``, best
+first, a made-up score per document); without it they are llama-server's 501 "Start it with
+`--reranking`". ``--fake-tools-caps 0|1`` puts ``chat_template_caps.supports_tools`` in ``/props``,
+as the real server reports what its chat template can do.
+
 ``--version`` and ``--list-devices`` answer as a CPU-only build, so ``FORGE_LLAMA_SERVER`` may
 point at the fake (a ``forge serve`` subprocess in the service tests).
 
@@ -153,6 +159,8 @@ def main() -> None:
     error_status = int(opts.get("--fake-error", "0"))
     die_mid_stream = int(opts.get("--fake-die-mid-stream", "-1"))
     sleep_idle = float(opts.get("--sleep-idle-seconds", "-1"))
+    reranking = "--reranking" in opts
+    tools_caps = opts.get("--fake-tools-caps")
     last_task = [time.monotonic()]
     ready = threading.Event()
 
@@ -180,7 +188,10 @@ def main() -> None:
                 self._send(200, {})
             elif self.path == "/props":
                 asleep = 0 < sleep_idle <= time.monotonic() - last_task[0]
-                self._send(200, {"build_info": "fake", "is_sleeping": asleep})
+                props: dict[str, object] = {"build_info": "fake", "is_sleeping": asleep}
+                if tools_caps is not None:
+                    props["chat_template_caps"] = {"supports_tools": tools_caps == "1"}
+                self._send(200, props)
             else:
                 self._send(404, {"error": {"code": 404, "message": "File Not Found"}})
 
@@ -192,6 +203,9 @@ def main() -> None:
                 return
             if self.path.startswith("/slots/"):
                 self._slots(body)
+                return
+            if self.path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking"):
+                self._rerank(body)
                 return
             if self.path not in ("/v1/chat/completions", "/v1/completions", "/completion", "/v1/messages"):
                 self._send(404, {"error": {"code": 404, "message": "File Not Found"}})
@@ -249,6 +263,19 @@ def main() -> None:
             timings = {"cache_n": 0, "prompt_n": 2, "predicted_n": chunks}
             events.append(f"data: {json.dumps({'choices': [last], 'timings': timings})}\n\n")
             self._stream(events, "data: [DONE]\n\n")
+
+        def _rerank(self, body: dict[str, object]) -> None:
+            if not reranking:
+                message = "This server does not support reranking. Start it with `--reranking`"
+                self._send(501, {"error": {"code": 501, "message": message, "type": "not_supported_error"}})
+                return
+            docs = body.get("documents", body.get("texts"))
+            if not isinstance(docs, list) or not docs:
+                message = '"documents" must be a non-empty string array'
+                self._send(400, {"error": {"code": 400, "message": message, "type": "invalid_request_error"}})
+                return
+            scores = [{"index": i, "relevance_score": 1.0 / (i + 1)} for i in range(len(docs))]
+            self._send(200, {"model": opts.get("--alias", ""), "object": "list", "results": scores})
 
         def _messages(self, stream: bool) -> None:
             """``/v1/messages`` as llama-server answers it (Anthropic's shape)."""

@@ -132,9 +132,10 @@ async def api_show(b: OllamaBackend, request: Request) -> Response:
         ctx = await b.facts.served_ctx(name)
         modalities = await b.facts.modalities(name)
         projector = await b.facts.projector(name)
+        caps = await b.facts.capabilities(name, card)
     except ForgeError as exc:
         return error_response(exc, _rid(request), "ollama")
-    return JSONResponse(show_entry(card, args, ctx, modalities, projector))
+    return JSONResponse(show_entry(card, args, ctx, modalities, projector, caps))
 
 
 async def api_ps(b: OllamaBackend, request: Request) -> Response:

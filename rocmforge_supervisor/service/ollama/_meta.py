@@ -80,7 +80,10 @@ def show_entry(
     context_length: int | None,
     modalities: Sequence[str] = (),
     projector: ProjectorInfo | None = None,
+    caps: list[str] | None = None,
 ) -> dict[str, Any]:
+    """``caps``: the capabilities as the listings report them (``ModelFacts.capabilities``: the
+    ``tools`` and ``rerank`` keys, the child's template); None: from the card alone."""
     arch = card.architecture
     info: dict[str, Any] = {
         "general.architecture": arch,
@@ -100,7 +103,7 @@ def show_entry(
         "template": card.template,
         "details": _details(card),
         "model_info": info,
-        "capabilities": capabilities(card, args, modalities),
+        "capabilities": caps if caps is not None else capabilities(card, args, modalities),
         "modified_at": card.modified_at,
     }
 

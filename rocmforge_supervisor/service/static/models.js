@@ -123,7 +123,10 @@ class ModelRow {
     const limit = s.max_concurrency ? `/${s.max_concurrency}` : "";
     setText(this.requests, `${s.in_flight}${limit} running\n${s.waiting} queued`);
     const rate = tps?.tokens_per_second;
-    setText(this.tps, rate === null || rate === undefined ? "–" : rate.toFixed(1));
+    // Speculative decoding (draft = …): the share of drafted tokens the model accepted.
+    const drafted = tps?.draft_acceptance === undefined ? "" : `\ndraft ${Math.round(tps.draft_acceptance * 100)}% accepted`;
+    setText(this.tps, (rate === null || rate === undefined ? "–" : rate.toFixed(1)) + drafted);
+    this.tps.title = drafted ? `${tps.draft_accepted} of ${tps.draft_tokens} drafted tokens accepted` : "";
     const ttl = s.ttl ? (s.ttl_left === null ? `off (${duration(s.ttl)})` : duration(s.ttl_left)) : "no TTL";
     setText(this.ttl, s.keep_context ? `${ttl}\n${savedContexts(s.contexts || {})}` : ttl);
     this.updateFailure(s);
