@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rocmforge_supervisor._argv import EMBEDDING_ARCHITECTURES, embedding_args, probe_argv, rpc_args
-from rocmforge_supervisor.service._model_card import ModelCard, capabilities
+from rocmforge_supervisor.service.proxy._model_card import ModelCard, capabilities
 
 
 def test_rpc_args_name_the_workers_then_the_split() -> None:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Directories of data files that setuptools sees as (namespace) packages: listed too, or every
 #: install prints a "Package would be ignored" warning box.
-DATA_PACKAGES = {"rocmforge_supervisor.service.static"}
+DATA_PACKAGES = {"rocmforge_supervisor.service.control.static"}
 
 
 def test_every_package_is_listed() -> None:
@@ -71,4 +71,4 @@ def test_wheel_builds_without_licence_deprecation(tmp_path: Path) -> None:
         names = zf.namelist()
         assert any(n.endswith("licenses/LICENSE") for n in names)
     assert "License-Expression: MIT" in meta
-    assert "rocmforge_supervisor/service/static/index.html" in names
+    assert "rocmforge_supervisor/service/control/static/index.html" in names

@@ -12,19 +12,19 @@ from .._lazy import lazy_getattr
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._app import GatewayState, create_app
-    from ._client import ServiceClient
-    from ._info import find_service, read_service_info
-    from ._logging import setup_logging
-    from ._server import loop_options, run_service
+    from .core._logging import setup_logging
+    from .ops._client import ServiceClient
+    from .ops._info import find_service, read_service_info
+    from .ops._server import loop_options, run_service
 else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
         {
             "._app": ("GatewayState", "create_app"),
-            "._client": ("ServiceClient",),
-            "._info": ("find_service", "read_service_info"),
-            "._logging": ("setup_logging",),
-            "._server": ("loop_options", "run_service"),
+            ".ops._client": ("ServiceClient",),
+            ".ops._info": ("find_service", "read_service_info"),
+            ".core._logging": ("setup_logging",),
+            ".ops._server": ("loop_options", "run_service"),
         },
     )
 

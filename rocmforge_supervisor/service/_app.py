@@ -25,13 +25,16 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._errors import RequestRejected, ServerError
-from . import _activity_api, _control, _observe, _openapi, _page, _proxy, _status_api, ollama
-from ._errors_http import error_response
-from ._listing import ModelFacts
-from ._middleware import RequestContext
-from ._model_card import local_model_path
-from ._routes import dialect_for_path
-from ._state import GatewayState, request_id
+from . import ollama
+from .control import _activity_api, _observe, _openapi, _page, _status_api
+from .control import _api as _control
+from .core._routes import dialect_for_path
+from .core._state import GatewayState, request_id
+from .edge._errors_http import error_response
+from .edge._middleware import RequestContext
+from .proxy import _forward as _proxy
+from .proxy._listing import ModelFacts
+from .proxy._model_card import local_model_path
 
 __all__ = ["GatewayState", "create_app"]
 
@@ -61,7 +64,10 @@ def create_app(
         *_page.routes(),
     ]  # the status page at / and its data
     # CORS outermost, so that a preflight is answered before auth (browsers send no key on it).
-    middleware = [Middleware(_LiveCors, state=state), Middleware(RequestContext, state=state)]
+    middleware = [
+        Middleware(_LiveCors, state=state),
+        Middleware(RequestContext, state=state, public_paths=_page.PAGE_PATHS),
+    ]
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.gateway = state

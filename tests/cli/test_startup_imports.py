@@ -63,7 +63,9 @@ def test_help_imports_no_settings_clients_server_or_model_stack(tmp_path: Path) 
     heavy = _SERVER_AND_MODELS | _CLIENTS | {"pydantic_settings", "psutil", "filelock"}
     assert _top(modules) & heavy == set()
     # The service package is only named (lazily), its server never imported.
-    assert not {"rocmforge_supervisor.service._server", "rocmforge_supervisor.service._client"} & modules
+    assert (
+        not {"rocmforge_supervisor.service.ops._server", "rocmforge_supervisor.service.ops._client"} & modules
+    )
 
 
 def test_ps_without_a_service_imports_no_client_server_or_model_stack(tmp_path: Path) -> None:

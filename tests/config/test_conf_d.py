@@ -10,7 +10,7 @@ import pytest
 
 from rocmforge_supervisor._errors import ConfigError
 from rocmforge_supervisor.config import ForgeSettings, config_files, load_config
-from rocmforge_supervisor.service._watch import snapshot
+from rocmforge_supervisor.service.ops._watch import snapshot
 
 
 def _settings(tmp_path: Path) -> ForgeSettings:

@@ -180,7 +180,7 @@ def resolve(spec: str, metrics_text: str) -> list[tuple[dict[str, str], float]]:
 
 
 def test_every_engine_spec_names_a_forge_gauge(docs: list[dict[str, Any]]) -> None:
-    from rocmforge_supervisor.service._pool_metrics import PoolSample, pool_families
+    from rocmforge_supervisor.service.core._pool_metrics import PoolSample, pool_families
 
     samples = [PoolSample("a", 2, 1, 300, 1024, ("adapter",)), PoolSample("b", 0, 1, 0, 2048)]
     from prometheus_client import CollectorRegistry, generate_latest

@@ -110,8 +110,8 @@ def test_kubernetes_validate_rejects_a_broken_object() -> None:
 def test_probes_and_scrape_point_at_forge_routes() -> None:
     from starlette.routing import Route
 
-    from rocmforge_supervisor.service import _observe
-    from rocmforge_supervisor.service._middleware import _PUBLIC_PATHS
+    from rocmforge_supervisor.service.control import _observe
+    from rocmforge_supervisor.service.edge._middleware import _PUBLIC_PATHS
 
     # The routes create_app mounts for health, readiness and metrics (the live test below runs them).
     paths = {r.path for r in _observe.routes() if isinstance(r, Route) and "GET" in (r.methods or ())}

@@ -236,7 +236,7 @@ def test_tools_on_a_template_less_model_is_a_400_with_a_hint(svc: Service) -> No
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="base", messages=MSG, max_tokens=2, tools=[tool])  # type: ignore[list-item]
     message = str(info.value)
-    # Refused by the gateway's one tools check (service/_tools.py), before the child is asked.
+    # Refused by the gateway's one tools check (service/proxy/_tools.py), before the child is asked.
     assert "'base'" in message and "cannot call tools" in message and "jinja chat template" in message
 
 

@@ -20,7 +20,7 @@ import openai
 import psutil
 import pytest
 
-from rocmforge_supervisor.service._client import ServiceClient
+from rocmforge_supervisor.service.ops._client import ServiceClient
 from tests.support.service import FAST, FORGE, model_section, running_service, wait_for, write_config
 
 

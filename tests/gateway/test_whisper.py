@@ -359,7 +359,7 @@ def test_a_failing_selftest_is_reported(tmp_path: Path) -> None:
 
 
 def test_verbose_json_renders_openai_shapes() -> None:
-    from rocmforge_supervisor.service._audio import render
+    from rocmforge_supervisor.service.proxy._audio import render
 
     result = {
         "task": "transcribe",
@@ -381,7 +381,7 @@ def test_verbose_json_renders_openai_shapes() -> None:
 def test_the_text_is_one_line_as_openai_gives_it() -> None:
     """whisper-server joins its segments with line breaks, mid-sentence; OpenAI's ``text`` is one
     line: json, text and verbose_json's text join them with spaces (srt/vtt keep one cue each)."""
-    from rocmforge_supervisor.service._audio import render
+    from rocmforge_supervisor.service.proxy._audio import render
 
     result = {
         "text": " The quick brown fox\n jumps over\n the lazy dog.\n",

@@ -18,7 +18,7 @@ from rocmforge_supervisor._errors import (
     Unauthorized,
     UsageError,
 )
-from rocmforge_supervisor.service._errors_http import (
+from rocmforge_supervisor.service.edge._errors_http import (
     UpstreamModel,
     error_response,
     sse_error_chunk,

@@ -1,4 +1,4 @@
-"""The model facts every listing shares (``service/_listing.py``), against the fake llama-server
+"""The model facts every listing shares (``service/proxy/_listing.py``), against the fake llama-server
 (tests/support/fake_llama_server.py, a FAKE: its ``/props`` answers ``build_info: fake``). The real
 llama-server's ``/props`` is read through them in tests/gateway/test_ollama.py and test_serve.py."""
 
@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from rocmforge_supervisor.config import ForgeConfig
-from rocmforge_supervisor.service._listing import ModelFacts
+from rocmforge_supervisor.service.proxy._listing import ModelFacts
 from tests.supervisor import conftest as supervised
 from tests.support.supervised import running
 

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from rocmforge_supervisor.config import ForgeSettings
-from rocmforge_supervisor.service._logging import connected_to_journal, request_id_var, setup_logging
+from rocmforge_supervisor.service.core._logging import connected_to_journal, request_id_var, setup_logging
 
 log = logging.getLogger("rocmforge_supervisor.test")
 

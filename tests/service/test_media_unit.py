@@ -1,4 +1,4 @@
-"""The gateway's media check (service/_media.py) on every dialect's shape, without a server: which
+"""The gateway's media check (service/proxy/_media.py) on every dialect's shape, without a server: which
 parts are found, and which URLs pass. The same check on the real server: tests/gateway/test_multimodal.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rocmforge_supervisor._errors import RequestRejected
-from rocmforge_supervisor.service._media import media_parts, refuse_unusable_media
+from rocmforge_supervisor.service.proxy._media import media_parts, refuse_unusable_media
 
 PNG = "iVBORw0KGgo="  # valid base64 (the PNG signature)
 

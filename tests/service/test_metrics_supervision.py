@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rocmforge_supervisor.service._metrics import Metrics
+from rocmforge_supervisor.service.core._metrics import Metrics
 from rocmforge_supervisor.supervisor import ModelState, ModelStatus
 
 

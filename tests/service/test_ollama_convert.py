@@ -7,7 +7,7 @@ import time
 import pytest
 
 from rocmforge_supervisor._errors import UsageError
-from rocmforge_supervisor.service._routes import dialect_for_path, resolve_name
+from rocmforge_supervisor.service.core._routes import dialect_for_path, resolve_name
 from rocmforge_supervisor.service.ollama._convert import (
     ChatStream,
     chat_reply,

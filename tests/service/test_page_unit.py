@@ -7,7 +7,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from rocmforge_supervisor.service._page import CSP, PAGE_PATHS, STATIC, same_origin
+from rocmforge_supervisor.service.control._page import CSP, PAGE_PATHS, STATIC
+from rocmforge_supervisor.service.edge._middleware import same_origin
 
 
 def _scope(host: str | None, scheme: str = "http") -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 from starlette.types import Message
 
 from rocmforge_supervisor._errors import ModelLoading, QueueFull, ServerUnavailable
-from rocmforge_supervisor.service._relay import KEEPALIVE, Opened, RelayResponse
+from rocmforge_supervisor.service.proxy._relay import KEEPALIVE, Opened, RelayResponse
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from rocmforge_supervisor.service._server import _bind
+from rocmforge_supervisor.service.ops._server import _bind
 
 
 async def _accepted_nodelay() -> int:

@@ -1,4 +1,4 @@
-"""The relay's own HTTP/1.1 client (``service/_upstream_http``): its chunked parser against real
+"""The relay's own HTTP/1.1 client (``service/core/_upstream_http``): its chunked parser against real
 llama-server byte streams (h11, httpx's parser, is the oracle), the real child end to end (reuse of a
 finished connection, a stream left early freeing the child's slot), and, through a *fake* upstream
 (a TCP listener that writes scripted bytes: a real child never sends a malformed chunk), every way
@@ -20,7 +20,7 @@ import pytest
 from rocmforge_supervisor._errors import ServerUnavailable
 from rocmforge_supervisor.client import Upstream
 from rocmforge_supervisor.process import InstanceSpec, LlamaServer
-from rocmforge_supervisor.service._upstream_http import StreamPool, StreamResponse, _Conn
+from rocmforge_supervisor.service.core._upstream_http import StreamPool, StreamResponse, _Conn
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rocmforge_supervisor.service._usage import StreamMeter, Used, used_in
+from rocmforge_supervisor.service.core._usage import StreamMeter, Used, used_in
 
 STREAMS = Path(__file__).parents[1] / "fixtures" / "streams"
 

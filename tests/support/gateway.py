@@ -20,7 +20,7 @@ import httpx
 
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.service import GatewayState
-from rocmforge_supervisor.service._server import _bind, _gateway, _reloader
+from rocmforge_supervisor.service.ops._server import _bind, _gateway, _reloader
 from rocmforge_supervisor.supervisor import ManagedModel, Supervisor
 from tests.support.supervised import running
 

@@ -32,16 +32,16 @@ from ... import __version__
 from ..._errors import ForgeError, InvalidRequest, ModelNotFound, RequestRejected, UsageError
 from ...client import SSEDecoder
 from ...supervisor import Supervisor, backend_of
-from .._dialect import DialectRequest, Forward
-from .._errors_http import error_response
-from .._listing import ModelFacts, check_media, check_tools, visible_models
-from .._recording import (
+from ..core._dialect import DialectRequest, Forward
+from ..core._recording import (
     admit_model,
     note_model,
     request_key,
 )
-from .._routes import resolve_name
-from .._validate import default_length, parse_object
+from ..core._routes import resolve_name
+from ..edge._errors_http import error_response
+from ..proxy._listing import ModelFacts, check_media, check_tools, visible_models
+from ..proxy._validate import default_length, parse_object
 from ._convert import (
     ChatStream,
     Target,

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ...models import ProjectorInfo
-from .._model_card import ModelCard, capabilities
+from ..proxy._model_card import ModelCard, capabilities
 
 __all__ = ["projector_info", "ps_entry", "show_entry", "tag_entry"]
 

@@ -24,9 +24,9 @@ from ..._errors import ForgeError, UsageError
 from ...config import ForgeSettings, get_settings
 from ...models._hub import parse_hf_reference
 from ...models._hub import pull as hub_pull
-from .._errors_http import error_response
-from .._state import request_id, state_of
-from .._validate import parse_object
+from ..core._state import request_id, state_of
+from ..edge._errors_http import error_response
+from ..proxy._validate import parse_object
 
 __all__ = ["api_pull"]
 

@@ -1,0 +1,392 @@
+"""The relay's streaming upstream: a small HTTP/1.1 client for a child's streamed answers only.
+
+Why hand-written (issue 21): at the CPU ceiling (32 streams of the tiny GGUF,
+``scripts/bench/bench_gateway.py``) httpx/httpcore/h11 reading each HTTP chunk of a child's SSE
+body was ~24 % of the gateway's CPU (cProfile), one h11 event and several layers of async
+generators per chunk. This reads the socket in blocks and parses llama-server's
+``Transfer-Encoding: chunked`` itself (cpp-httplib writes one ``<hex>\\r\\n<data>\\r\\n`` per event
+and ``0\\r\\n\\r\\n`` at the end), yielding the payload of every chunk that arrived together as one
+block, so the relay (and uvicorn's one socket write per ``send``) handles it once. Measured
+(``scripts/bench/ab_relay.py``, the httpx relay vs this one interleaved in one session, 7 rounds,
+medians): gateway CPU per streamed chunk 0.065 -> 0.034 ms at 32 streams, 0.068 -> 0.050 ms at 64
+(paired per round x0.50 / x0.71); an earlier run x0.49 / x0.58. The asyncio protocol below instead
+of anyio's socket stream: a further x0.84-0.89. asyncio only: it runs on uvicorn's loop (uvloop
+or not), as the whole gateway does.
+
+Only the hot path uses it: a streamed request to a local ``http://`` child. Everything else
+(non-streamed requests and their watchdog retry, the Ollama API, TextModel) keeps httpx.
+
+Kept from httpx so that nothing above it changes: failures are raised as httpx's exceptions
+(``ConnectError``/``ConnectTimeout``, ``ReadError``, ``WriteError``, ``RemoteProtocolError``), so
+:func:`~rocmforge_supervisor.client.map_httpx_errors` and its retry rule (``RETRYABLE``, once on a
+fresh connection when no byte came back and the child lives) map them exactly as for
+:func:`~rocmforge_supervisor.client.asend`; idle connections expire after ``KEEPALIVE_EXPIRY``
+(under cpp-httplib's 5 s idle close). A connection goes back to its pool only after its response
+was read to the last chunk's terminator: one closed early (the client left, a cancellation, an
+error) is closed, so llama-server sees the socket go and cancels the task, and a pooled connection
+never carries half a response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import cast
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+
+from ...client import KEEPALIVE_EXPIRY, RETRYABLE, Upstream, map_httpx_errors
+
+__all__ = ["StreamPool", "StreamResponse", "supports"]
+
+_HIGH = 1 << 20  # bytes read ahead of the relay before reading pauses
+_MAX_HEAD = 65536
+_MAX_LINE = 4096
+_HEX = b"0123456789abcdefABCDEF"
+_SAFE_PATH = re.compile(r"[!-~]+")  # printable ASCII, no space: sent as it is
+_SAFE_VALUE = re.compile(r"[\t -~\x80-\xff]*")  # no CR, LF or NUL in a header value
+
+
+def supports(upstream: Upstream, path: str) -> bool:
+    """Whether this client can carry the request (a plain ``http://`` child, a path that needs no
+    encoding); httpx carries any other."""
+    return upstream.base_url.startswith("http://") and _SAFE_PATH.fullmatch(path) is not None
+
+
+class _Conn(asyncio.Protocol):
+    """One kept-alive TCP connection to a child, as an asyncio protocol: every byte that arrived
+    since the last read comes back from :meth:`recv` as one block (so chunks that arrived together
+    are relayed with one ASGI ``send``), with no per-read stream machinery (anyio's socket stream
+    returned one ``data_received`` per call, and cost more per read: see the module). ``buf``
+    holds what was read but not parsed yet. Reading pauses while more than
+    ``_HIGH`` bytes wait (a slow client), so the child is held back as httpx's pull reads did."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.idle_since = 0.0
+        self._incoming = bytearray()
+        self._waiter: asyncio.Future[None] | None = None
+        self._eof = False
+        self._lost: Exception | None = None
+        self._paused = False
+        #: The pool's idle list while the connection waits there: a server that closes it then
+        #: (its 5 s idle close, or the child gone for good) takes it out, so no socket lingers.
+        self.parked: list[_Conn] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's TCP transport is not an asyncio.Transport subclass; it has the same methods
+        self.transport = cast("asyncio.Transport", transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._incoming += data
+        if len(self._incoming) > _HIGH and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        self._unpark()
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._lost = exc
+        self._wake()
+        self._unpark()
+
+    def _unpark(self) -> None:
+        if self.parked is not None:
+            if self in self.parked:
+                self.parked.remove(self)
+            self.parked = None
+            self.close()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    @property
+    def usable(self) -> bool:
+        """Idle and still open: nothing unread, no close from the server."""
+        return not self._eof and not self._incoming and not self.buf and self.transport is not None
+
+    def send(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise httpx.WriteError("the connection is closed")
+        self.transport.write(data)
+
+    async def recv(self) -> bytes:
+        """Every byte that arrived since the last call (waiting for one); the peer closing the
+        connection is ``RemoteProtocolError``, a socket error ``ReadError``."""
+        while not self._incoming:
+            if self._lost is not None:
+                raise httpx.ReadError(str(self._lost) or type(self._lost).__name__)
+            if self._eof:
+                raise httpx.RemoteProtocolError("the server closed the connection")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = bytes(self._incoming)
+        self._incoming.clear()
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class StreamResponse:
+    """A child's answer with its head read and its body not: the subset of ``httpx.Response`` the
+    forwarder reads (``status_code``, ``headers`` with lower-case names, :meth:`aiter_raw`,
+    :meth:`aread`, :meth:`aclose`)."""
+
+    def __init__(self, pool: StreamPool, key: str, conn: _Conn, status: int, headers: dict[str, str]) -> None:
+        self.status_code = status
+        self.headers = headers
+        self._pool = pool
+        self._key = key
+        self._conn: _Conn | None = conn
+        self._done = False  # the body was read to its end: the connection may be reused
+        self._reusable = headers.get("connection", "").lower() != "close"
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        length = headers.get("content-length")
+        self._length = int(length) if length is not None and length.isdigit() else None
+        self._left = 0  # bytes left in the current chunk (chunked) or the body (Content-Length)
+        self._crlf = False  # a chunk's data was read: its CRLF comes next
+        self._trailers = False  # the last chunk was read: trailer lines up to an empty line
+        if status in (204, 304) or status < 200:  # no body (RFC 9112 6.3)
+            self._chunked, self._length = False, 0
+        if not self._chunked:
+            if self._length is None:  # the body runs to the end of the connection
+                self._reusable = False
+                self._left = -1
+            else:
+                self._left = self._length
+                self._done = self._left == 0
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body's payload (chunk framing removed) in blocks: everything already read, at once."""
+        conn = self._conn
+        if conn is None:
+            return
+        while not self._done:
+            if conn.buf:
+                out = self._parse(conn) if self._chunked else self._plain(conn)
+                if out:
+                    yield out
+                    continue
+                if self._done:
+                    break
+            try:
+                conn.buf += await conn.recv()
+            except httpx.RemoteProtocolError:
+                if not self._chunked and self._length is None:  # read to the end: complete
+                    self._done = True
+                    break
+                raise httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body: "
+                    + (
+                        "incomplete chunked read"
+                        if self._chunked
+                        else "received fewer bytes than Content-Length"
+                    )
+                ) from None
+
+    async def aread(self) -> bytes:
+        return b"".join([block async for block in self.aiter_raw()])
+
+    async def aclose(self) -> None:
+        """Back to the pool if the whole response was read and the server keeps the connection;
+        closed otherwise (a stream left early: the child sees the socket go and stops)."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._done and self._reusable:
+            self._pool.put(self._key, conn)
+        else:
+            conn.close()
+
+    def _plain(self, conn: _Conn) -> bytes:
+        buf = conn.buf
+        if self._left < 0:  # to the end of the connection
+            conn.buf = b""
+            return buf
+        out, conn.buf = buf[: self._left], buf[self._left :]
+        self._left -= len(out)
+        self._done = self._left == 0
+        return out
+
+    def _parse(self, conn: _Conn) -> bytes:
+        """The payload of every complete (and the start of a partial) chunk in ``conn.buf``;
+        what is left of a size line or a CRLF stays for the next read."""
+        buf = conn.buf
+        pos, end = 0, len(buf)
+        parts: list[bytes] = []
+        while pos < end:
+            if self._left:
+                take = min(self._left, end - pos)
+                parts.append(buf[pos : pos + take])
+                pos += take
+                self._left -= take
+                if self._left:
+                    break
+                self._crlf = True
+            if self._crlf:
+                if end - pos < 2:
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
+                    raise httpx.RemoteProtocolError("malformed chunked body: no CRLF after a chunk's data")
+                pos += 2
+                self._crlf = False
+                continue
+            i = buf.find(b"\r\n", pos, pos + _MAX_LINE)
+            if i < 0:
+                if end - pos >= _MAX_LINE:
+                    raise httpx.RemoteProtocolError("malformed chunked body: a line longer than 4096 bytes")
+                break
+            line = buf[pos:i]
+            pos = i + 2
+            if self._trailers:
+                if not line:  # the empty line after the last chunk (and its trailers): complete
+                    self._done = True
+                    if pos != end:  # bytes nobody asked for: the connection is not reused
+                        self._reusable = False
+                    break
+                continue
+            size = line.split(b";", 1)[0].strip()
+            if not size or size.strip(_HEX) or len(size) > 16:
+                raise httpx.RemoteProtocolError(f"malformed chunked body: chunk size {line[:32]!r}")
+            self._left = int(size, 16)
+            if self._left == 0:
+                self._trailers = True
+        conn.buf = buf[pos:]
+        if not parts:
+            return b""
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class StreamPool:
+    """Kept-alive connections per child (``host:port``), newest first; idle ones expire."""
+
+    def __init__(self, *, connect_timeout: float = 5.0, max_idle: int = 512) -> None:
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self._idle: dict[str, list[_Conn]] = {}
+        self._addr: dict[str, tuple[str, int]] = {}
+        self._closed = False
+
+    def put(self, key: str, conn: _Conn) -> None:
+        idle = self._idle.setdefault(key, [])
+        if self._closed or len(idle) >= self.max_idle or not conn.usable:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        conn.parked = idle
+        idle.append(conn)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for c in conns:
+                c.parked = None
+                c.close()
+
+    async def send(
+        self, upstream: Upstream, method: str, path: str, *, content: bytes, headers: dict[str, str]
+    ) -> StreamResponse:
+        """Send and return the response with its head read; retried once on a fresh connection if
+        no byte came back and the child still lives (the rule of ``client.asend``). Errors are
+        mapped by ``map_httpx_errors`` (``ServerUnavailable``). The caller must close it."""
+        key = upstream.base_url
+        with map_httpx_errors(upstream, streaming=False):
+            head = self._request(key, method, path, content, headers)
+        for attempt in (1, 2):
+            with map_httpx_errors(upstream, streaming=False):
+                try:
+                    return await self._send_once(key, head, fresh=attempt == 2)
+                except RETRYABLE:
+                    if attempt == 2 or not upstream.alive():
+                        raise
+        raise AssertionError("unreachable")
+
+    def _request(self, key: str, method: str, path: str, content: bytes, headers: dict[str, str]) -> bytes:
+        if key not in self._addr:
+            url = urlsplit(key)
+            self._addr[key] = (url.hostname or "127.0.0.1", url.port or 80)
+        host, port = self._addr[key]
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(content)}"]
+        for k, v in headers.items():
+            if _SAFE_VALUE.fullmatch(v) is None or _SAFE_PATH.fullmatch(k) is None or ":" in k:
+                raise httpx.LocalProtocolError(f"illegal header {k!r}")
+            lines.append(f"{k}: {v}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + content
+
+    async def _connect(self, key: str) -> _Conn:
+        host, port = self._addr[key]
+        try:
+            with anyio.fail_after(self.connect_timeout):
+                _, conn = await asyncio.get_running_loop().create_connection(_Conn, host, port)
+                return conn
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(
+                f"no connection to {host}:{port} within {self.connect_timeout} s"
+            ) from exc
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc)) from exc
+
+    def _pooled(self, key: str) -> _Conn | None:
+        idle = self._idle.get(key)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            conn.parked = None
+            if now - conn.idle_since < KEEPALIVE_EXPIRY and conn.usable:
+                return conn
+            conn.close()
+        return None
+
+    async def _send_once(self, key: str, request: bytes, *, fresh: bool) -> StreamResponse:
+        conn = None if fresh else self._pooled(key)
+        if conn is None:
+            conn = await self._connect(key)
+        try:
+            conn.send(request)
+            status, headers = await self._head(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return StreamResponse(self, key, conn, status, headers)
+
+    async def _head(self, conn: _Conn) -> tuple[int, dict[str, str]]:
+        """The status line and headers; the bytes after them stay in ``conn.buf`` for the body."""
+        while (end := conn.buf.find(b"\r\n\r\n")) < 0:
+            if len(conn.buf) > _MAX_HEAD:
+                raise httpx.RemoteProtocolError("the response head is larger than 64 KiB")
+            conn.buf += await conn.recv()
+        head, conn.buf = conn.buf[:end], conn.buf[end + 4 :]
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:64]!r}")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise httpx.RemoteProtocolError(f"malformed header line {line[:64]!r}")
+            headers[name.strip().lower()] = value.strip()
+        if parts[0] == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
+            headers.setdefault("connection", "close")
+        return int(parts[1]), headers

@@ -1,0 +1,558 @@
+"""The model routes: forward a request to the llama-server of the model it names.
+
+One generic path for every route in the table :data:`~._routes.FORWARDED` (every model route of
+the pinned llama-server; a new one is a line there) — find the model (JSON ``model``, a multipart
+form field, or ``?model=``) → wait for its load, at most ``load_wait`` (then 503 + Retry-After +
+progress) → ``supervisor.acquire`` (a slot, as an :class:`Upstream`) → ``client/_transport``
+(retry on a stale keep-alive, httpx errors typed) → stream through or buffer → release.
+
+Nothing is translated: the body goes through unchanged and the reply comes back unchanged, streams
+as the raw blocks that arrived (a streamed request goes through the relay's own HTTP/1.1 client,
+``_upstream_http``, with the same error mapping and retry rule; the rest through httpx), so every dialect llama-server speaks (OpenAI, Anthropic, Responses,
+native) works with its own clients. Only the tail of a stream is kept, for the usage counters and
+to notice a stream that ended without its last event; a child that dies mid-stream ends the
+client's stream with an error event in the route's dialect. Streams that wait for their first
+token get keep-alive comments; the answer goes out, and every error is rendered in the route's dialect, in
+one place: the request's :class:`~._relay.RelayResponse`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from ..._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
+from ...client import Upstream, asend
+from ...supervisor import backend_of
+from ..core._dialect import DialectRequest, Translator
+from ..core._recording import (
+    admit_model,
+    note_error,
+    note_finish,
+    note_model,
+    note_status,
+    note_timing,
+    note_used,
+    request_key,
+)
+from ..core._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
+from ..core._state import GatewayState, body_limit, request_id, state_of
+from ..core._upstream_http import StreamResponse, supports
+from ..core._usage import StreamMeter, Used, used_in
+from ..edge._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
+from ..edge._middleware import read_body
+from ._audio import is_translation, parse_form, relay, to_inference
+from ._listing import check_media, check_tools, model_list
+from ._relay import Opened, RelayResponse
+from ._rerank import refuse_wrong_kind
+from ._tools import asks_for_tools
+from ._validate import check_fields, default_length, parse_object
+
+__all__ = ["FORWARDED", "open_upstream", "routes"]
+
+log = logging.getLogger("rocmforge.gateway")
+
+_PASS_HEADERS = ("content-type",)
+
+#: What the last event of a complete stream contains, per route: a stream that ends without it
+#: was cut (the child died), and the client is told so with an error event.
+_END_MARKERS: dict[str, bytes] = {
+    "/v1/chat/completions": b"[DONE]",
+    "/chat/completions": b"[DONE]",
+    "/v1/completions": b"[DONE]",
+    "/v1/audio/transcriptions": b"[DONE]",
+    "/audio/transcriptions": b"[DONE]",
+    "/v1/messages": b"message_stop",
+    "/v1/responses": b"response.completed",
+    "/responses": b"response.completed",
+    "/completion": b'"stop":true',
+    "/completions": b'"stop":true',
+    "/infill": b'"stop":true',
+}
+
+
+#: Which field checks (``_validate.CHECKS``) a JSON route gets; the others check only ``model``.
+_KINDS: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/embeddings": "embedding",
+}
+#: Route kinds that generate: a model's ``max_tokens`` default applies to them.
+_GENERATES = frozenset({"chat", "completion"})
+
+
+def _checked_json(
+    st: GatewayState, route: ForwardRoute, body: bytes
+) -> tuple[str, bool, bytes, dict[str, Any]]:
+    """(model, stream, body to send, parsed body) of a JSON request: the body parsed and its known
+    fields checked (a 400 naming the field), the model's ``max_tokens`` default applied when none
+    is sent — then, and only then, the body is re-serialized; otherwise it goes as received."""
+    payload = parse_object(body)
+    asked = payload.get("model")
+    if not isinstance(asked, str) or not asked:
+        raise InvalidRequest(
+            'the request has no "model" field', param="model", hint="name one of GET /v1/models"
+        )
+    note_model(asked)  # a request refused for a field still names its model in the activity log
+    kind = _KINDS.get(route.path, "")
+    check_fields(payload, kind)
+    name = resolve_name(asked, st.supervisor.names())
+    default = st.supervisor.config_of(name).max_tokens  # 404 before queueing
+    if kind in _GENERATES and default_length(payload, default):
+        body = json.dumps(payload).encode()
+    return name, payload.get("stream") is True, body, payload
+
+
+def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
+    """The model's slot geometry as its child was started (for the context error's arithmetic)."""
+    try:
+        view = st.supervisor.view(name)
+    except ForgeError:
+        return UpstreamModel(name)
+    return UpstreamModel(name, view.ctx_size, view.parallel, view.kv_unified)
+
+
+@asynccontextmanager
+async def _slot(
+    st: GatewayState,
+    name: str,
+    path: str,
+    loaded: Callable[[], None] | None,
+    sending: Callable[[], None] | None,
+) -> AsyncIterator[Upstream]:
+    """A slot at model ``name`` (waiting for its load up to ``load_wait``), released on exit."""
+    config = st.supervisor.config_of(name)
+    backend = backend_of(config)
+    if not backend.serves(config, path.partition("?")[0]):
+        shown = sorted(r for r in backend.routes_of(config) or () if r.startswith("/v1/"))
+        raise InvalidRequest(
+            f"model {name!r} is {backend.what}: it answers only {', '.join(shown)}",
+            param="model",
+            hint="name a model of GET /v1/models that serves this route",
+        )
+    refuse_wrong_kind(name, config, path.partition("?")[0])
+    load_wait = st.supervisor.load_wait(name)
+    async with st.supervisor.acquire(name, load_wait=load_wait, loaded=loaded) as upstream:
+        note_timing(slot=True)  # the activity record's queue wait, for every dialect
+        if sending is not None:
+            sending()
+        yield upstream
+
+
+def _request_headers(upstream: Upstream, content_type: str, rid: str | None) -> dict[str, str]:
+    headers = {"Content-Type": content_type}
+    if rid:
+        headers["X-Request-ID"] = rid
+    return upstream.headers(headers)
+
+
+@asynccontextmanager
+async def open_upstream(
+    st: GatewayState,
+    name: str,
+    method: str,
+    path: str,
+    body: bytes,
+    rid: str | None,
+    *,
+    content_type: str = "application/json",
+    loaded: Callable[[], None] | None = None,
+    sending: Callable[[], None] | None = None,
+) -> AsyncIterator[httpx.Response]:
+    """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
+    streaming response to one request; both released on exit. Also the Ollama API's way in.
+    ``loaded`` is called once the model is ready (the wait for a slot begins), ``sending`` once
+    the slot is ours, just before the request goes to the child."""
+    async with _slot(st, name, path, loaded, sending) as upstream:
+        response = await asend(
+            st.upstream,
+            upstream,
+            method,
+            path,
+            content=body,
+            headers=_request_headers(upstream, content_type, rid),
+        )
+        try:
+            yield response
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+
+@asynccontextmanager
+async def _open_stream(
+    st: GatewayState,
+    name: str,
+    method: str,
+    path: str,
+    body: bytes,
+    rid: str | None,
+    *,
+    content_type: str,
+    loaded: Callable[[], None],
+) -> AsyncIterator[httpx.Response | StreamResponse]:
+    """:func:`open_upstream` for a streamed request: through the relay's own client
+    (``_upstream_http``, measured faster per chunk) where it can carry it, httpx otherwise."""
+    async with _slot(st, name, path, loaded, None) as upstream:
+        headers = _request_headers(upstream, content_type, rid)
+        response: httpx.Response | StreamResponse
+        if supports(upstream, path):
+            response = await st.streams.send(upstream, method, path, content=body, headers=headers)
+        else:
+            response = await asend(st.upstream, upstream, method, path, content=body, headers=headers)
+        try:
+            yield response
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+
+class _Forwarder:
+    """One forwarded request: open the upstream, relay it, count it. Its :meth:`open` is the
+    :data:`~._relay.Opener` of the request's :class:`RelayResponse`, which renders its errors."""
+
+    def __init__(
+        self,
+        st: GatewayState,
+        route: ForwardRoute,
+        name: str,
+        rid: str | None,
+        received: float,
+        request: tuple[str, bytes, str],
+        *,
+        retry: bool = False,
+        stream: bool = False,
+        translator: Translator | None = None,
+    ) -> None:
+        self.st = st
+        self.route = route  # the client's route: the metrics' endpoint, the errors' dialect
+        self.name = name
+        self.rid = rid
+        self.received = received
+        self.path, self.body, self.content_type = request
+        #: What the child is asked (its path without the query): the stream's kind and end marker.
+        self.upstream_path = self.path.partition("?")[0]
+        self.retry = retry
+        self.stream = stream
+        #: A dialect that is not llama-server's own (Ollama): its answers translated.
+        self.translator = translator
+        #: "502" once the child broke the stream (the relay sends the client an error event).
+        self._stream_status = "200"
+
+    def _stalls(self) -> int | None:
+        """The model's watchdog resets so far (a change means the watchdog reset its child)."""
+        try:
+            return self.st.supervisor.view(self.name).stalls
+        except ForgeError:
+            return None
+
+    async def open(self, loaded: Callable[[], None]) -> Opened:
+        """The upstream's answer, ready to relay; a :class:`ForgeError` (counted here) for the
+        response to render. A non-streamed request whose child the progress watchdog reset after
+        the request was sent to it (nothing reached the client) is retried once on the
+        replacement (waiting for the restart within ``load_wait``); a second failure is a 503
+        with Retry-After. A child that died of its own (a crash, the OOM killer, an RPC worker
+        gone) is not replayed: the request itself may be what killed it; that is a 503 at once.
+        A stream is never replayed: it ends with an error event in its dialect."""
+        try:
+            return await self._open_retrying(loaded)
+        except ForgeError as exc:
+            m = self.st.metrics
+            m.errors.labels(self.name, type(exc).__name__).inc()
+            m.requests.labels(self.name, self.route.path, "error").inc()
+            # The activity row's status and error kind, also when a kept-alive stream can say it
+            # only in an event (the response renders it; error_response notes the kind too).
+            note_status(status_for(exc)[0])
+            note_error(type(exc).__name__)
+            raise
+
+    async def _open_retrying(self, loaded: Callable[[], None]) -> Opened:
+        stalls: list[int | None] = []  # the watchdog's count when the request went to the child
+        # Read only for a request that may be retried (a stream never is): a view costs ~20 us.
+        sending = (lambda: stalls.append(self._stalls())) if self.retry else None
+        first = await self._open(loaded, sending=sending)
+        if isinstance(first, Opened):
+            return first
+        if not self.retry:
+            raise self._failed_twice(first)
+        await self.st.supervisor.child_gone(self.name, timeout=5.0)
+        before = stalls[-1] if stalls else None
+        if before is None or self._stalls() == before:
+            raise ServerUnavailable(
+                f"model {self.name!r} went away while answering: {first.message}",
+                hint="its child is being restarted (see `forge ps`): retry in a moment",
+            )
+        log.warning(
+            "request %s: %s (the watchdog reset it); retrying once on its replacement",
+            self.rid,
+            first,
+            extra={"model": self.name, "request_id": self.rid},
+        )
+        second = await self._open(loaded)
+        if isinstance(second, Opened):
+            return second
+        raise self._failed_twice(second)
+
+    def _failed_twice(self, exc: ServerUnavailable) -> ServerUnavailable:
+        return ServerUnavailable(
+            f"model {self.name!r} failed twice while answering: {exc.message}",
+            hint="it is being restarted: retry in a moment",
+        )
+
+    async def _open(
+        self, loaded: Callable[[], None], *, sending: Callable[[], None] | None = None
+    ) -> Opened | ServerUnavailable:
+        """The answer; a ServerUnavailable returned (not raised): the child went away before
+        answering, which the caller may retry. Every other error is raised."""
+        stack = AsyncExitStack()
+        request = (self.st, self.name, self.route.method, self.path, self.body, self.rid)
+        opening = (
+            _open_stream(*request, content_type=self.content_type, loaded=loaded)
+            if self.stream and sending is None
+            else open_upstream(*request, content_type=self.content_type, loaded=loaded, sending=sending)
+        )
+        try:
+            upstream: httpx.Response | StreamResponse = await stack.enter_async_context(opening)
+        except ServerUnavailable as exc:  # no answer at all: the child went away
+            await stack.aclose()
+            return exc
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
+            raise
+        acquired = time.perf_counter()  # the child answered: a slot was ours
+        m = self.st.metrics
+        m.queue_wait.labels(self.name).observe(acquired - self.received)
+        stack.callback(lambda: m.generation.labels(self.name).observe(time.perf_counter() - acquired))
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() in _PASS_HEADERS}
+        stream = upstream.status_code == 200 and upstream.headers.get("content-type", "").startswith(
+            "text/event-stream"
+        )
+        if not stream:
+            try:
+                content = await upstream.aread()
+                status = upstream.status_code
+            except httpx.HTTPError as exc:  # nothing was sent to the client yet
+                self.st.metrics.errors.labels(self.name, "stream_broken").inc()
+                return ServerUnavailable(f"model {self.name!r} failed mid-response: {exc}")
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await stack.aclose()
+            if status >= 400:  # llama-server's own error: mapped in the one place
+                raise upstream_error(_upstream_model(self.st, self.name), status, content)
+            if status == 200:
+                self._count("200", content, used_in(content))
+            else:
+                self._count(str(status), b"", None)
+            if self.translator is not None and status == 200:
+                return Opened(200, {"content-type": "application/json"}, self.translator.whole(content))
+            return Opened(status, headers, content)
+        meter = StreamMeter(self.upstream_path)
+        if self.translator is not None:
+            headers = {"content-type": self.translator.stream_type}
+        relay = self._relay(upstream, meter)
+
+        async def close() -> None:
+            await relay.aclose()
+            # Counted here, not in the relay's finally: a client that left before the first
+            # chunk never started it. A stream cut by the client is charged what it produced.
+            self._count(self._stream_status, meter.tail, meter.used())
+            await stack.aclose()
+
+        return Opened(200, headers, chunks=relay, close=close)
+
+    async def _relay(
+        self, upstream: httpx.Response | StreamResponse, meter: StreamMeter
+    ) -> AsyncGenerator[bytes, None]:
+        first = True
+        marker = _END_MARKERS.get(self.upstream_path)
+        try:
+            if self.translator is None:  # the hot path: the child's bytes as they come
+                async for chunk in upstream.aiter_raw():
+                    if first:
+                        self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
+                        note_timing(first_byte=True)
+                        first = False
+                    meter.feed(chunk)
+                    yield chunk
+            else:
+                async for piece in self.translator.stream(_metered(upstream.aiter_raw(), meter)):
+                    if first:
+                        self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
+                        note_timing(first_byte=True)
+                        first = False
+                    yield piece
+            if marker is not None and marker not in meter.tail and b'"error"' not in meter.tail:
+                raise StreamError(f"the stream ended without {marker.decode()}")
+        except (StreamError, httpx.HTTPError) as exc:
+            self._stream_status = "502"
+            note_status(502, "stream_broken")
+            self.st.metrics.errors.labels(self.name, "stream_broken").inc()
+            broken = StreamError(
+                f"model {self.name!r} stopped mid-stream ({exc.__cause__ or exc})",
+                hint="it is being restarted",
+            )
+            log.warning(
+                "request %s: %s", self.rid, broken, extra={"model": self.name, "request_id": self.rid}
+            )
+            yield sse_error_chunk(broken, self.route.dialect)
+
+    def _count(self, status: str, tail: bytes, used: Used | None) -> None:
+        """The request's metrics; an answer's tokens go into its record (``_usage``'s reading,
+        the same for every route), which charges the key when the request ends. A stream the
+        child broke is not charged."""
+        m = self.st.metrics
+        m.duration.labels(self.name).observe(time.perf_counter() - self.received)
+        m.requests.labels(self.name, self.route.path, status).inc()
+        if status == "200":
+            m.drafts.count(self.name, tail)
+            if used is not None:
+                note_used(used)
+            note_finish(tail=tail)
+
+
+async def _metered(chunks: AsyncIterator[bytes], meter: StreamMeter) -> AsyncIterator[bytes]:
+    """The child's chunks, each read by the meter (the request's tokens) before it is translated."""
+    async for chunk in chunks:
+        meter.feed(chunk)
+        yield chunk
+
+
+def forward_translated(st: GatewayState, req: DialectRequest) -> RelayResponse:
+    """A request of a translated dialect (Ollama's ``/api/chat``…; the Ollama routes' one way to a
+    model) through the one forwarder and the one relay response: the same load wait, slot,
+    watchdog retry, metrics (under its endpoint), activity record and charge as every route."""
+    route = ForwardRoute(req.endpoint, "POST", "json", "ollama")
+    fwd = _Forwarder(
+        st,
+        route,
+        req.name,
+        req.rid,
+        time.perf_counter(),
+        (req.upstream_path, req.body, "application/json"),
+        retry=not req.stream,
+        stream=req.stream,
+        translator=req.translator,
+    )
+    # No keep-alive pings (an NDJSON stream has no comment line); the connection is kept, as
+    # Ollama keeps it.
+    return RelayResponse(fwd.open, dialect="ollama", request_id=req.rid, stream=req.stream, interval=0.0)
+
+
+def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
+    dialect: Dialect = route.dialect
+
+    async def forward(request: Request) -> Any:
+        st = state_of(request)
+        rid = request_id(request)
+        received = time.perf_counter()
+        content_type = request.headers.get("content-type", "application/json")
+        whisper = False
+        try:
+            body = await read_body(request, body_limit(st, route.path)) if route.method == "POST" else b""
+            if route.model_from == "json":
+                name, stream, body, payload = _checked_json(st, route, body)
+                admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
+                if asks_for_tools(payload):
+                    await check_tools(request.app.state.ollama, name, payload)
+                check_media(st.supervisor, name, payload, allow_remote=st.server.allow_remote_media)
+            else:
+                asked, stream = await model_from_request(route, request, body)
+                name = resolve_name(asked, st.supervisor.names())
+                config = st.supervisor.config_of(name)  # 404 before queueing
+                admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
+                whisper = backend_of(config).transcribes
+                if not whisper and is_translation(route.path):
+                    raise InvalidRequest(
+                        f"model {name!r} does not translate audio: translations need a "
+                        'backend = "whisper" model',
+                        param="model",
+                        hint="name a whisper model of GET /v1/models",
+                    )
+        except ForgeError as exc:
+            st.metrics.errors.labels("-", type(exc).__name__).inc()
+            return error_response(exc, rid, dialect)
+        if whisper:  # a whole answer, rendered in its response_format: no relay
+            try:
+                return await _whisper(st, route, request, name, body, rid, received)
+            except ForgeError as exc:  # the forwarder counted its own; the form's are a 4xx
+                return error_response(exc, rid, dialect)
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        fwd = _Forwarder(
+            st, route, name, rid, received, (path, body, content_type), retry=not stream, stream=stream
+        )
+        return RelayResponse(
+            fwd.open,
+            dialect=dialect,
+            request_id=rid,
+            stream=stream,
+            interval=st.server.sse_keepalive,
+            close=stream and not st.server.keep_alive_streams,
+        )
+
+    forward.__name__ = f"forward_{route.path.strip('/').replace('/', '_').replace('-', '_')}"
+    return forward
+
+
+async def _whisper(
+    st: GatewayState,
+    route: ForwardRoute,
+    request: Request,
+    name: str,
+    body: bytes,
+    rid: str | None,
+    received: float,
+) -> Response:
+    """A whisper model's audio request: checked and translated (``_audio``), then sent through
+    the forwarder like any other (the queue, the load wait, a child's death as a clean 503) and
+    rendered back in the asked ``response_format``. Errors are raised as ``ForgeError`` up to
+    the endpoint's one ``error_response``."""
+    form = await parse_form(request, body, st.server.audio_max_bytes)
+    inference, content_type = to_inference(form, translate=is_translation(route.path))
+    fwd = _Forwarder(st, route, name, rid, received, ("/inference", inference, content_type), retry=True)
+    return await relay(await fwd.open(lambda: None), form, route, rid)
+
+
+def routes() -> list[BaseRoute]:
+    """``GET /v1/models`` and one endpoint per forwarded llama-server route."""
+    out: list[BaseRoute] = [
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _model, methods=["GET"]),
+    ]
+    out += [Route(r.path, _endpoint(r), methods=[r.method], include_in_schema=False) for r in FORWARDED]
+    return out
+
+
+async def _models(request: Request) -> Response:
+    """OpenAI's list shape, each model with ``state``, ``context_length`` and ``capabilities``."""
+    st = state_of(request)
+    data = await model_list(request.app.state.ollama, st.supervisor.started_at, request.scope)
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def _model(request: Request) -> Response:
+    """OpenAI's retrieve-model (clients check a name with it first): one entry of the list."""
+    st = state_of(request)
+    asked = request.path_params["model_id"]
+    try:
+        name = resolve_name(asked, st.supervisor.names())
+        st.supervisor.view(name)
+        if (key := request_key(request.scope)) is not None:
+            key.check_model(name)  # a 403 naming the key's models, as a request to it would be
+    except ForgeError as exc:
+        return error_response(exc, request_id(request))
+    for entry in await model_list(request.app.state.ollama, st.supervisor.started_at):
+        if entry.get("id") == name:
+            return JSONResponse(entry)
+    return JSONResponse({"id": name, "object": "model", "owned_by": "rocmforge"})
