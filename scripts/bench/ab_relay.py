@@ -27,7 +27,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import anyio
-import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
@@ -37,16 +36,14 @@ import bench_gateway as b  # noqa: E402
 
 
 async def rounds(paths: list[b.Path_], streams: list[int], tokens: int, reps: int) -> list[str]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    clients = [httpx.AsyncClient(timeout=b.STALL, limits=limits) for _ in paths]
+    b.open_clients(paths, max(streams))  # one client per stream, as bench_gateway's rounds
     out = [
         "| streams | direct chunks/s | old/direct | new/direct | old added TTFT p50 ms | new added TTFT p50 ms "
         "| old ms CPU/chunk | new ms CPU/chunk | new/old CPU per chunk (paired) | errors d/o/n |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     try:
-        for p, c in zip(paths, clients, strict=True):
-            p.client = c
+        for p in paths:
             await b.run_round(p, max(streams), 8, ignore_eos=True)  # warm
         for n in streams:
             rate: dict[str, list[float]] = {p.name: [] for p in paths}
@@ -76,8 +73,7 @@ async def rounds(paths: list[b.Path_], streams: list[int], tokens: int, reps: in
             )
             print(out[-1], file=sys.stderr, flush=True)
     finally:
-        for c in clients:
-            await c.aclose()
+        await b.close_clients(paths)
     return out
 
 
@@ -135,7 +131,7 @@ def main() -> None:
                     "0",
                 ]
                 os.chdir(tmp)  # not the repository root: PYTHONPATH picks the package
-                p = stack.enter_context(b.proc(cmd, tmp / f"{name}.log", env))
+                p = stack.enter_context(b.proc(cmd, tmp / f"{name}.log", env, read_stdout=True))
                 assert p.stdout is not None
                 url = p.stdout.readline().strip()
                 if not url.startswith("http"):

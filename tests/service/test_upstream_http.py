@@ -2,7 +2,7 @@
 llama-server byte streams (h11, httpx's parser, is the oracle), the real child end to end (reuse of a
 finished connection, a stream left early freeing the child's slot), and, through a *fake* upstream
 (a TCP listener that writes scripted bytes: a real child never sends a malformed chunk), every way
-a body can break, each raised as the httpx error that ``map_httpx_errors`` maps."""
+a body can break, each raised as the httpx error that ``map_httpx_errors`` maps (the message is httptools' own)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 from rocmforge_supervisor._errors import ServerUnavailable
 from rocmforge_supervisor.client import Upstream
 from rocmforge_supervisor.process import InstanceSpec, LlamaServer
-from rocmforge_supervisor.service.core._upstream_http import StreamPool, StreamResponse, _Conn
+from rocmforge_supervisor.service.core._upstream_http import StreamPool, StreamResponse, _Conn, _read_head
 
 pytestmark = pytest.mark.anyio
 
@@ -43,8 +43,7 @@ class _Pieces(_Conn):
 async def _parse(pieces: list[bytes]) -> tuple[StreamResponse, list[bytes]]:
     pool = StreamPool()
     conn = _Pieces(pieces)
-    status, headers = await pool._head(conn)
-    response = StreamResponse(pool, "k", conn, status, headers)
+    response = StreamResponse(pool, "k", await _read_head(conn))
     return response, [block async for block in response.aiter_raw()]
 
 
@@ -116,7 +115,7 @@ async def test_real_stream_parses_as_h11_does_in_any_split(
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         assert b"".join(blocks) == expected
-        assert response._done
+        assert response.complete
     # everything that arrived together comes out as one block
     _, blocks = await _parse([raw])
     assert blocks == [expected]
@@ -190,13 +189,13 @@ HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding
 @pytest.mark.parametrize(
     ("answer", "error"),
     [
-        (HEAD + b"zz\r\ndata\r\n", "chunk size b'zz'"),
-        (HEAD + b"-5\r\nhello\r\n", "chunk size b'-5'"),
-        (HEAD + b"5\r\nhelloXX", "no CRLF after a chunk's data"),
+        (HEAD + b"zz\r\ndata\r\n", "Invalid character in chunk size"),
+        (HEAD + b"-5\r\nhello\r\n", "Invalid character in chunk size"),
+        (HEAD + b"5\r\nhelloXX", "Expected LF after chunk data"),
         (HEAD + b"a\r\nhello", "incomplete chunked read"),  # closed mid-chunk
         (HEAD + b"5\r\nhello\r\n", "incomplete chunked read"),  # closed before the last chunk
         (HEAD + b"5", "incomplete chunked read"),  # closed in a size line
-        (HEAD + b"1" * 5000, "longer than 4096 bytes"),
+        (HEAD + b"1" * 5000, "Chunk size overflow"),
     ],
 )
 async def test_fake_upstream_broken_bodies_are_httpx_protocol_errors(answer: bytes, error: str) -> None:
@@ -276,7 +275,7 @@ async def test_fake_upstream_reading_pauses_while_the_relay_is_behind() -> None:
     async with _fake_upstream(HEAD + body) as (up, _):
         with anyio.fail_after(20):
             r = await pool.send(up, "POST", "/x", content=b"{}", headers={})
-            conn = r._conn
+            conn = r.connection
             assert conn is not None
             while not conn._paused:  # noqa: ASYNC110 — set by the protocol's data_received
                 await anyio.sleep(0.01)

@@ -1,17 +1,17 @@
 """The relay's streaming upstream: a small HTTP/1.1 client for a child's streamed answers only.
 
-Why hand-written (issue 21): at the CPU ceiling (32 streams of the tiny GGUF,
+Why not httpx here (issue 21): at the CPU ceiling (32 streams of the tiny GGUF,
 ``scripts/bench/bench_gateway.py``) httpx/httpcore/h11 reading each HTTP chunk of a child's SSE
 body was ~24 % of the gateway's CPU (cProfile), one h11 event and several layers of async
-generators per chunk. This reads the socket in blocks and parses llama-server's
-``Transfer-Encoding: chunked`` itself (cpp-httplib writes one ``<hex>\\r\\n<data>\\r\\n`` per event
-and ``0\\r\\n\\r\\n`` at the end), yielding the payload of every chunk that arrived together as one
-block, so the relay (and uvicorn's one socket write per ``send``) handles it once. Measured
-(``scripts/bench/ab_relay.py``, the httpx relay vs this one interleaved in one session, 7 rounds,
-medians): gateway CPU per streamed chunk 0.065 -> 0.034 ms at 32 streams, 0.068 -> 0.050 ms at 64
-(paired per round x0.50 / x0.71); an earlier run x0.49 / x0.58. The asyncio protocol below instead
-of anyio's socket stream: a further x0.84-0.89. asyncio only: it runs on uvicorn's loop (uvloop
-or not), as the whole gateway does.
+generators per chunk. This reads the socket in blocks and hands them to httptools' response
+parser (llhttp, in C; uvicorn's own parser), yielding the payload of every chunk that arrived
+together as one block, so the relay (and uvicorn's one socket write per ``send``) handles it once.
+Measured (``scripts/bench/ab_relay.py``, the httpx relay vs a hand-written chunk parser
+interleaved in one session, 7 rounds, medians): gateway CPU per streamed chunk 0.065 -> 0.034 ms
+at 32 streams, 0.068 -> 0.050 ms at 64 (paired per round x0.50 / x0.71). Round 4 replaced the
+hand-written parser (~120 lines) with httptools': see the README's table for that A/B. The
+asyncio protocol below instead of anyio's socket stream: a further x0.84-0.89. asyncio only: it
+runs on uvicorn's loop (uvloop or not), as the whole gateway does.
 
 Only the hot path uses it: a streamed request to a local ``http://`` child. Everything else
 (non-streamed requests and their watchdog retry, the Ollama API, TextModel) keeps httpx.
@@ -37,6 +37,7 @@ from typing import cast
 from urllib.parse import urlsplit
 
 import anyio
+import httptools
 import httpx
 
 from ...client import KEEPALIVE_EXPIRY, RETRYABLE, Upstream, map_httpx_errors
@@ -45,8 +46,6 @@ __all__ = ["StreamPool", "StreamResponse", "supports"]
 
 _HIGH = 1 << 20  # bytes read ahead of the relay before reading pauses
 _MAX_HEAD = 65536
-_MAX_LINE = 4096
-_HEX = b"0123456789abcdefABCDEF"
 _SAFE_PATH = re.compile(r"[!-~]+")  # printable ASCII, no space: sent as it is
 _SAFE_VALUE = re.compile(r"[\t -~\x80-\xff]*")  # no CR, LF or NUL in a header value
 
@@ -61,13 +60,11 @@ class _Conn(asyncio.Protocol):
     """One kept-alive TCP connection to a child, as an asyncio protocol: every byte that arrived
     since the last read comes back from :meth:`recv` as one block (so chunks that arrived together
     are relayed with one ASGI ``send``), with no per-read stream machinery (anyio's socket stream
-    returned one ``data_received`` per call, and cost more per read: see the module). ``buf``
-    holds what was read but not parsed yet. Reading pauses while more than
+    returned one ``data_received`` per call, and cost more per read: see the module). Reading pauses while more than
     ``_HIGH`` bytes wait (a slow client), so the child is held back as httpx's pull reads did."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.buf = b""
         self.idle_since = 0.0
         self._incoming = bytearray()
         self._waiter: asyncio.Future[None] | None = None
@@ -115,7 +112,7 @@ class _Conn(asyncio.Protocol):
     @property
     def usable(self) -> bool:
         """Idle and still open: nothing unread, no close from the server."""
-        return not self._eof and not self._incoming and not self.buf and self.transport is not None
+        return not self._eof and not self._incoming and self.transport is not None
 
     def send(self, data: bytes) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -147,62 +144,150 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
 
+class _Parsed:
+    """httptools' callbacks for one response: its head, the payload parts that arrived, the end."""
+
+    __slots__ = ("begun", "done", "head_done", "headers", "parts")
+
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+        self.parts: list[bytes] = []
+        self.head_done = False
+        self.done = False
+        self.begun = 0  # responses begun on this connection: a second one is bytes nobody asked for
+
+    def on_message_begin(self) -> None:
+        self.begun += 1
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1").strip()
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+class _Reader:
+    """One response read off a connection with httptools' parser (llhttp, C): the head, then the
+    body's payload with the chunk framing removed, every part that arrived together as one block."""
+
+    def __init__(self, conn: _Conn) -> None:
+        self.conn = conn
+        self.cb = _Parsed()
+        self.parser = httptools.HttpResponseParser(self.cb)
+        self.fed = 0
+        self.extra = False  # bytes after the response's end: the connection is not reused
+        #: A malformed body found while the head was read with it: raised where the body is read.
+        self.error: httpx.RemoteProtocolError | None = None
+
+    def feed(self, data: bytes) -> None:
+        if self.cb.done:
+            self.extra = self.extra or bool(data)
+            return
+        if not self.cb.head_done:
+            self.fed += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self.cb.done:  # a second message after the end: not ours
+                self.extra = True
+                return
+            error = httpx.RemoteProtocolError(f"malformed response from the child: {exc}")
+            if not self.cb.head_done:
+                raise error from None
+            self.error = error
+        if self.cb.begun > 1:
+            self.extra = True
+        if not self.cb.head_done and self.fed > _MAX_HEAD:
+            raise httpx.RemoteProtocolError("the response head is larger than 64 KiB")
+
+    def take(self) -> bytes:
+        parts, self.cb.parts = self.cb.parts, []
+        if not parts:
+            return b""
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _read_head(conn: _Conn) -> _Reader:
+    """The status line and headers; body bytes that came with them wait in the reader."""
+    reader = _Reader(conn)
+    while not reader.cb.head_done:
+        reader.feed(await conn.recv())
+    return reader
+
+
 class StreamResponse:
     """A child's answer with its head read and its body not: the subset of ``httpx.Response`` the
     forwarder reads (``status_code``, ``headers`` with lower-case names, :meth:`aiter_raw`,
     :meth:`aread`, :meth:`aclose`)."""
 
-    def __init__(self, pool: StreamPool, key: str, conn: _Conn, status: int, headers: dict[str, str]) -> None:
+    def __init__(self, pool: StreamPool, key: str, reader: _Reader) -> None:
+        headers = reader.cb.headers
+        status = reader.parser.get_status_code()
+        if (
+            reader.parser.get_http_version() == "1.0"
+            and headers.get("connection", "").lower() != "keep-alive"
+        ):
+            headers.setdefault("connection", "close")
         self.status_code = status
         self.headers = headers
         self._pool = pool
         self._key = key
-        self._conn: _Conn | None = conn
-        self._done = False  # the body was read to its end: the connection may be reused
+        self._reader: _Reader | None = reader
         self._reusable = headers.get("connection", "").lower() != "close"
-        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        length = headers.get("content-length")
-        self._length = int(length) if length is not None and length.isdigit() else None
-        self._left = 0  # bytes left in the current chunk (chunked) or the body (Content-Length)
-        self._crlf = False  # a chunk's data was read: its CRLF comes next
-        self._trailers = False  # the last chunk was read: trailer lines up to an empty line
-        if status in (204, 304) or status < 200:  # no body (RFC 9112 6.3)
-            self._chunked, self._length = False, 0
-        if not self._chunked:
-            if self._length is None:  # the body runs to the end of the connection
-                self._reusable = False
-                self._left = -1
-            else:
-                self._left = self._length
-                self._done = self._left == 0
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        no_body = status in (204, 304) or status < 200  # RFC 9112 6.3
+        #: The body runs to the end of the connection (no length, not chunked): never reused.
+        self._to_eof = not chunked and not no_body and "content-length" not in headers
+        if self._to_eof:
+            self._reusable = False
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         """The body's payload (chunk framing removed) in blocks: everything already read, at once."""
-        conn = self._conn
-        if conn is None:
+        reader = self._reader
+        if reader is None:
             return
-        while not self._done:
-            if conn.buf:
-                out = self._parse(conn) if self._chunked else self._plain(conn)
-                if out:
-                    yield out
-                    continue
-                if self._done:
-                    break
+        while True:
+            out = reader.take()
+            if out:
+                yield out
+            if reader.error is not None:
+                raise reader.error
+            if reader.cb.done:
+                return
             try:
-                conn.buf += await conn.recv()
-            except httpx.RemoteProtocolError:
-                if not self._chunked and self._length is None:  # read to the end: complete
-                    self._done = True
-                    break
+                reader.feed(await reader.conn.recv())
+            except httpx.RemoteProtocolError as exc:
+                if "closed the connection" not in str(exc):
+                    raise
+                if self._to_eof:  # read to the end: complete
+                    if out := reader.take():
+                        yield out
+                    reader.cb.done = True
+                    return
                 raise httpx.RemoteProtocolError(
                     "peer closed connection without sending complete message body: "
                     + (
                         "incomplete chunked read"
-                        if self._chunked
+                        if "chunked" in self.headers.get("transfer-encoding", "").lower()
                         else "received fewer bytes than Content-Length"
                     )
                 ) from None
+
+    @property
+    def complete(self) -> bool:
+        """The body was read to its end (the connection may be reused)."""
+        return self._reader is not None and self._reader.cb.done
+
+    @property
+    def connection(self) -> _Conn | None:
+        """The connection it is read from; None once closed."""
+        return self._reader.conn if self._reader is not None else None
 
     async def aread(self) -> bytes:
         return b"".join([block async for block in self.aiter_raw()])
@@ -210,71 +295,13 @@ class StreamResponse:
     async def aclose(self) -> None:
         """Back to the pool if the whole response was read and the server keeps the connection;
         closed otherwise (a stream left early: the child sees the socket go and stops)."""
-        conn, self._conn = self._conn, None
-        if conn is None:
+        reader, self._reader = self._reader, None
+        if reader is None:
             return
-        if self._done and self._reusable:
-            self._pool.put(self._key, conn)
+        if reader.cb.done and self._reusable and not reader.extra:
+            self._pool.put(self._key, reader.conn)
         else:
-            conn.close()
-
-    def _plain(self, conn: _Conn) -> bytes:
-        buf = conn.buf
-        if self._left < 0:  # to the end of the connection
-            conn.buf = b""
-            return buf
-        out, conn.buf = buf[: self._left], buf[self._left :]
-        self._left -= len(out)
-        self._done = self._left == 0
-        return out
-
-    def _parse(self, conn: _Conn) -> bytes:
-        """The payload of every complete (and the start of a partial) chunk in ``conn.buf``;
-        what is left of a size line or a CRLF stays for the next read."""
-        buf = conn.buf
-        pos, end = 0, len(buf)
-        parts: list[bytes] = []
-        while pos < end:
-            if self._left:
-                take = min(self._left, end - pos)
-                parts.append(buf[pos : pos + take])
-                pos += take
-                self._left -= take
-                if self._left:
-                    break
-                self._crlf = True
-            if self._crlf:
-                if end - pos < 2:
-                    break
-                if buf[pos : pos + 2] != b"\r\n":
-                    raise httpx.RemoteProtocolError("malformed chunked body: no CRLF after a chunk's data")
-                pos += 2
-                self._crlf = False
-                continue
-            i = buf.find(b"\r\n", pos, pos + _MAX_LINE)
-            if i < 0:
-                if end - pos >= _MAX_LINE:
-                    raise httpx.RemoteProtocolError("malformed chunked body: a line longer than 4096 bytes")
-                break
-            line = buf[pos:i]
-            pos = i + 2
-            if self._trailers:
-                if not line:  # the empty line after the last chunk (and its trailers): complete
-                    self._done = True
-                    if pos != end:  # bytes nobody asked for: the connection is not reused
-                        self._reusable = False
-                    break
-                continue
-            size = line.split(b";", 1)[0].strip()
-            if not size or size.strip(_HEX) or len(size) > 16:
-                raise httpx.RemoteProtocolError(f"malformed chunked body: chunk size {line[:32]!r}")
-            self._left = int(size, 16)
-            if self._left == 0:
-                self._trailers = True
-        conn.buf = buf[pos:]
-        if not parts:
-            return b""
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            reader.conn.close()
 
 
 class StreamPool:
@@ -364,29 +391,8 @@ class StreamPool:
             conn = await self._connect(key)
         try:
             conn.send(request)
-            status, headers = await self._head(conn)
+            reader = await _read_head(conn)
         except BaseException:
             conn.close()
             raise
-        return StreamResponse(self, key, conn, status, headers)
-
-    async def _head(self, conn: _Conn) -> tuple[int, dict[str, str]]:
-        """The status line and headers; the bytes after them stay in ``conn.buf`` for the body."""
-        while (end := conn.buf.find(b"\r\n\r\n")) < 0:
-            if len(conn.buf) > _MAX_HEAD:
-                raise httpx.RemoteProtocolError("the response head is larger than 64 KiB")
-            conn.buf += await conn.recv()
-        head, conn.buf = conn.buf[:end], conn.buf[end + 4 :]
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:64]!r}")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise httpx.RemoteProtocolError(f"malformed header line {line[:64]!r}")
-            headers[name.strip().lower()] = value.strip()
-        if parts[0] == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
-            headers.setdefault("connection", "close")
-        return int(parts[1]), headers
+        return StreamResponse(self, key, reader)
