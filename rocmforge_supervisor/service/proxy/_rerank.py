@@ -48,7 +48,8 @@ def refuse_wrong_kind(name: str, config: ModelConfig, path: str) -> None:
         )
     if path in RERANK_ROUTES and not reranks(config):
         raise InvalidRequest(
-            f"model {name!r} does not rerank: [models.{name}] has no rerank = true",
+            f"model {name!r} does not rerank: [models.{name}] has no rerank = true "
+            "(its llama-server runs without --reranking)",
             param="model",
             hint="name a reranker of GET /v1/models, or set rerank = true on a reranker GGUF's model",
         )
