@@ -32,6 +32,7 @@ from ._locate import BinaryInfo, probe_binary
 from ._plan import RPC_SERVER_TARGET, Accel, BuildPlan, cache_key, choose_accel, isa_fingerprint
 from ._recipe import (
     LLAMA,
+    Job,
     ProgressFn,
     Proof,
     build,
@@ -92,6 +93,23 @@ def gpu_targets_for(settings: ForgeSettings, accel: Accel, given: Sequence[str] 
     return detected_gpu_targets(settings, accel)
 
 
+def job_for(
+    settings: ForgeSettings,
+    backend: str,
+    gpu_targets: Sequence[str] | None,
+    *,
+    jobs: int | None,
+    progress: ProgressFn | None,
+    force: bool,
+    rpc: bool = False,
+    portable: bool = False,
+) -> Job:
+    """The build a ``forge build`` asks for; ``backend`` is the user's word for the accel."""
+    accel = choose_accel(backend)
+    targets = gpu_targets_for(settings, accel, gpu_targets)
+    return Job(accel, targets, jobs, progress, force, rpc, portable)
+
+
 def build_llama_server(
     settings: ForgeSettings,
     *,
@@ -112,20 +130,21 @@ def build_llama_server(
     """
     started = time.monotonic()
     cpu = "portable" if portable else isa_fingerprint(cpu_flags())
-    chosen: Accel = choose_accel(backend)  # the user's word for the accel (``--backend``)
-    targets = gpu_targets_for(settings, chosen, gpu_targets)
+    job = job_for(
+        settings, backend, gpu_targets, jobs=jobs, progress=progress, force=force, rpc=rpc, portable=portable
+    )
     # The cache is checked before sources are resolved: a cache hit must not download anything.
     pinned = source is None and settings.llama_cpp_source is None
     if pinned and not force:
         # An RPC build is a superset of a plain one: it satisfies a plain request (`make setup`
         # builds --rpc; a later `forge build` must not compile a second tree for 5 minutes).
         for with_rpc in (rpc,) if rpc else (False, True):
-            key = cache_key(LLAMA_CPP_COMMIT, chosen, targets, rpc=with_rpc, cpu=cpu)
+            key = cache_key(LLAMA_CPP_COMMIT, job.accel, job.targets, rpc=with_rpc, cpu=cpu)
             hit = _finished(settings.builds_dir / key, with_rpc, settings)
             if hit is not None:
                 return BuildResult(hit, key, True, time.monotonic() - started, None)
     tree = resolve_source(settings, source)
-    key = cache_key(tree.commit, chosen, targets, rpc=rpc, cpu=cpu)
+    key = cache_key(tree.commit, job.accel, job.targets, rpc=rpc, cpu=cpu)
     if tree.origin == "explicit":
         # Trees without git all report commit "unknown": the path keeps them apart.
         key += "-src" + hashlib.sha256(str(tree.path).encode()).hexdigest()[:8]
@@ -133,17 +152,11 @@ def build_llama_server(
     info, cached = build(
         LLAMA,
         settings,
+        job,
         key=key,
         tree=tree,
-        accel=chosen,
-        targets=targets,
-        jobs=jobs,
-        progress=progress,
-        force=force,
         cached=lambda final: _finished(final, rpc, settings),
         install=lambda work, plan: _install(work, builds / key, builds, plan, tree, key, settings),
-        rpc=rpc,
-        portable=portable,
     )
     return BuildResult(info, key, cached, time.monotonic() - started, tree)
 

@@ -45,6 +45,7 @@ __all__ = [
     "LLAMA",
     "RECIPES",
     "WHISPER",
+    "Job",
     "ProgressFn",
     "Proof",
     "Recipe",
@@ -109,6 +110,19 @@ class Recipe:
         return value if isinstance(value, Path) else None
 
 
+@dataclass(frozen=True)
+class Job:
+    """What one ``forge build`` asks for, whichever program it builds."""
+
+    accel: Accel
+    targets: tuple[str, ...]  # GPU targets (HIP gfx names, CUDA architectures)
+    jobs: int | None  # parallel compile jobs (None: the CPUs)
+    progress: ProgressFn | None
+    force: bool  # rebuild even when the entry is cached
+    rpc: bool = False
+    portable: bool = False
+
+
 def finished_binary(final: Path, program: str) -> Path | None:
     """The program of a finished cache entry: ``build-info.json`` written (last) and the binary
     executable. Anything less is an entry that was never completed."""
@@ -147,18 +161,12 @@ def build_locked(
 def build(
     recipe: Recipe,
     settings: ForgeSettings,
+    job: Job,
     *,
     key: str,
     tree: SourceTree,
-    accel: Accel,
-    targets: Sequence[str],
-    jobs: int | None,
-    progress: ProgressFn | None,
-    force: bool,
     cached: Callable[[Path], T | None],
     install: Callable[[Path, BuildPlan], T],
-    rpc: bool = False,
-    portable: bool = False,
 ) -> tuple[T, bool]:
     """Build ``recipe``'s program from ``tree`` into the cache entry ``key``: the plan made first
     (a missing toolchain fails before anything is locked or written), then under the key's lock
@@ -166,22 +174,22 @@ def build(
     (result, cached)."""
     builds = settings.builds_dir
     plan = make_plan(
-        accel=accel,
+        accel=job.accel,
         source=tree.path,
         build_dir=builds / ".work" / key,
         commit=tree.commit,
-        gpu_targets=targets,
-        jobs=jobs,
-        rpc=rpc,
-        portable=portable,
+        gpu_targets=job.targets,
+        jobs=job.jobs,
+        rpc=job.rpc,
+        portable=job.portable,
         program=recipe.program,
     )
 
     def run(work: Path) -> T:
-        run_plan(plan, work / "build.log", progress)
+        run_plan(plan, work / "build.log", job.progress)
         return install(work, plan)
 
-    return build_locked(builds, key, force=force, cached=cached, build=run)
+    return build_locked(builds, key, force=job.force, cached=cached, build=run)
 
 
 def run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> None:

@@ -21,8 +21,8 @@ from typing import Literal
 
 from ..config import ForgeSettings
 from ..hardware import cpu_flags
-from ._builder import gpu_targets_for
-from ._plan import Accel, BuildPlan, cache_key, choose_accel, isa_fingerprint
+from ._builder import job_for
+from ._plan import Accel, BuildPlan, cache_key, isa_fingerprint
 from ._recipe import (
     WHISPER,
     ProgressFn,
@@ -79,9 +79,8 @@ def build_whisper_server(
     cached: a build that fails, or cannot serve one transcription here, leaves no cache entry.
     ``backend``: the accel, in the user's word (``forge build --whisper --backend``)."""
     started = time.monotonic()
-    chosen: Accel = choose_accel(backend)
-    targets = gpu_targets_for(settings, chosen, gpu_targets)
-    key = _key(chosen, targets, isa_fingerprint(cpu_flags()))
+    job = job_for(settings, backend, gpu_targets, jobs=jobs, progress=progress, force=force)
+    key = _key(job.accel, job.targets, isa_fingerprint(cpu_flags()))
     builds = settings.builds_dir
     commit = WHISPER.commit
 
@@ -103,19 +102,7 @@ def build_whisper_server(
         path = builds / key / "bin" / WHISPER.program
         return WhisperBuild(path, key, False, time.monotonic() - started, commit, detail)
 
-    result, _cached = build(
-        WHISPER,
-        settings,
-        key=key,
-        tree=tree,
-        accel=chosen,
-        targets=targets,
-        jobs=jobs,
-        progress=progress,
-        force=force,
-        cached=cached,
-        install=install,
-    )
+    result, _cached = build(WHISPER, settings, job, key=key, tree=tree, cached=cached, install=install)
     return result
 
 
