@@ -50,7 +50,6 @@ __all__ = [
     "Proof",
     "Recipe",
     "build",
-    "build_locked",
     "cached_for_this_cpu",
     "executable",
     "finished_binary",
@@ -138,26 +137,6 @@ def remove_leftovers(builds: Path, key: str) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def build_locked(
-    builds: Path,
-    key: str,
-    *,
-    force: bool,
-    cached: Callable[[Path], T | None],
-    build: Callable[[Path], T],
-) -> tuple[T, bool]:
-    """Under the key's lock: what a killed forge left removed, the cache looked at again (another
-    process may have built it while this one waited), then ``build(work)``. (result, cached)."""
-    builds.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(builds / f"{key}.lock")):
-        remove_leftovers(builds, key)
-        if not force and (hit := cached(builds / key)) is not None:
-            return hit, True
-        work = builds / ".work" / key
-        work.mkdir(parents=True, exist_ok=True)
-        return build(work), False
-
-
 def build(
     recipe: Recipe,
     settings: ForgeSettings,
@@ -169,8 +148,9 @@ def build(
     install: Callable[[Path, BuildPlan], T],
 ) -> tuple[T, bool]:
     """Build ``recipe``'s program from ``tree`` into the cache entry ``key``: the plan made first
-    (a missing toolchain fails before anything is locked or written), then under the key's lock
-    run and handed to ``install(work, plan)``, unless ``cached`` finds the entry finished.
+    (a missing toolchain fails before anything is locked or written); then under the key's lock
+    what a killed forge left is removed, the cache looked at again (another process may have
+    built it while this one waited), and the plan run and handed to ``install(work, plan)``.
     (result, cached)."""
     builds = settings.builds_dir
     plan = make_plan(
@@ -185,11 +165,15 @@ def build(
         program=recipe.program,
     )
 
-    def run(work: Path) -> T:
+    builds.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(builds / f"{key}.lock")):
+        remove_leftovers(builds, key)
+        if not job.force and (hit := cached(builds / key)) is not None:
+            return hit, True
+        work = builds / ".work" / key
+        work.mkdir(parents=True, exist_ok=True)
         run_plan(plan, work / "build.log", job.progress)
-        return install(work, plan)
-
-    return build_locked(builds, key, force=job.force, cached=cached, build=run)
+        return install(work, plan), False
 
 
 def run_plan(plan: BuildPlan, log_path: Path, progress: ProgressFn | None) -> None:
