@@ -1,6 +1,7 @@
-"""Finding or building llama-server from the pinned llama.cpp (HIP, CUDA, Vulkan or CPU).
+"""Finding or building the programs forge runs (llama-server, whisper-server) for an accel (HIP,
+CUDA, Vulkan or CPU): one :class:`Recipe` per program in ``RECIPES``, the steps written once.
 
-Names are imported on first use (start-up time): ``forge --help`` needs only ``BACKENDS`` (from
+Names are imported on first use (start-up time): ``forge --help`` needs only ``ACCELS`` (from
 the light ``_plan``), not the builder and locator with their settings, hardware and httpx imports.
 """
 
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
         parse_device_list,
         probe_binary,
     )
-    from ._plan import BACKENDS, RPC_SERVER_TARGET, BuildPlan, cache_key, choose_backend, make_plan
+    from ._plan import ACCELS, RPC_SERVER_TARGET, Accel, BuildPlan, cache_key, choose_accel, make_plan
+    from ._recipe import RECIPES, Recipe
     from ._source import SourceTree, resolve_source
     from ._whisper import WhisperBuild, build_whisper_server, locate_whisper_server
 else:  # mypy sees the imports above (and flags a name that is not there)
@@ -38,25 +40,30 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "probe_binary",
             ),
             "._plan": (
-                "BACKENDS",
+                "ACCELS",
                 "RPC_SERVER_TARGET",
+                "Accel",
                 "BuildPlan",
                 "cache_key",
-                "choose_backend",
+                "choose_accel",
                 "make_plan",
             ),
+            "._recipe": ("RECIPES", "Recipe"),
             "._source": ("SourceTree", "resolve_source"),
             "._whisper": ("WhisperBuild", "build_whisper_server", "locate_whisper_server"),
         },
     )
 
 __all__ = [
-    "BACKENDS",
+    "ACCELS",
+    "RECIPES",
     "RPC_SERVER_TARGET",
+    "Accel",
     "BinaryInfo",
     "BuildPlan",
     "BuildResult",
     "ListedDevice",
+    "Recipe",
     "SourceTree",
     "WhisperBuild",
     "build_llama_server",
@@ -64,7 +71,7 @@ __all__ = [
     "cache_key",
     "cached_builds",
     "child_flags",
-    "choose_backend",
+    "choose_accel",
     "detected_gpu_targets",
     "locate_llama_server",
     "locate_rpc_server",

@@ -1,7 +1,8 @@
 """Finding a llama-server to run, and asking it what it is.
 
-Locate order, for every command that needs the binary: ``FORGE_LLAMA_SERVER`` (or a config path)
-→ the cached build for the pinned commit (preferring GPU backends) → ``llama-server`` on PATH.
+Locate order, for every command that needs the binary (:func:`._recipe.locate`, the one order of
+every program): ``FORGE_LLAMA_SERVER`` (or a config path) → the cached build for the pinned commit
+(preferring GPU accels) → ``llama-server`` on PATH.
 Each candidate is checked by running it with ``--version``, so a broken or foreign file is skipped
 with a reason rather than failing a load later, and then by its self-test (:mod:`._selftest`): one
 real completion on this CPU, once per binary, so a build that crashes here is never handed a model.
@@ -19,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._argv import probe_argv
-from .._errors import BinaryNotFound, SelfTestFailed
-from .._version import LLAMA_CPP_COMMIT
+from .._errors import BinaryNotFound
 from ..config import ForgeSettings
-from ..hardware import ListedDevice, cpu_flags, parse_device_list
-from ._plan import RPC_SERVER_TARGET, isa_fingerprint
+from ..hardware import ListedDevice, parse_device_list
+from ._plan import RPC_SERVER_TARGET
+from ._recipe import LLAMA, cached_for_this_cpu, locate
 from ._selftest import SelfTest, proven
 
 __all__ = [
@@ -39,7 +40,7 @@ __all__ = [
 ]
 
 _VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*([0-9a-fA-F]+|unknown)\)")
-_BACKEND_OF = {"ROCm": "hip", "CUDA": "cuda", "Vulkan": "vulkan", "Metal": "metal", "SYCL": "sycl"}
+_ACCEL_OF = {"ROCm": "hip", "CUDA": "cuda", "Vulkan": "vulkan", "Metal": "metal", "SYCL": "sycl"}
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,10 @@ class BinaryInfo:
     version: str
     build: int
     commit: str
-    backends: tuple[str, ...]
+    accels: tuple[str, ...]  # what it can compute on: cpu and the GPU devices it lists
     devices: tuple[ListedDevice, ...] = ()
     source: str = "path"  # "setting", "cache", "path"
-    build_backend: str | None = None  # what our cache recorded, when it came from there
+    build_accel: str | None = None  # what our cache recorded (build-info.json's "backend")
     extra: dict[str, object] = field(default_factory=dict, compare=False)
     selftest: SelfTest | None = field(default=None, compare=False)
 
@@ -66,7 +67,7 @@ class BinaryInfo:
             "version": self.version,
             "build": self.build,
             "commit": self.commit,
-            "backends": list(self.backends),
+            "backends": list(self.accels),  # the wire name (`forge build --print-path --json`)
             "devices": [d.__dict__ for d in self.devices],
             "source": self.source,
             "child_args": list(self.child_args),
@@ -133,17 +134,17 @@ def probe_binary(
         except (OSError, subprocess.SubprocessError):
             out = ""
         devices = parse_device_list(out)
-    backends = ["cpu"]
+    accels = ["cpu"]
     for d in devices:
-        b = _BACKEND_OF.get(re.sub(r"\d+$", "", d.name), d.name.lower())
-        if b not in backends:
-            backends.append(b)
+        a = _ACCEL_OF.get(re.sub(r"\d+$", "", d.name), d.name.lower())
+        if a not in accels:
+            accels.append(a)
     return BinaryInfo(
         path=path,
         version=m[1],
         build=int(m[2]),
         commit=m[3],
-        backends=tuple(backends),
+        accels=tuple(accels),
         devices=tuple(devices),
         source=source,
     )
@@ -166,9 +167,6 @@ def cached_builds(settings: ForgeSettings) -> list[tuple[Path, dict[str, object]
     return found
 
 
-_BACKEND_PREFERENCE = {"hip": 0, "cuda": 1, "vulkan": 2, "cpu": 3}
-
-
 def locate_llama_server(
     settings: ForgeSettings,
     *,
@@ -179,76 +177,42 @@ def locate_llama_server(
     """The llama-server every command uses. ``list_devices`` also asks it for its devices (slower).
 
     ``rpc``: one that accepts ``--rpc`` (a ``forge build --rpc`` build). Without it a plain build
-    is preferred over an RPC one of the same backend; both behave the same without ``--rpc``.
+    is preferred over an RPC one of the same accel; both behave the same without ``--rpc``.
+    Every candidate answers ``--version`` and passes its self-test on this CPU, or is skipped.
     """
-    tried: list[str] = []
-    failed_selftest: SelfTestFailed | None = None
-    explicit = configured or settings.llama_server
-    if explicit is not None:
-        # An explicit choice is never silently replaced by another binary.
-        path = explicit.expanduser()
-        info = probe_binary(path, list_devices=list_devices, source="setting")
-        return info.with_selftest(settings, build_info_of(path))
-    here = isa_fingerprint(cpu_flags())
-    builds = []
-    for b, meta in cached_builds(settings):
-        if str(meta.get("commit", ""))[:7] != LLAMA_CPP_COMMIT[:7] or (rpc and meta.get("rpc") is not True):
-            continue
-        if meta.get("cpu") not in (None, "portable", here):  # a shared cache: built for another CPU
-            tried.append(f"{b}: built for another CPU ({meta.get('cpu')}, this one is {here})")
-            continue
-        builds.append((b, meta))
-    # GPU backends first; of the same backend a native build before a portable one (it is tuned
-    # to this CPU), and a plain one before an RPC one (they behave the same without --rpc).
-    builds.sort(
-        key=lambda bm: (
-            _BACKEND_PREFERENCE.get(str(bm[1].get("backend")), 9),
-            bm[1].get("portable") is True,
-            bm[1].get("rpc") is True,
-        )
-    )
-    for binary, meta in builds:
-        try:
-            info = probe_binary(binary, list_devices=list_devices, source="cache")
-            info = info.with_selftest(settings, meta)
-        except SelfTestFailed as exc:
-            failed_selftest = failed_selftest or exc
-            tried.append(f"{binary}: {exc.message}")
-            continue
-        except BinaryNotFound as exc:
-            tried.append(f"{binary}: {exc.message}")
-            continue
-        return BinaryInfo(**{**info.__dict__, "build_backend": str(meta.get("backend"))})
-    on_path = None if rpc else shutil.which("llama-server")  # unknown whether it has --rpc
-    if on_path:
-        try:
-            info = probe_binary(Path(on_path), list_devices=list_devices, source="path")
-            return info.with_selftest(settings, None)
-        except SelfTestFailed as exc:
-            failed_selftest = failed_selftest or exc
-            tried.append(f"{on_path}: {exc.message}")
-        except BinaryNotFound as exc:
-            tried.append(f"{on_path}: {exc.message}")
-    if failed_selftest is not None:
-        raise SelfTestFailed(
-            f"no llama-server here passed its self-test: {'; '.join(tried)}", hint=failed_selftest.hint
-        )
-    detail = f" (skipped: {'; '.join(tried)})" if tried else ""
-    if rpc:
-        raise BinaryNotFound(
-            f"no llama-server built with the RPC backend found{detail}",
-            hint="run `forge build --rpc` (same backend as the workers'), "
+
+    def accept(path: Path, source: str, meta: Mapping[str, object] | None) -> BinaryInfo:
+        info = probe_binary(path, list_devices=list_devices, source=source)
+        if source == "setting":
+            return info.with_selftest(settings, build_info_of(path))
+        info = info.with_selftest(settings, meta)
+        if meta is None:
+            return info
+        return BinaryInfo(**{**info.__dict__, "build_accel": str(meta.get("backend"))})
+
+    return locate(
+        LLAMA,
+        settings,
+        accept,
+        configured=configured,
+        want=(lambda meta: meta.get("rpc") is True) if rpc else (lambda meta: True),
+        on_path=not rpc,  # unknown whether one on PATH has --rpc
+        not_found=(
+            "no llama-server built with the RPC backend found",
+            "run `forge build --rpc` (same backend as the workers'), "
             "or set FORGE_LLAMA_SERVER to a llama-server built with -DGGML_RPC=ON",
         )
-    raise BinaryNotFound(
-        f"no llama-server found{detail}",
-        hint="run `forge build` (or `make setup`), or set FORGE_LLAMA_SERVER to a llama-server binary",
+        if rpc
+        else (
+            "no llama-server found",
+            "run `forge build` (or `make setup`), or set FORGE_LLAMA_SERVER to a llama-server binary",
+        ),
     )
 
 
 def locate_rpc_server(settings: ForgeSettings, *, configured: Path | None = None) -> Path:
     """llama.cpp's RPC worker (``ggml-rpc-server``): ``configured``, else the cached RPC build of the
-    pinned commit (GPU backends first), else ``ggml-rpc-server`` / ``rpc-server`` on PATH.
+    pinned commit for this CPU (GPU accels first, as llama-server's), else ``ggml-rpc-server`` / ``rpc-server`` on PATH.
 
     It has no ``--version``; a candidate is checked by being an executable file only, and a wrong
     one fails at the worker's start with its own output in the error.
@@ -260,13 +224,8 @@ def locate_rpc_server(settings: ForgeSettings, *, configured: Path | None = None
                 f"{path} is not an executable file", hint="point --rpc-server at a ggml-rpc-server binary"
             )
         return path
-    builds = [
-        (b.parent / RPC_SERVER_TARGET, meta)
-        for b, meta in cached_builds(settings)
-        if str(meta.get("commit", ""))[:7] == LLAMA_CPP_COMMIT[:7] and meta.get("rpc") is True
-    ]
-    builds.sort(key=lambda bm: _BACKEND_PREFERENCE.get(str(bm[1].get("backend")), 9))
-    for binary, _meta in builds:
+    for llama, _meta in cached_for_this_cpu(settings, LLAMA, want=lambda meta: meta.get("rpc") is True):
+        binary = llama.parent / RPC_SERVER_TARGET
         if binary.is_file() and os.access(binary, os.X_OK):
             return binary
     for name in (RPC_SERVER_TARGET, "rpc-server"):

@@ -1,4 +1,8 @@
-"""Which backend to build, and the exact cmake commands for it.
+"""Which accelerator to build for, and the exact cmake commands for it.
+
+``Accel`` (hip, cuda, vulkan, cpu) is what ggml computes on; the user-visible spelling stays
+``backend`` (``forge build --backend``, build-info.json's ``"backend"``) while ``backend`` in
+config/ and supervisor/ names the kind of child server (llama, whisper, command).
 
 Kept free of side effects (apart from asking ``hipconfig``/``nvcc`` where they are) so the command
 lines are unit-tested for a given set of gfx targets without ROCm being installed.
@@ -18,13 +22,15 @@ from typing import Literal
 from .._errors import ToolchainMissing, UsageError
 
 __all__ = [
-    "BACKENDS",
+    "ACCELS",
+    "ACCEL_PREFERENCE",
     "RPC_SERVER_TARGET",
-    "Backend",
+    "Accel",
     "BuildPlan",
+    "Program",
     "RocmToolchain",
     "cache_key",
-    "choose_backend",
+    "choose_accel",
     "find_cuda",
     "find_rocm",
     "isa_fingerprint",
@@ -32,8 +38,12 @@ __all__ = [
     "make_plan",
 ]
 
-Backend = Literal["hip", "cuda", "vulkan", "cpu"]
-BACKENDS: tuple[str, ...] = ("auto", "hip", "cuda", "vulkan", "cpu")
+Accel = Literal["hip", "cuda", "vulkan", "cpu"]
+#: The programs forge builds (cmake targets and binary names): one recipe each (``_recipe.RECIPES``).
+Program = Literal["llama-server", "whisper-server"]
+ACCELS: tuple[str, ...] = ("auto", "hip", "cuda", "vulkan", "cpu")
+#: Which cached build ``locate`` hands out first: GPU builds before the CPU one.
+ACCEL_PREFERENCE: dict[str, int] = {"hip": 0, "cuda": 1, "vulkan": 2, "cpu": 3}
 
 Which = Callable[[str], str | None]
 
@@ -50,14 +60,14 @@ class RocmToolchain:
 
 @dataclass(frozen=True)
 class BuildPlan:
-    backend: Backend
+    accel: Accel
     gpu_targets: tuple[str, ...]
     configure: list[str]
     build: list[str]
     env: dict[str, str] = field(default_factory=dict)
     rpc: bool = False
     portable: bool = False
-    program: str = "llama-server"  # the cmake target (and binary) it builds
+    program: Program = "llama-server"  # the cmake target (and binary) it builds
 
 
 #: The CPU features that decide which instructions a native (``-march=native``) ggml uses: a
@@ -89,13 +99,13 @@ def isa_fingerprint(flags: frozenset[str] | set[str]) -> str:
 
 def cache_key(
     commit: str,
-    backend: Backend,
+    accel: Accel,
     gpu_targets: Sequence[str],
     *,
     rpc: bool = False,
     cpu: str | None = None,
 ) -> str:
-    """Builds are cached per (commit, backend, targets, CPU, rpc): the same inputs never build twice.
+    """Builds are cached per (commit, accel, targets, CPU, rpc): the same inputs never build twice.
 
     ``cpu``: ``"portable"`` (one key on every machine: run-time ISA dispatch) or the
     :func:`isa_fingerprint` of the CPU a native build is compiled for.
@@ -105,7 +115,7 @@ def cache_key(
     and the server anyway (most of a build), and a plain build already in a cache stays valid.
     A plain request is satisfied by an RPC build (a superset) when one is there.
     """
-    key = f"{commit[:12]}-{backend}"
+    key = f"{commit[:12]}-{accel}"
     if gpu_targets:
         key += "-" + "_".join(sorted(gpu_targets))
     if cpu:
@@ -156,15 +166,15 @@ def find_cuda(which: Which = shutil.which) -> Path | None:
     return None
 
 
-def choose_backend(requested: str, which: Which = shutil.which) -> Backend:
+def choose_accel(requested: str, which: Which = shutil.which) -> Accel:
     """``auto``: HIP when ROCm (with hipBLAS) is there, CUDA when nvcc and cuBLAS are, else CPU.
 
     A half-installed toolkit (nvcc without cuBLAS is common in containers) would fail the build
-    minutes in, so ``auto`` checks completeness; a forced backend is checked in :func:`make_plan`
-    and fails with the missing piece named.
+    minutes in, so ``auto`` checks completeness; a forced one is checked in :func:`make_plan` and
+    fails with the missing piece named. The messages say "backend": the user's word (``--backend``).
     """
-    if requested not in BACKENDS:
-        raise UsageError(f"unknown backend {requested!r}", hint=f"use one of: {', '.join(BACKENDS)}")
+    if requested not in ACCELS:
+        raise UsageError(f"unknown backend {requested!r}", hint=f"use one of: {', '.join(ACCELS)}")
     if requested == "auto":
         rocm = find_rocm(which)
         if rocm is not None and _has_hipblas(rocm):
@@ -172,7 +182,7 @@ def choose_backend(requested: str, which: Which = shutil.which) -> Backend:
         if find_cuda(which) is not None:
             return "cuda"
         return "cpu"
-    return requested  # type: ignore[return-value]  # checked against BACKENDS above
+    return requested  # type: ignore[return-value]  # checked against ACCELS above
 
 
 def _require_common(which: Which) -> None:
@@ -199,7 +209,7 @@ _WHISPER_OPTIONS = [
 
 def make_plan(
     *,
-    backend: Backend,
+    accel: Accel,
     source: Path,
     build_dir: Path,
     commit: str,
@@ -209,9 +219,9 @@ def make_plan(
     rocm: RocmToolchain | None = None,
     rpc: bool = False,
     portable: bool = False,
-    program: Literal["llama-server", "whisper-server"] = "llama-server",
+    program: Program = "llama-server",
 ) -> BuildPlan:
-    """The cmake configure and build commands for ``backend``, following llama.cpp's docs/build.md.
+    """The cmake configure and build commands for ``accel``, following llama.cpp's docs/build.md.
 
     ``rpc``: also ``GGML_RPC=ON`` and the ``ggml-rpc-server`` target. Both binaries come from the
     one tree: a llama-server only accepts ``--rpc`` when it was built with the RPC backend too.
@@ -250,7 +260,7 @@ def make_plan(
     ]  # fmt: skip
     env: dict[str, str] = {}
     targets = tuple(gpu_targets)
-    if backend == "hip":
+    if accel == "hip":
         rocm = rocm or find_rocm(which)
         if rocm is None:
             raise ToolchainMissing(
@@ -267,7 +277,7 @@ def make_plan(
         configure.append("-DGGML_HIP=ON")
         if targets:
             configure.append(f"-DGPU_TARGETS={';'.join(targets)}")
-    elif backend == "cuda":
+    elif accel == "cuda":
         if which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists():
             raise ToolchainMissing(
                 "the CUDA backend needs nvcc, which was not found",
@@ -283,7 +293,7 @@ def make_plan(
             configure.append("-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc")
         if targets:
             configure.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(targets)}")
-    elif backend == "vulkan":
+    elif accel == "vulkan":
         if which("glslc") is None:
             raise ToolchainMissing(
                 "the Vulkan backend needs glslc and the Vulkan headers",
@@ -298,7 +308,7 @@ def make_plan(
         "-j", str(jobs or os.cpu_count() or 1),
     ]  # fmt: skip
     return BuildPlan(
-        backend=backend,
+        accel=accel,
         gpu_targets=targets,
         configure=configure,
         build=build,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..binaries import BACKENDS, RPC_SERVER_TARGET  # the light ``_plan`` only: the build package is lazy
+from ..binaries import ACCELS, RPC_SERVER_TARGET  # the light ``_plan`` only: the build package is lazy
 from ._common import console, err_console, get_settings
 
 if TYPE_CHECKING:
@@ -23,7 +23,8 @@ __all__ = ["plain_progress", "register"]
 
 
 def build(
-    backend: str = typer.Option("auto", "--backend", help=f"One of: {', '.join(BACKENDS)}."),
+    # The option keeps the user's word, --backend; binaries/ calls it the accel (hip, cuda, ...).
+    backend: str = typer.Option("auto", "--backend", help=f"One of: {', '.join(ACCELS)}."),
     source: Path | None = typer.Option(None, "--source", help="A llama.cpp source tree to build instead."),
     gpu_targets: str | None = typer.Option(
         None, "--gpu-targets", help="HIP GPU_TARGETS, e.g. 'gfx1100;gfx1030' (default: the detected GPUs)."
@@ -72,7 +73,7 @@ def build(
             return
         console.print(str(info.path), markup=False)
         err_console.print(
-            f"version {info.version}, commit {info.commit}, backends: {', '.join(info.backends)} "
+            f"version {info.version}, commit {info.commit}, backends: {', '.join(info.accels)} "
             f"({info.source})",
             markup=False,
         )

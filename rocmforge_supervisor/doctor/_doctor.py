@@ -112,7 +112,7 @@ def run_doctor(
 
     binary_checks, info = _binary(settings)
     checks.extend(binary_checks)
-    backends: tuple[str, ...] = tuple(info.backends) if info is not None else ()
+    backends: tuple[str, ...] = tuple(info.accels) if info is not None else ()
     target = None
     if info is not None:
         checks.extend(_backend_checks(inv, info))
@@ -316,7 +316,7 @@ def _binary(settings: ForgeSettings) -> tuple[list[Check], Any]:
     listed = ", ".join(f"{d.name} ({d.description})" for d in info.devices) or "none"
     message = (
         f"{info.path}: version {info.version}, commit {info.commit}; "
-        f"backends {', '.join(info.backends)}; GPU devices it sees: {listed}"
+        f"backends {', '.join(info.accels)}; GPU devices it sees: {listed}"
     )
     return [Check("llama-server", "pass", message), _selftest_check(info)], info
 
@@ -341,12 +341,12 @@ def _selftest_check(info: Any) -> Check:
 
 
 def _backend_checks(inv: Inventory, info: Any) -> list[Check]:
-    backends = set(info.backends)
+    backends = set(info.accels)
     checks: list[Check] = []
     for vendor, backend in _BACKEND_OF.items():
         usable = [d for d in inv.gpus if d.vendor == vendor]
         if usable and backend not in backends:
-            built = getattr(info, "build_backend", None)
+            built = getattr(info, "build_accel", None)
             why = (
                 f"was built for {backend} but its runtime sees no {_PREFIX_OF[vendor]} device"
                 if built == backend

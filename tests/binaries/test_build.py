@@ -18,7 +18,7 @@ from rocmforge_supervisor.binaries import _source as source_module
 from rocmforge_supervisor.binaries import (
     build_llama_server,
     cache_key,
-    choose_backend,
+    choose_accel,
     locate_llama_server,
     make_plan,
     probe_binary,
@@ -39,7 +39,7 @@ def test_hip_cmake_plan_for_given_targets(tmp_path: Path) -> None:
     (rocm_root / "lib" / "cmake" / "hipblas").mkdir(parents=True)
     rocm = RocmToolchain(clang_dir=str(rocm_root / "llvm" / "bin"), rocm_path=str(rocm_root))
     plan = make_plan(
-        backend="hip",
+        accel="hip",
         source=Path("/src/llama.cpp"),
         build_dir=Path("/b"),
         commit=LLAMA_CPP_COMMIT,
@@ -74,7 +74,7 @@ def test_hip_without_hipblas_is_refused(tmp_path: Path) -> None:
     rocm = RocmToolchain(clang_dir="/opt/rocm/llvm/bin", rocm_path=str(tmp_path))
     with pytest.raises(ToolchainMissing, match="hipBLAS"):
         make_plan(
-            backend="hip",
+            accel="hip",
             source=Path("/s"),
             build_dir=Path("/b"),
             commit="abc",
@@ -85,10 +85,10 @@ def test_hip_without_hipblas_is_refused(tmp_path: Path) -> None:
 
 def test_missing_cmake_and_unknown_backend() -> None:
     with pytest.raises(ToolchainMissing, match="cmake"):
-        make_plan(backend="cpu", source=Path("/s"), build_dir=Path("/b"), commit="abc", which=_which("c++"))
+        make_plan(accel="cpu", source=Path("/s"), build_dir=Path("/b"), commit="abc", which=_which("c++"))
     with pytest.raises(UsageError, match="unknown backend 'rocm'"):
-        choose_backend("rocm")
-    assert choose_backend("auto", which=_which("cmake")) == "cpu"
+        choose_accel("rocm")
+    assert choose_accel("auto", which=_which("cmake")) == "cpu"
 
 
 def test_forge_build_hip_without_rocm_fails_clearly(tmp_path: Path) -> None:
@@ -143,7 +143,7 @@ def test_sdist_hash_mismatch_is_a_hard_error(tmp_path: Path, monkeypatch: pytest
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
 
-    def download(dest: Path) -> Path:
+    def download(dest: Path, *_: object) -> Path:
         target = dest / fake.name
         target.write_bytes(fake.read_bytes())
         return target
@@ -161,7 +161,7 @@ def test_version_is_parsed_and_cache_is_hit(llama_server_bin: Path, forge_settin
     info = probe_binary(llama_server_bin)
     assert info.version == "0.1.0-dev"
     assert info.commit == LLAMA_CPP_COMMIT[:7]
-    assert "cpu" in info.backends
+    assert "cpu" in info.accels
     if forge_settings.llama_server is None:  # the cached build `make setup` made: a second build is a no-op
         result = build_llama_server(forge_settings)
         assert result.cached
@@ -185,7 +185,7 @@ def test_locate_order(llama_server_bin: Path, tmp_path: Path, monkeypatch: pytes
     assert locate_llama_server(cached).source == "path"  # unfinished: no build-info.json yet
     (entry / "build-info.json").write_text(f'{{"commit": "{LLAMA_CPP_COMMIT}", "backend": "cpu"}}')
     found = locate_llama_server(cached)
-    assert found.source == "cache" and found.build_backend == "cpu"
+    assert found.source == "cache" and found.build_accel == "cpu"
     # A setting wins over everything, and is never silently replaced when broken.
     explicit = ForgeSettings(cache_dir=tmp_path / "empty", llama_server=llama_server_bin)
     assert locate_llama_server(explicit).source == "setting"
@@ -212,7 +212,7 @@ def test_print_path_reports_the_binary(llama_server_bin: Path) -> None:
 
 def test_rpc_plan_builds_both_binaries_under_their_own_key() -> None:
     plan = make_plan(
-        backend="cpu",
+        accel="cpu",
         source=Path("/s"),
         build_dir=Path("/b"),
         commit=LLAMA_CPP_COMMIT,

@@ -183,7 +183,7 @@ def test_a_build_that_fails_its_selftest_is_not_installed(tmp_path: Path) -> Non
     settings = ForgeSettings(cache_dir=tmp_path / "cache")
     builds = settings.builds_dir
     builds.mkdir(parents=True)
-    plan = make_plan(backend="cpu", source=tmp_path / "src", build_dir=work, commit=LLAMA_CPP_COMMIT)
+    plan = make_plan(accel="cpu", source=tmp_path / "src", build_dir=work, commit=LLAMA_CPP_COMMIT)
     key = cache_key(LLAMA_CPP_COMMIT, "cpu", (), cpu=isa_fingerprint(cpu_flags()))
     with pytest.raises(SelfTestFailed, match="failed its self-test: killed by SIGILL"):
         _builder._install(work, builds / key, builds, plan, _tree(tmp_path), key, settings)
@@ -202,7 +202,7 @@ def test_a_portable_build_records_its_dispatch(tmp_path: Path) -> None:
     settings = ForgeSettings(cache_dir=tmp_path / "cache")
     settings.builds_dir.mkdir(parents=True)
     plan = make_plan(
-        backend="cpu", source=tmp_path / "src", build_dir=work, commit=LLAMA_CPP_COMMIT, portable=True
+        accel="cpu", source=tmp_path / "src", build_dir=work, commit=LLAMA_CPP_COMMIT, portable=True
     )
     for flag in (
         "-DGGML_NATIVE=OFF",

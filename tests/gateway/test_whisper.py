@@ -338,7 +338,7 @@ def test_the_build_plan_builds_whisper_server(tmp_path: Path) -> None:
     from rocmforge_supervisor.binaries import make_plan
 
     plan = make_plan(
-        backend="cpu",
+        accel="cpu",
         source=tmp_path,
         build_dir=tmp_path / "b",
         commit="f24588a272ae8e23280d9c220536437164e6ed28",
