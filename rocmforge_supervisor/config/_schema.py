@@ -128,6 +128,9 @@ class KeyConfig(_Section):
     requests_per_minute: int | None = None
     tokens_per_day: int | None = None
     """Prompt + completion tokens in the last 24 hours."""
+    priority: Literal["interactive", "batch", "background"] = "interactive"
+    """Its requests' admission class; an ``X-Priority`` header may lower it (an admin key's may
+    also raise it)."""
 
     _secret: str = PrivateAttr(default="")
 
@@ -338,6 +341,9 @@ class SupervisorConfig(_Section):
     are evicted (best score first; never busy or ``pinned`` ones) until it holds again. 0: off."""
     pressure_interval: float = Field(default=2.0, ge=0)
     """Seconds between looks at device memory for ``vram_reserve`` (0: off)."""
+    priority_aging: float = Field(default=30.0, ge=0)
+    """Seconds after which a waiting ``batch``/``background`` request is served before fresher
+    requests of any class (the bound on its wait under constant interactive load; 0: off)."""
 
     def reserve_for(self, total_bytes: int) -> int:
         """``vram_reserve`` in bytes on a device of ``total_bytes``."""
@@ -366,6 +372,7 @@ _NOT_IN_FINGERPRINT = frozenset(
         "ttl",
         "max_concurrency",
         "queue",
+        "interactive_slots",
         "preload",
         "load_wait",
         "max_tokens",
@@ -410,6 +417,9 @@ class ModelConfig(_Section):
     """Requests in flight at the child; more wait in the queue. Default: ``parallel``, else 4."""
     queue: int = Field(default=64, ge=0)
     """Requests allowed to wait beyond ``max_concurrency`` (0: none); past it the gateway answers 429."""
+    interactive_slots: int = Field(default=0, ge=0)
+    """Of ``max_concurrency``, slots kept for the ``interactive`` class: ``batch`` and
+    ``background`` requests never hold more than the rest (at least one)."""
     load_wait: float | None = Field(default=None, ge=0)
     """This model's ``server.load_wait`` (seconds a request waits for its load)."""
     stall_timeout: float | None = Field(default=None, ge=0)
