@@ -249,6 +249,12 @@ class ServerConfig(_Section):
     """A PEM certificate (chain): every listener serves HTTPS with it (``tls_key`` too, or neither)."""
     tls_key: Path | None = None
     """The certificate's private key, PEM, without a passphrase."""
+    batch_max_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    """The largest file ``POST /v1/files`` takes (OpenAI's limit: 200 MB)."""
+    batch_max_lines: int = Field(default=50_000, gt=0)
+    """The most requests one batch's input file may hold (OpenAI's limit: 50 000)."""
+    batch_concurrency: int = Field(default=4, ge=1)
+    """Lines of the batches the service sends at once (each in the ``background`` class)."""
 
     @property
     def tls(self) -> bool:
