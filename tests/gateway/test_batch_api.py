@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,55 @@ def test_a_cancelled_batch_ends_cancelled_with_what_was_done(
         assert done.status == "cancelled" and done.cancelled_at is not None
         assert done.request_counts is not None and 1 <= done.request_counts.completed < 50
         assert len(_lines(night, done.output_file_id)) == done.request_counts.completed
+
+
+def test_a_200_line_batch_on_a_real_child_while_an_interactive_client_is_served(
+    tmp_path: Path, llama_server_bin: Path, tiny_gguf: Path
+) -> None:
+    """The real llama-server: 200 lines run in the background class while an interactive client
+    sends a request every half second; each interactive request waits at most for one slot to
+    free (no longer than the longest batch line took, plus 0.05 s of scheduling), not for the six
+    batch lines queued before it."""
+    # 8 lines at a time for 2 slots: with FIFO an interactive request would wait behind 6.
+    config = _config(tmp_path, tiny_gguf, args=["--threads", "1"], concurrency=8)
+    ids = [f"real-{i}" for i in range(200)]
+    long = {"max_tokens": 256, "ignore_eos": True}
+    lines = [{**_chat_line(c), "body": {**_chat_line(c)["body"], **long}} for c in ids]
+    with running_service(config, tmp_path / "state", llama_server_bin, api_key=ADMIN) as svc:
+        night = _client(svc, NIGHT)
+        f = night.files.create(file=("in.jsonl", io.BytesIO(_jsonl(lines))), purpose="batch")
+        batch = night.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        admin = _client(svc, ADMIN)
+        sent: list[str] = []
+        while night.batches.retrieve(batch.id).status == "in_progress" and len(sent) < 60:
+            rid = f"interactive-{len(sent)}"
+            r = admin.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=8,
+                extra_headers={"X-Request-ID": rid},
+            )
+            assert r.choices[0].message is not None
+            sent.append(rid)
+            time.sleep(0.5)  # the client's pace, not a wait for a condition
+        done = _done(night, batch.id, timeout=300)
+        assert done.status == "completed", done
+        out = _lines(night, done.output_file_id)
+        assert sorted(line["custom_id"] for line in out) == sorted(ids)
+        assert all(line["response"]["status_code"] == 200 for line in out)
+        assert len(sent) >= 2, "the batch ended before the interactive client could send twice"
+
+        def rows() -> list[dict[str, Any]]:
+            r = httpx.get(f"{svc.url}/api/activity", params={"limit": 1000}, headers=svc.headers, timeout=30)
+            return list(r.json()["activity"])
+
+        every = wait_for(lambda: (rs := rows()) and len(rs) >= len(ids) + len(sent) and rs, timeout=30)
+        inter = [r for r in every if r["request_id"] in sent]
+        lines_run = [r for r in every if (r["request_id"] or "").startswith(batch.id)]
+        assert {r["priority"] for r in inter} == {"interactive"}
+        assert {r["priority"] for r in lines_run} == {"background"}
+        longest_line = max(r["duration"] - r["queue_wait"] for r in lines_run)
+        worst_wait = max(r["queue_wait"] for r in inter)
+        assert worst_wait <= longest_line + 0.05, (worst_wait, longest_line)
