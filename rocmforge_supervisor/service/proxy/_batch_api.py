@@ -68,6 +68,7 @@ def _guard(fn: Any) -> Any:
             return error_response(exc, request_id(request))
 
     endpoint.__name__ = fn.__name__.lstrip("_")
+    endpoint.__doc__ = fn.__doc__  # the OpenAPI document's summary
     return endpoint
 
 
@@ -96,6 +97,7 @@ def _visible(owner: str | None, every: bool, record_owner: str | None) -> bool:
 
 
 async def _create_file(request: Request, st: GatewayState, store: BatchStore) -> Response:
+    """summary: upload a batch input file (multipart: file, purpose=batch)"""
     body = await read_body(request, body_limit(st, "/v1/files"))
     limit = st.server.batch_max_bytes
     try:
@@ -134,6 +136,7 @@ async def _create_file(request: Request, st: GatewayState, store: BatchStore) ->
 
 
 async def _list_files(request: Request, st: GatewayState, store: BatchStore) -> Response:
+    """summary: the key's files (?purpose=)"""
     owner, every = _owner(request)
     purpose = request.query_params.get("purpose")
     data = await anyio.to_thread.run_sync(lambda: store.files(owner, every=every, purpose=purpose))
@@ -151,17 +154,20 @@ async def _file(request: Request, store: BatchStore) -> str:
 
 
 async def _get_file(request: Request, st: GatewayState, store: BatchStore) -> Response:
+    """summary: one file's record"""
     fid = await _file(request, store)
     return JSONResponse(await anyio.to_thread.run_sync(store.file, fid))
 
 
 async def _file_content(request: Request, st: GatewayState, store: BatchStore) -> Response:
+    """summary: a file's bytes (a batch's input, output or error JSONL)"""
     fid = await _file(request, store)
     data = await anyio.to_thread.run_sync(store.content, fid)
     return Response(data, media_type="application/octet-stream")
 
 
 async def _delete_file(request: Request, st: GatewayState, store: BatchStore) -> Response:
+    """summary: delete a file"""
     fid = await _file(request, store)
     await anyio.to_thread.run_sync(store.delete_file, fid)
     return JSONResponse({"id": fid, "object": "file", "deleted": True})
@@ -171,6 +177,7 @@ async def _delete_file(request: Request, st: GatewayState, store: BatchStore) ->
 
 
 async def _create_batch(request: Request, st: GatewayState, store: BatchStore) -> Response:
+    """summary: create a batch over an uploaded file (endpoint, completion_window)"""
     raw = await read_body(request, st.server.max_body_bytes)
     try:
         payload = json.loads(raw or b"{}")
@@ -230,6 +237,7 @@ async def _batch(request: Request, store: BatchStore) -> dict[str, Any]:
 
 
 async def _list_batches(request: Request, st: GatewayState, store: BatchStore) -> Response:
+    """summary: the key's batches, newest first (?limit=&after=)"""
     owner, every = _owner(request)
     data = await anyio.to_thread.run_sync(lambda: store.batches(owner, every=every))
     after = request.query_params.get("after")
@@ -253,10 +261,12 @@ async def _list_batches(request: Request, st: GatewayState, store: BatchStore) -
 
 
 async def _get_batch(request: Request, st: GatewayState, store: BatchStore) -> Response:
+    """summary: one batch: status, request_counts, output_file_id, error_file_id"""
     return JSONResponse(await _batch(request, store))
 
 
 async def _cancel_batch(request: Request, st: GatewayState, store: BatchStore) -> Response:
+    """summary: cancel a batch (cancelling, then cancelled with what was done)"""
     data = await _batch(request, store)
     if data["status"] in ("validating", "in_progress", "finalizing"):
         data = await anyio.to_thread.run_sync(store.cancel, data["id"])
