@@ -7,6 +7,9 @@ in which the waiters got them is read. A fake clock drives aging: no sleeps.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
@@ -14,6 +17,7 @@ from anyio.abc import TaskGroup
 
 from rocmforge_supervisor.access import PriorityClass
 from rocmforge_supervisor.supervisor._admission import Admission
+from tests.support.supervised import running
 
 pytestmark = pytest.mark.anyio
 
@@ -202,3 +206,33 @@ async def test_resize_grants_waiters_the_new_slots() -> None:
         assert order == ["batch:x#0"]
         adm.give("batch", "x")
         adm.give("interactive", None)
+
+
+async def test_a_reload_changes_interactive_slots_and_aging_in_place(
+    make_config: Any, fake_bin: Path
+) -> None:
+    """``interactive_slots`` and ``priority_aging`` are the queue's: a reload applies them to the
+    running model's admission queue without a new child, and acquire queues by class and key."""
+    cfg = make_config({"m": {"preload": True, "max_concurrency": 2}})
+    async with running(cfg, fake_bin) as sup:
+        m = sup.get("m")
+        await sup.load("m")
+        pid = m.status().pid
+        new = make_config(
+            {"m": {"preload": True, "max_concurrency": 2, "interactive_slots": 1}}, priority_aging=5
+        )
+        summary = await sup.reload(new)
+        assert summary["unchanged"] == ["m"]
+        m = sup.get("m")
+        assert m.status().pid == pid
+        assert (m.admission.slots, m.admission.interactive_slots, m.admission.aging) == (2, 1, 5.0)
+        async with sup.acquire("m", priority="batch", key="night"):
+            assert m.admission.in_flight_by_class()["batch"] == 1
+            assert m.status().queue["in_flight"] == {"interactive": 0, "batch": 1, "background": 0}
+            with anyio.move_on_after(0.2) as scope:  # the one slot left is kept for interactive
+                async with sup.acquire("m", priority="background", key="night"):
+                    pass
+            assert scope.cancelled_caught
+            async with sup.acquire("m", key="chat"):  # interactive: gets it at once
+                assert m.admission.in_use == 2
+        assert m.admission.in_use == 0 and m.waiting == 0
