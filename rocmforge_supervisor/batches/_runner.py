@@ -65,11 +65,11 @@ class BatchRunner:
             tg.start_soon(stopper)
             while True:
                 self._wake = anyio.Event()
-                for data, owner in await anyio.to_thread.run_sync(self.store.active):
-                    try:
+                try:
+                    for data, owner in await anyio.to_thread.run_sync(self.store.active):
                         await self._run_batch(data["id"], owner)
-                    except Exception:  # a bug must not end the runner (nor the service)
-                        log.exception("batch %s: the runner failed", data["id"])
+                except Exception:  # a bug or a broken store must not end the service
+                    log.exception("the batch runner failed; it tries again in %g s", self.poll)
                 with anyio.move_on_after(self.poll):
                     await self._wake.wait()
 
