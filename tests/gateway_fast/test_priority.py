@@ -101,18 +101,23 @@ async def test_the_activity_log_records_the_class(serve: Serve) -> None:
         for key, prio in (("a", None), ("a", "batch"), ("night", None)):
             r = await gw.client.post("/v1/chat/completions", json=BODY, headers=_headers(key, prio))
             assert r.status_code == 200, r.text
+        # The Ollama dialect goes through the same forwarder: the same class rule.
+        ollama = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+        r = await gw.client.post("/api/chat", json=ollama, headers=_headers("night", "background"))
+        assert r.status_code == 200, r.text
         store = gw.state.recorder.store
         assert store is not None
 
         def rows() -> list[dict[str, Any]]:
             return store.rows(limit=10)
 
-        found = await poll(lambda: len(rows()) == 3 and rows(), what="three activity rows")
+        found = await poll(lambda: len(rows()) == 4 and rows(), what="four activity rows")
         assert isinstance(found, list)
         assert [(r["key"], r["priority"]) for r in reversed(found)] == [
             ("a", "interactive"),
             ("a", "batch"),
             ("night", "batch"),
+            ("night", "background"),
         ]
         assert all(r["queue_wait"] is not None for r in found)
 
