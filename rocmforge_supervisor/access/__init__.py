@@ -7,5 +7,15 @@ every configured key; from then on only its *name* travels (logs, errors, the ac
 
 from ._keys import ADMIN_KEY_NAME, Key, KeyRing
 from ._limits import Limiter
+from ._priority import PRIORITY_CLASSES, PRIORITY_HEADER, PriorityClass, request_class
 
-__all__ = ["ADMIN_KEY_NAME", "Key", "KeyRing", "Limiter"]
+__all__ = [
+    "ADMIN_KEY_NAME",
+    "PRIORITY_CLASSES",
+    "PRIORITY_HEADER",
+    "Key",
+    "KeyRing",
+    "Limiter",
+    "PriorityClass",
+    "request_class",
+]

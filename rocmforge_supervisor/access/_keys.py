@@ -9,6 +9,7 @@ from fnmatch import fnmatchcase
 
 from .._errors import KeyForbidden
 from ..config import ServerConfig
+from ._priority import PriorityClass
 
 __all__ = ["ADMIN_KEY_NAME", "Key", "KeyRing"]
 
@@ -26,6 +27,8 @@ class Key:
     admin: bool = False
     requests_per_minute: int | None = None
     tokens_per_day: int | None = None
+    #: Its requests' admission class (``interactive``, ``batch``, ``background``).
+    priority: PriorityClass = "interactive"
 
     def __repr__(self) -> str:  # never the secret, even in a traceback
         return f"Key(name={self.name!r}, admin={self.admin})"
@@ -67,6 +70,7 @@ class KeyRing:
                 k.admin,
                 k.requests_per_minute,
                 k.tokens_per_day,
+                k.priority,
             )
             for k in server.keys
         ]

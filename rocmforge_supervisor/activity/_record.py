@@ -37,6 +37,8 @@ class Record:
     stream: bool = False
     request_body: bytes | None = None
     response_body: bytes | None = None
+    #: The admission class it queued in (``interactive``, ``batch``, ``background``).
+    priority: str | None = None
 
     @property
     def tokens_per_second(self) -> float | None:

@@ -56,7 +56,8 @@ CREATE TABLE IF NOT EXISTS requests (
     cancelled INTEGER NOT NULL DEFAULT 0,
     stream INTEGER NOT NULL DEFAULT 0,
     request_body TEXT,
-    response_body TEXT
+    response_body TEXT,
+    priority TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_started ON requests(started);
 CREATE INDEX IF NOT EXISTS requests_model ON requests(model, id);
@@ -66,9 +67,9 @@ CREATE INDEX IF NOT EXISTS requests_key ON requests(key, id);
 _COLUMNS = (
     "started, request_id, method, route, model, key, client, status, error, prompt_tokens, "
     "completion_tokens, cached_tokens, queue_wait, ttft, duration, tokens_per_second, finish_reason, "
-    "cancelled, stream, request_body, response_body"
+    "cancelled, stream, request_body, response_body, priority"
 )
-_INSERT = f"INSERT INTO requests ({_COLUMNS}) VALUES ({', '.join('?' * 21)})"
+_INSERT = f"INSERT INTO requests ({_COLUMNS}) VALUES ({', '.join('?' * 22)})"
 #: What a listing returns: everything but the bodies, and whether there are any.
 _LISTED = (
     "id, " + _COLUMNS.replace(", request_body, response_body", "") + ", "
@@ -140,6 +141,7 @@ class ActivityStore:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.executescript(_SCHEMA)
+                _add_priority(conn)
             except BaseException:
                 conn.close()
                 raise
@@ -233,6 +235,7 @@ class ActivityStore:
             int(r.stream),
             self._cut(r.request_body),
             self._cut(assembled_text(r.response_body) if r.stream and r.response_body else r.response_body),
+            r.priority,
         )
 
     def _cut(self, body: bytes | str | None) -> str | None:
@@ -350,3 +353,10 @@ def _plain(row: sqlite3.Row) -> dict[str, Any]:
         if flag in out:
             out[flag] = bool(out[flag])
     return out
+
+
+def _add_priority(conn: sqlite3.Connection) -> None:
+    """A log written before admission classes existed gets their column (NULL in its old rows)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+    if "priority" not in columns:
+        conn.execute("ALTER TABLE requests ADD COLUMN priority TEXT")

@@ -372,11 +372,27 @@ def ps(
         error = str(r.get("last_error") or "")
         if error and (keep < len(_PS_COLUMNS) or len(error) > _ERROR_CELL):
             console.print(f"{r['name']}: {error}", markup=False, highlight=False)
+    for r in rows:  # issue 36: the queue per priority class and key, where anything waits
+        queued = queue_line(r)
+        if queued:
+            console.print(queued, markup=False, highlight=False)
     if keep < len(_PS_COLUMNS):
         err_console.print(
             f"({len(_PS_COLUMNS) - keep} columns left out for the terminal width: --json shows all)",
             markup=False,
         )
+
+
+def queue_line(row: dict[str, Any]) -> str | None:
+    """``NAME: queued 2 interactive, 5 batch, 0 background (keys: a 3, night 4)``, or None when
+    nothing waits for the model."""
+    queue = row.get("queue") or {}
+    waiting = queue.get("waiting") or {}
+    if not any(waiting.values()):
+        return None
+    classes = ", ".join(f"{n} {c}" for c, n in waiting.items())
+    keys = ", ".join(f"{k} {n}" for k, n in sorted((queue.get("waiting_by_key") or {}).items()))
+    return f"{row['name']}: queued {classes}" + (f" (keys: {keys})" if keys else "")
 
 
 def unload(

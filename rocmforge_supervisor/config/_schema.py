@@ -128,6 +128,9 @@ class KeyConfig(_Section):
     requests_per_minute: int | None = None
     tokens_per_day: int | None = None
     """Prompt + completion tokens in the last 24 hours."""
+    priority: Literal["interactive", "batch", "background"] = "interactive"
+    """Its requests' admission class; an ``X-Priority`` header may lower it (an admin key's may
+    also raise it)."""
 
     _secret: str = PrivateAttr(default="")
 
@@ -246,6 +249,12 @@ class ServerConfig(_Section):
     """A PEM certificate (chain): every listener serves HTTPS with it (``tls_key`` too, or neither)."""
     tls_key: Path | None = None
     """The certificate's private key, PEM, without a passphrase."""
+    batch_max_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    """The largest file ``POST /v1/files`` takes (OpenAI's limit: 200 MB)."""
+    batch_max_lines: int = Field(default=50_000, gt=0)
+    """The most requests one batch's input file may hold (OpenAI's limit: 50 000)."""
+    batch_concurrency: int = Field(default=4, ge=1)
+    """Lines of the batches the service sends at once (each in the ``background`` class)."""
 
     @property
     def tls(self) -> bool:
@@ -338,6 +347,9 @@ class SupervisorConfig(_Section):
     are evicted (best score first; never busy or ``pinned`` ones) until it holds again. 0: off."""
     pressure_interval: float = Field(default=2.0, ge=0)
     """Seconds between looks at device memory for ``vram_reserve`` (0: off)."""
+    priority_aging: float = Field(default=30.0, ge=0)
+    """Seconds after which a waiting ``batch``/``background`` request is served before fresher
+    requests of any class (the bound on its wait under constant interactive load; 0: off)."""
 
     def reserve_for(self, total_bytes: int) -> int:
         """``vram_reserve`` in bytes on a device of ``total_bytes``."""
@@ -366,6 +378,7 @@ _NOT_IN_FINGERPRINT = frozenset(
         "ttl",
         "max_concurrency",
         "queue",
+        "interactive_slots",
         "preload",
         "load_wait",
         "max_tokens",
@@ -410,6 +423,9 @@ class ModelConfig(_Section):
     """Requests in flight at the child; more wait in the queue. Default: ``parallel``, else 4."""
     queue: int = Field(default=64, ge=0)
     """Requests allowed to wait beyond ``max_concurrency`` (0: none); past it the gateway answers 429."""
+    interactive_slots: int = Field(default=0, ge=0)
+    """Of ``max_concurrency``, slots kept for the ``interactive`` class: ``batch`` and
+    ``background`` requests never hold more than the rest (at least one)."""
     load_wait: float | None = Field(default=None, ge=0)
     """This model's ``server.load_wait`` (seconds a request waits for its load)."""
     stall_timeout: float | None = Field(default=None, ge=0)

@@ -32,6 +32,7 @@ from .core._routes import dialect_for_path
 from .core._state import GatewayState, request_id
 from .edge._errors_http import error_response
 from .edge._middleware import RequestContext
+from .proxy import _batch_api
 from .proxy import _forward as _proxy
 from .proxy._listing import ModelFacts
 from .proxy._model_card import local_model_path
@@ -56,6 +57,7 @@ def create_app(
         *_control.routes(),
         *ollama.routes(ollama_api),
         *_openapi.routes(),
+        *_batch_api.routes(),  # /v1/files and /v1/batches (issue 36)
         *extra_routes,
     ]
     routes += [

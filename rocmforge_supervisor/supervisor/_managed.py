@@ -5,7 +5,8 @@ supervisor's task group: the one restart loop (``process.restart_loop``, which `
 rpc-servers run too) with this model's steps: plan a start (:meth:`prepare`: placement), run the
 child until it exits (:meth:`live`: context restore, the watchers), and on a crash either the
 breaker opens (:meth:`crash_loop`) or a restart is announced (:meth:`restarting`) and the backoff
-waited. Requests only wait on state changes and take a slot of the model's concurrency semaphore. The states and the moves between them are in :mod:`._status`. Nothing here
+waited. Requests only wait on state changes and take a slot of the model's admission queue
+(:mod:`._admission`: priority classes, fair between keys). The states and the moves between them are in :mod:`._status`. Nothing here
 formats HTTP (errors are typed and mapped at the edge) or signals a process (``LlamaServer`` does).
 """
 
@@ -42,6 +43,7 @@ from ..process import (
     restart_loop,
     unwrap_group,
 )
+from ._admission import Admission, PriorityClass
 from ._backends import backend_of
 from ._events import EventBus, EventKind
 from ._keep_context import ContextKeeper
@@ -115,7 +117,10 @@ class ManagedModel:
         self.ready_since: float | None = None
         self.load_seconds: float | None = None
         self.loading_since: float | None = None
-        self._slots = anyio.Semaphore(self.max_concurrency)
+        #: Who gets the next free slot: priority classes, round robin between keys (``_admission``).
+        self.admission = Admission(
+            self.max_concurrency, interactive_slots=config.interactive_slots, aging=policy.priority_aging
+        )
         self._changed = anyio.Event()
         self._stop_requested = False
         self._stop_event = anyio.Event()
@@ -155,18 +160,16 @@ class ManagedModel:
 
     def update_limits(self, config: ModelConfig) -> None:
         """A reload that changed only ttl/queue/max_concurrency: keep the child, change the limits."""
-        old = self.max_concurrency
         self.config = config
-        new = self.max_concurrency
-        if new != old:
-            # Requests holding the old semaphore release into it; new ones use the new size.
-            self._slots = anyio.Semaphore(new)
+        # Slots held stay held; the next grants follow the new limits.
+        self.admission.resize(self.max_concurrency, config.interactive_slots, self.policy.priority_aging)
 
     # -- state ---------------------------------------------------------------------------------
 
     def set_policy(self, policy: SupervisorConfig) -> None:
         """A reload's new ``[supervisor]`` section: applies from the next start/crash on."""
         self.policy = policy
+        self.admission.aging = policy.priority_aging
         self.restart.configure(
             backoff_initial=policy.restart_backoff_initial,
             backoff_max=policy.restart_backoff_max,
@@ -559,9 +562,12 @@ class ManagedModel:
         start: Callable[[ManagedModel], None],
         load_wait: float | None = None,
         loaded: Callable[[], None] | None = None,
+        priority: PriorityClass = "interactive",
+        key: str | None = None,
     ) -> AsyncIterator[LlamaServer]:
         """A slot at the child for one request: waits for load (``loaded`` is called once it is
-        ready) and for the concurrency limit."""
+        ready) and for the concurrency limit, in its ``priority`` class, fair between ``key``s
+        (the API key's name; see :mod:`._admission`)."""
         # Only what is beyond the in-flight limit waits in the queue: `queue = 0` admits a request
         # while a slot is free (or will be, once the model loads) and refuses only the surplus.
         if self.in_flight + self.waiting >= self.max_concurrency + self.queue_limit:
@@ -577,14 +583,14 @@ class ManagedModel:
                 server = await wait_ready_within(self, start, load_wait)
                 if loaded is not None:
                     loaded()
-                slots = self._slots
-                await slots.acquire()
+                admission = self.admission
+                await admission.take(priority, key)
                 # The wait for a slot can be long: the child may have died, or the model may be
                 # draining by now. Then give the slot back and wait for the next ready child.
                 # (A child the watchdog just killed is alive until its exit is noticed: not serving.)
                 if self.state == ModelState.READY and server is self.server and server.serving:
                     break
-                slots.release()
+                admission.give(priority, key)
         finally:
             self.waiting -= 1
         self.in_flight += 1
@@ -595,7 +601,7 @@ class ManagedModel:
             yield server
         finally:
             self.in_flight -= 1
-            slots.release()
+            admission.give(priority, key)
             self.last_used = time.monotonic()
             if self.in_flight == 0:
                 self._idle.set()

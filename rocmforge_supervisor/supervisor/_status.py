@@ -122,6 +122,9 @@ class ModelStatus:
     context: dict[str, Any] = field(default_factory=dict)
     """Its context as started (else as configured): ``ctx_size``, ``parallel``, ``kv_unified`` and
     ``per_request``, the tokens one request can use (``/v1/models``' ``context_length``)."""
+    queue: dict[str, Any] = field(default_factory=dict)
+    """Its admission queue: ``waiting`` and ``in_flight`` per class, ``waiting_by_key`` per key
+    name (``-``: no key), and ``interactive_slots``."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -164,6 +167,7 @@ class ModelStatus:
             "contexts": dict(self.contexts),
             "context": dict(self.context),
             "residency": dict(self.residency),
+            "queue": dict(self.queue),
         }
 
 
@@ -212,6 +216,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
         modalities=list(plan.projector.modalities) if plan and plan.projector else [],
         context=_context(m),
         residency=m.residency.to_json(),
+        queue=_queue(m),
     )
 
 
@@ -259,3 +264,14 @@ def _contexts(m: ManagedModel) -> dict[str, Any]:
     if m.contexts is None:
         return {}
     return {**m.contexts.summary().to_json(), **asdict(m.contexts.counters)}
+
+
+def _queue(m: ManagedModel) -> dict[str, Any]:
+    """The admission queue per class and per key (``/metrics``, ``forge ps`` and the page)."""
+    a = m.admission
+    return {
+        "waiting": a.waiting_by_class(),
+        "in_flight": a.in_flight_by_class(),
+        "waiting_by_key": a.waiting_by_key(),
+        "interactive_slots": a.interactive_slots,
+    }

@@ -28,6 +28,7 @@ from ..client import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig, WorkerConfig
 from ..hardware import Inventory, detect, refresh_usage
 from ..process import ChildLedger, LlamaServer
+from ._admission import PriorityClass
 from ._backends import backend_of
 from ._context_store import ContextStore
 from ._device_context import CONTEXT_FILE, DeviceContexts, learn_from_child
@@ -255,18 +256,27 @@ class Supervisor:
 
     @asynccontextmanager
     async def acquire(
-        self, name: str, *, load_wait: float | None = None, loaded: Callable[[], None] | None = None
+        self,
+        name: str,
+        *,
+        load_wait: float | None = None,
+        loaded: Callable[[], None] | None = None,
+        priority: PriorityClass = "interactive",
+        key: str | None = None,
     ) -> AsyncIterator[Upstream]:
         """A slot at the model's child for one request, as an :class:`Upstream` (URL, key,
         liveness): the HTTP layer gets where to send, not the process. ``load_wait`` bounds the
         wait for a load (then :class:`ModelLoading`); None waits as long as the load takes.
         ``loaded`` is called once the model is ready, before the wait for a slot (a streamed
-        request's keep-alive starts then: the load wait alone ends in a real 503)."""
+        request's keep-alive starts then: the load wait alone ends in a real 503). ``priority``
+        and ``key`` place it in the model's admission queue (``_admission``)."""
         async with AsyncExitStack() as stack:
             for _ in range(3):
                 m = self.get(name)  # looked up again after a reload replaced the model
                 try:
-                    server = await stack.enter_async_context(m.acquire(self._start, load_wait, loaded))
+                    server = await stack.enter_async_context(
+                        m.acquire(self._start, load_wait, loaded, priority, key)
+                    )
                 except ModelRetired:
                     continue
                 yield _upstream(server)

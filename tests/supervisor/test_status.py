@@ -108,6 +108,7 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "contexts": {},
         "context": {},  # issue 37: ctx_size, parallel, kv_unified and per_request (forge ps)
         "residency": {},  # issue 33: pinned, swap, evict_cost, group, default
+        "queue": {},  # issue 36: waiting and in flight per priority class, waiting per key
     }
 
 

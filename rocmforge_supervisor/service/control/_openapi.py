@@ -86,7 +86,9 @@ def _operation(route: Route, method: str, path: str) -> dict[str, Any]:
             {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
         ]
     if method == "post":
-        schema = _MODEL_BODY if path.startswith("/v1/") else {"type": "object"}
+        # The Batch API's bodies name no model (a file upload, a batch over a file).
+        model_body = path.startswith("/v1/") and not path.startswith(("/v1/files", "/v1/batches"))
+        schema = _MODEL_BODY if model_body else {"type": "object"}
         op["requestBody"] = {
             "required": path.startswith("/v1/"),
             "content": {"application/json": {"schema": schema}},

@@ -61,6 +61,7 @@ class _SupervisorCollector(Collector):
             in_flight.add_metric([r.name], float(r.in_flight))
             waiting.add_metric([r.name], float(r.waiting))
         yield from (state, restarts, stalls, pressure, in_flight, waiting)
+        yield from _queues(rows)
         yield from _contexts(rows)
         yield from self._memory(rows)
         yield from pool_families(self.pool)
@@ -262,3 +263,27 @@ class _OneKey(Collector):
             if metric.name in _KEY_FAMILIES:
                 metric.samples = [s for s in metric.samples if s.labels.get("key") == self._key]
             yield metric
+
+
+def _queues(rows: list[ModelStatus]) -> Iterator[Metric]:
+    """The admission queue per class (waiting and in flight) and per key (waiting)."""
+    waiting = GaugeMetricFamily(
+        "forge_model_waiting_class",
+        "requests in the model's queue, per priority class",
+        labels=["model", "class"],
+    )
+    in_flight = GaugeMetricFamily(
+        "forge_model_in_flight_class", "requests at the child, per priority class", labels=["model", "class"]
+    )
+    by_key = GaugeMetricFamily(
+        "forge_model_waiting_key", "requests in the model's queue, per API key name", labels=["model", "key"]
+    )
+    for r in rows:
+        q = r.queue
+        for cls, n in q.get("waiting", {}).items():
+            waiting.add_metric([r.name, cls], float(n))
+        for cls, n in q.get("in_flight", {}).items():
+            in_flight.add_metric([r.name, cls], float(n))
+        for key, n in q.get("waiting_by_key", {}).items():
+            by_key.add_metric([r.name, key], float(n))
+    yield from (waiting, in_flight, by_key)

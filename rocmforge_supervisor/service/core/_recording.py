@@ -22,18 +22,20 @@ from ...activity import ActivityStore, Record
 from ._usage import Used
 
 if TYPE_CHECKING:
-    from ...access import Key, KeyRing, Limiter
+    from ...access import Key, KeyRing, Limiter, PriorityClass
     from ...config import ForgeConfig
     from ._metrics import Metrics
 
 __all__ = [
     "Draft",
     "Recorder",
+    "admission",
     "admit_model",
     "current",
     "note_error",
     "note_finish",
     "note_model",
+    "note_priority",
     "note_status",
     "note_timing",
     "note_used",
@@ -59,6 +61,8 @@ class Draft:
     #: The key's limits, counted once the request's model is known and allowed (``admit_model``).
     limiter: Limiter | None = None
     admitted: bool = False
+    #: Its admission class (the key's, or what ``X-Priority`` asked): set by the middleware.
+    priority: PriorityClass = "interactive"
 
 
 current: contextvars.ContextVar[Draft | None] = contextvars.ContextVar("forge_activity", default=None)
@@ -265,6 +269,23 @@ def admit_model(scope: Any, name: str, *, stream: bool | None = None) -> None:
     if d is not None and d.limiter is not None and not d.admitted:
         d.limiter.admit(key)
         d.admitted = True
+
+
+def note_priority(draft: Draft, key: Key | None, asked: str | None) -> None:
+    """The request's admission class, from its key and ``X-Priority`` (``access.request_class``:
+    a 400 for an unknown class, a 403 for a raise the key may not do)."""
+    from ...access import request_class
+
+    draft.priority = request_class(key, asked)
+    draft.record.priority = draft.priority
+
+
+def admission() -> tuple[PriorityClass, str | None]:
+    """(class, key name) the running request queues with; interactive and no key outside one."""
+    d = _draft()
+    if d is None:
+        return "interactive", None
+    return d.priority, d.key.name if d.key is not None else None
 
 
 def open_store(config: ForgeConfig) -> ActivityStore | None:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from ...access import KeyRing, Limiter
 from ...activity import ActivityStore
+from ...batches import BatchRunner, BatchStore
 from ...client import async_pool
 from ...config import ForgeConfig, ForgeSettings, ServerConfig
 from ...supervisor import Supervisor
@@ -60,6 +61,11 @@ class GatewayState:
         self.upstream: httpx.AsyncClient = async_pool(httpx.Timeout(None, connect=5.0), max_keepalive=512)
         #: The relay's own connections for streamed answers (``_upstream_http``: issue 21).
         self.streams = StreamPool(connect_timeout=5.0, max_idle=512)
+        #: The Batch API's records and its runner (``ops._server`` sets them; None: no batches).
+        self.batches: BatchStore | None = None
+        self.batch_runner: BatchRunner | None = None
+        #: The app these routes serve in (set by ``ops._server``; the batch runner sends into it).
+        self.app: Any = None
 
     def apply(self, config: ForgeConfig) -> None:
         """A reloaded config's ``[server]`` settings, from the next request on: the section is
@@ -100,4 +106,6 @@ def body_limit(st: GatewayState, path: str) -> int:
     ``audio_max_bytes`` file and its form (the file itself is checked by ``_audio``)."""
     if path in AUDIO_PATHS:
         return max(st.server.max_body_bytes, st.server.audio_max_bytes + _FORM_OVERHEAD)
+    if path == "/v1/files":  # a batch's input file (``proxy._batch_api``)
+        return max(st.server.max_body_bytes, st.server.batch_max_bytes + _FORM_OVERHEAD)
     return st.server.max_body_bytes

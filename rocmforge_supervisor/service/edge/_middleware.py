@@ -189,6 +189,9 @@ class RequestContext:
                 self.state.recorder.identified(draft, key)
                 if _needs_admin(method, path):
                     key.check_admin(f"{method} {path}")
+        if draft is not None:  # a model request: its admission class (400/403 for a bad header)
+            asked = headers.get(b"x-priority")
+            _recording.note_priority(draft, draft.key, asked.decode("latin-1") if asked is not None else None)
         origin = headers.get(b"origin")
         if origin is not None and method not in _SAFE_METHODS and not self._origin_ok(origin, scope):
             # A web page must not drive the local service (CSRF): browsers send Origin on such

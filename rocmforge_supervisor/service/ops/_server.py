@@ -33,6 +33,7 @@ from .._app import GatewayState, create_app
 from ..control._observe import MetricsPort
 from ..core._logging import relog
 from ..core._recording import open_store
+from ._batches import open_batches
 from ._info import ServiceInfo, read_service_info, service_info_path
 from ._watch import watch_config
 
@@ -179,6 +180,7 @@ async def _run_locked(
     info_path = service_info_path(supervisor.state_dir)
     metrics_port = sockets[-1].getsockname()[1] if config.server.metrics_port is not None else None
     state, uv = _gateway(config, supervisor, None, metrics_port)
+    close_batches = open_batches(config, state, state.app)  # issue 36: /v1/batches' runner
     reload = state.reload = _reloader(supervisor, state, load_config, notifier) if load_config else None
     forced: int | None = None
     signame: str | None = None  # the signal that stopped it, and the models that were running
@@ -201,6 +203,8 @@ async def _run_locked(
                 if on_listening is not None:
                     on_listening(base_url, ollama_url)
                 tg.start_soon(_announce_ready, supervisor, notifier)
+                if state.batch_runner is not None:  # ends when the service starts stopping
+                    tg.start_soon(state.batch_runner.run, state.closing)
                 if reload is not None and config_path is not None:
                     tg.start_soon(
                         watch_config,
@@ -227,6 +231,7 @@ async def _run_locked(
         with anyio.CancelScope(shield=True):
             await state.upstream.aclose()
             await state.streams.aclose()
+            await close_batches()
             if state.recorder.store is not None:  # what is queued is committed
                 await anyio.to_thread.run_sync(state.recorder.store.close)
         info = read_service_info(supervisor.state_dir)
@@ -278,6 +283,7 @@ def _gateway(
         with contextlib.suppress(Exception):
             state.recorder.limiter.seed(store.tokens_since(time.time() - 86400))
     app: ASGIApp = create_app(state)
+    state.app = app  # the app without the metrics port's wrapper: the batch runner's way in
     if metrics_port is not None:  # that listener: /metrics alone, no key
         app = MetricsPort(app, state, metrics_port)
     uv = _Uvicorn(

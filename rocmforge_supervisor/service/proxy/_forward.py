@@ -36,6 +36,7 @@ from ...client import Upstream, asend
 from ...supervisor import backend_of
 from ..core._dialect import DialectRequest, Translator
 from ..core._recording import (
+    admission,
     admit_model,
     note_error,
     note_finish,
@@ -143,7 +144,10 @@ async def _slot(
         )
     refuse_wrong_kind(name, config, path.partition("?")[0])
     load_wait = st.supervisor.load_wait(name)
-    async with st.supervisor.acquire(name, load_wait=load_wait, loaded=loaded) as upstream:
+    priority, key = admission()  # the request's class and key name (``edge._middleware``)
+    async with st.supervisor.acquire(
+        name, load_wait=load_wait, loaded=loaded, priority=priority, key=key
+    ) as upstream:
         note_timing(slot=True)  # the activity record's queue wait, for every dialect
         if sending is not None:
             sending()

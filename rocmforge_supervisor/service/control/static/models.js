@@ -121,7 +121,7 @@ class ModelRow {
     this.restarts.title = "restarts · children killed stalled (stall_timeout) · unloads for other programs (vram_reserve)";
     this.restarts.className = s.restarts > 0 || s.stalls > 0 ? "warn" : "";
     const limit = s.max_concurrency ? `/${s.max_concurrency}` : "";
-    setText(this.requests, `${s.in_flight}${limit} running\n${s.waiting} queued`);
+    setText(this.requests, `${s.in_flight}${limit} running\n${s.waiting} queued${queuedByClass(s.queue)}`);
     const rate = tps?.tokens_per_second;
     // Speculative decoding (draft = …): the share of drafted tokens the model accepted.
     const drafted = tps?.draft_acceptance === undefined ? "" : `\ndraft ${Math.round(tps.draft_acceptance * 100)}% accepted`;
@@ -262,4 +262,11 @@ export class ModelsTable {
     for (const row of this.rows.values()) row.remove();
     this.rows.clear();
   }
+}
+
+// The queue per priority class (interactive, batch, background), where any but interactive waits.
+function queuedByClass(q) {
+  const w = (q && q.waiting) || {};
+  if (!w.batch && !w.background) return "";
+  return ` (${["interactive", "batch", "background"].map((c) => `${w[c] || 0} ${c}`).join(", ")})`;
 }
