@@ -339,3 +339,17 @@ def rerank_args(rerank: bool) -> list[str]:
     """``rerank = true``: ``--reranking`` (embeddings with the GGUF's rank pooling, and the
     ``/v1/rerank`` and ``/rerank`` routes)."""
     return ["--reranking"] if rerank else []
+
+
+#: The flags ``[models.X.adapters.*]`` own (every spelling at the pin): a second ``--lora`` in
+#: ``args`` would shift the adapters' ids, which requests name.
+LORA_FLAGS = frozenset({"--lora", "--lora-scaled", "--lora-init-without-apply"})
+
+
+def lora_args(adapters: Sequence[Path]) -> list[str]:
+    """The model's LoRA adapters, all loaded and none applied: a request picks them by id and
+    scale (``"lora": [{"id": 0, "scale": 1.0}]``), in this order. One comma-separated ``--lora``:
+    the pinned llama-server keeps only the last of repeated ``--lora`` flags."""
+    if not adapters:
+        return []
+    return ["--lora", ",".join(str(p) for p in adapters), "--lora-init-without-apply"]

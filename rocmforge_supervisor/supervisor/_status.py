@@ -122,6 +122,10 @@ class ModelStatus:
     context: dict[str, Any] = field(default_factory=dict)
     """Its context as started (else as configured): ``ctx_size``, ``parallel``, ``kv_unified`` and
     ``per_request``, the tokens one request can use (``/v1/models``' ``context_length``)."""
+    variants: list[str] = field(default_factory=list)
+    """The names its ``[variants.*]`` are served under (``X:json``): the same child."""
+    adapters: list[str] = field(default_factory=list)
+    """The names its LoRA ``[adapters.*]`` are served under (``X:tuned``): the same child."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -164,6 +168,8 @@ class ModelStatus:
             "contexts": dict(self.contexts),
             "context": dict(self.context),
             "residency": dict(self.residency),
+            "variants": list(self.variants),
+            "adapters": list(self.adapters),
         }
 
 
@@ -212,6 +218,8 @@ def model_status(m: ManagedModel) -> ModelStatus:
         modalities=list(plan.projector.modalities) if plan and plan.projector else [],
         context=_context(m),
         residency=m.residency.to_json(),
+        variants=[f"{m.name}:{v}" for v in m.config.variants],
+        adapters=[f"{m.name}:{a}" for a in m.config.adapters],
     )
 
 
