@@ -36,10 +36,12 @@ def served_names_problem(model: ModelConfig) -> tuple[str, str] | None:
                     "'.', '_' or '-' (no ':'), and not 'latest' (Ollama's name for the model itself)"
                 )
     for name, adapter in model.adapters.items():
-        if "," in adapter.path:
+        hub = adapter.path.startswith("hf:")  # its ':' are the reference's, not the file's
+        bad = "," if "," in adapter.path else ":" if ":" in adapter.path and not hub else None
+        if bad is not None:
             return "adapter_path", (
-                f"adapter {name!r} has a ',' in its path {adapter.path!r}: llama-server's --lora "
-                "takes a comma-separated list; rename the file or its folder"
+                f"adapter {name!r} has a {bad!r} in its path {adapter.path!r}: llama-server's "
+                "--lora-scaled takes FILE:SCALE,FILE:SCALE; rename the file or its folder"
             )
     owned = next((a for a in model.args if normalise_flag(a) in LORA_FLAGS), None)
     if model.adapters and owned is not None:

@@ -48,9 +48,18 @@ def test_a_variant_does_not_change_the_fingerprint_an_adapter_does(tmp_path: Pat
             ["both a variant and an adapter", 'adapter = "t"'],
         ),
         ('[models.m.variants.v]\nadapter = "nope"\n', "", ["'nope'", "adapters: none"]),
-        ('[models.m.adapters.a]\npath = "a,b.gguf"\n', "", ["','", "--lora"]),
-        ('[models.m.adapters.a]\npath = "a.gguf"\n', 'args = ["--lora", "x.gguf"]\n', ["'--lora'", "remove it"]),
-        ('[models.m.adapters.a]\npath = "a.gguf"\n', 'backend = "command"\ncmd = ["x", "${PORT}"]\n', ["LoRA"]),
+        ('[models.m.adapters.a]\npath = "a,b.gguf"\n', "", ["','", "--lora-scaled"]),
+        ('[models.m.adapters.a]\npath = "C:a.gguf"\n', "", ["':'", "--lora-scaled"]),
+        (
+            '[models.m.adapters.a]\npath = "a.gguf"\n',
+            'args = ["--lora", "x.gguf"]\n',
+            ["'--lora'", "remove it"],
+        ),
+        (
+            '[models.m.adapters.a]\npath = "a.gguf"\n',
+            'backend = "command"\ncmd = ["x", "${PORT}"]\n',
+            ["LoRA"],
+        ),
         ("[models.m.variants.v]\ntemprature = 1\n", "", ["temprature"]),
     ],
 )

@@ -42,7 +42,7 @@ async def test_every_dialect_serves_a_variant_and_an_adapter_from_the_one_child(
         plan = x.plan
         assert plan is not None
         args = plan.spec.extra_args
-        assert args[args.index("--lora") + 1] == str(tmp_path / "tuned.gguf")
+        assert args[args.index("--lora-scaled") + 1] == f"{tmp_path / 'tuned.gguf'}:0"
         assert "--lora-init-without-apply" in args
         pid = x.server.pid if x.server else None
         for name in ("x:json", "x:tuned", "x:tuned-json", "x:json:latest"):
@@ -101,7 +101,9 @@ async def test_a_key_scoped_to_a_variant_gets_it_and_not_its_model(
         assert r.status_code == 403 and "'x'" in r.text, r.text
         r = await gw.client.post(path, json={**body, "model": "x:tuned"}, headers=agent)
         assert r.status_code == 403, r.text
-        assert [m["id"] for m in (await gw.client.get("/v1/models", headers=agent)).json()["data"]] == ["x:json"]
+        assert [m["id"] for m in (await gw.client.get("/v1/models", headers=agent)).json()["data"]] == [
+            "x:json"
+        ]
         tags = (await gw.client.get("/api/tags", headers=agent)).json()["models"]
         assert [m["name"] for m in tags] == ["x:json"]
         control = (await gw.client.get("/api/models", headers=agent)).json()["models"]

@@ -142,6 +142,9 @@ def with_variant(entry: dict[str, Any], served: ServedName) -> dict[str, Any]:
     rules = {**v.defaults, **v.force}
     lines = [f"{k} {val if isinstance(val, str) else json.dumps(val)}" for k, val in rules.items()]
     out = {**entry, "parameters": "\n".join(lines)}
+    modelfile = entry.get("modelfile", "") + "".join(f"PARAMETER {line}\n" for line in lines)
     if v.system:
         out["system"] = v.system
+        modelfile += f'SYSTEM """{v.system}"""\n'
+    out["modelfile"] = modelfile
     return out
