@@ -339,3 +339,21 @@ def rerank_args(rerank: bool) -> list[str]:
     """``rerank = true``: ``--reranking`` (embeddings with the GGUF's rank pooling, and the
     ``/v1/rerank`` and ``/rerank`` routes)."""
     return ["--reranking"] if rerank else []
+
+
+#: The flags ``[models.X.adapters.*]`` own (every spelling at the pin): a second ``--lora`` in
+#: ``args`` would shift the adapters' ids, which requests name.
+LORA_FLAGS = frozenset({"--lora", "--lora-scaled", "--lora-init-without-apply"})
+
+
+def lora_args(adapters: Sequence[Path]) -> list[str]:
+    """The model's LoRA adapters, all loaded at scale 0: a request picks them by id and scale
+    (``"lora": [{"id": 0, "scale": 1.0}]``), in this order. ``--lora FILE`` would not do: the
+    pinned llama-server gives a request without a ``lora`` field every adapter at its start scale
+    (``launch_slot_with_task``: ``slot.lora = params_base.lora_adapters``), 1.0 for ``--lora``,
+    whatever ``--lora-init-without-apply`` says; so the base model's own requests would run with
+    all of them. One comma-separated flag: repeated ones keep only the last. A path with ``,`` or
+    ``:`` cannot be written in it (refused at config check)."""
+    if not adapters:
+        return []
+    return ["--lora-scaled", ",".join(f"{p}:0" for p in adapters), "--lora-init-without-apply"]

@@ -34,7 +34,13 @@ class Key:
         return f"Key(name={self.name!r}, admin={self.admin})"
 
     def may_use(self, model: str) -> bool:
-        return any(fnmatchcase(model, pattern) for pattern in self.models)
+        """A name its globs match; a variant or adapter ``X:Y`` also when it may use ``X`` (the
+        same weights and child, and ``X``'s requests can send the same fields). A key that names
+        only ``X:json`` may not use ``X`` itself."""
+        if any(fnmatchcase(model, pattern) for pattern in self.models):
+            return True
+        parent, colon, _ = model.partition(":")
+        return bool(colon) and any(fnmatchcase(parent, pattern) for pattern in self.models)
 
     def check_model(self, model: str) -> None:
         """:class:`KeyForbidden` naming the key's name and the model when it may not use it."""

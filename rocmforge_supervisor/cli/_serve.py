@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from .._errors import ConfigError, ServiceError, UsageError
 from .._units import format_bytes
+from ._adapter_check import check_adapters
 from ._common import console, err_console, get_settings
 from ._draft_check import check_drafts
 
@@ -168,6 +169,7 @@ def serve(
         cfg = cfg.with_server(**overrides)
     _check_model_names(cfg)
     check_drafts(cfg, settings)
+    check_adapters(cfg, settings)
     if check_config:
         n = len(cfg.models)
         err_console.print(
@@ -366,6 +368,11 @@ def ps(
     for row in cells:
         t.add_row(*(escape(c) for c in row[:keep]))
     console.print(t)
+    for r in rows:  # a variant or adapter is no model of its own: shown with the model serving it
+        also = [f"{n} (variant)" for n in r.get("variants") or []]
+        also += [f"{n} (adapter)" for n in r.get("adapters") or []]
+        if also:
+            console.print(f"{r['name']} also serves {', '.join(also)}", markup=False, highlight=False)
     # A reason is what a user acts on: in full below the table (wrapped) wherever the cell cut it
     # or the terminal left the column out.
     for r in rows:

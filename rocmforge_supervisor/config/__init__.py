@@ -29,12 +29,14 @@ if TYPE_CHECKING:
     from ._file import CONF_D, CONFIG_NAME, SYSTEM_CONFIG_DIR, config_files, config_search_path, load_config
     from ._names import MODEL_NAME, is_loopback
     from ._schema import (
+        AdapterConfig,
         ForgeConfig,
         GroupConfig,
         KeyConfig,
         ModelConfig,
         ServerConfig,
         SupervisorConfig,
+        VariantConfig,
         WorkerConfig,
     )
     from ._settings import ForgeSettings, get_settings
@@ -53,12 +55,14 @@ else:  # mypy sees the imports above (and flags a name that is not there)
             ),
             "._names": ("MODEL_NAME", "is_loopback"),
             "._schema": (
+                "AdapterConfig",
                 "ForgeConfig",
                 "GroupConfig",
                 "KeyConfig",
                 "ModelConfig",
                 "ServerConfig",
                 "SupervisorConfig",
+                "VariantConfig",
                 "WorkerConfig",
             ),
             "._settings": ("ForgeSettings", "get_settings"),
@@ -78,6 +82,7 @@ __all__ = [
     "CONF_D",
     "MODEL_NAME",
     "SYSTEM_CONFIG_DIR",
+    "AdapterConfig",
     "ForgeConfig",
     "ForgeSettings",
     "GpuChoice",
@@ -88,6 +93,7 @@ __all__ = [
     "ModelConfig",
     "ServerConfig",
     "SupervisorConfig",
+    "VariantConfig",
     "WorkerConfig",
     "config_files",
     "config_search_path",

@@ -44,14 +44,17 @@ from ._values import (
     parse_reserve,
     reserve_bytes,
 )
+from ._variants import served_names_problem
 
 __all__ = [
+    "AdapterConfig",
     "ForgeConfig",
     "GroupConfig",
     "KeyConfig",
     "ModelConfig",
     "ServerConfig",
     "SupervisorConfig",
+    "VariantConfig",
     "WorkerConfig",
     "known_keys",
 ]
@@ -390,8 +393,36 @@ _NOT_IN_FINGERPRINT = frozenset(
         "stall_timeout",
         "routes",  # the gateway's side: which requests it sends, not how the child runs
         "tools",  # what the listings show, not how the child runs
+        "variants",  # request rules the gateway applies; the child is the same
     }
 )
+
+
+class VariantConfig(_Section):
+    """``[models.X.variants.Y]``: model ``X`` served again as ``X:Y`` with its own request rules
+    (the same child: no second load). Keys are the request fields llama-server reads (OpenAI's
+    ``temperature``, ``max_tokens``, ``response_format``…, and its own ``top_k``, ``n_predict``…)."""
+
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    """Set when the request does not send them."""
+    force: dict[str, Any] = Field(default_factory=dict)
+    """Always set, over what the request sends."""
+    strip: list[str] = Field(default_factory=list)
+    """Removed from the request before ``defaults`` and ``force`` apply."""
+    system: str | None = None
+    """A system prompt, put first unless the request has its own (chat routes)."""
+    adapter: str | None = None
+    """One of ``X``'s ``[models.X.adapters.NAME]``, applied to every request of the variant."""
+
+
+class AdapterConfig(_Section):
+    """``[models.X.adapters.NAME]``: a LoRA adapter of model ``X``, served as ``X:NAME``. The child
+    loads every adapter of ``X`` at start, none applied; a request to ``X:NAME`` applies this one."""
+
+    path: str = Field(min_length=1)
+    """A LoRA GGUF path or ``hf:org/repo:FILE``."""
+    scale: float = 1.0
+    """How strongly it applies (llama-server's per-request ``lora`` scale)."""
 
 
 class ModelConfig(_Section):
@@ -511,6 +542,19 @@ class ModelConfig(_Section):
     tools: bool | None = None
     """The ``tools`` capability in ``/v1/models`` and ``/api/show``: None from the chat template
     (the running child's ``/props``), false hides it (and tool requests get a 400), true shows it."""
+
+    # -- variants and LoRA adapters (issue 34): served as NAME:VARIANT / NAME:ADAPTER (service/_names.py) --
+    variants: dict[str, VariantConfig] = Field(default_factory=dict)
+    """``[models.X.variants.Y]``: ``X:Y``, the same child with request rules of its own."""
+    adapters: dict[str, AdapterConfig] = Field(default_factory=dict)
+    """``[models.X.adapters.NAME]``: LoRA adapters, loaded with the child and served as ``X:NAME``."""
+
+    @model_validator(mode="after")
+    def _served_names(self) -> ModelConfig:
+        problem = served_names_problem(self)
+        if problem is not None:
+            raise custom(*problem)
+        return self
 
     @model_validator(mode="after")
     def _speculative_keys(self) -> ModelConfig:
@@ -814,6 +858,10 @@ def known_keys(parent: tuple[str, ...]) -> list[str]:
         section = SupervisorConfig
     elif len(parent) == 2 and parent[0] == "models":
         section = ModelConfig
+    elif len(parent) == 4 and parent[0] == "models" and parent[2] == "variants":
+        section = VariantConfig
+    elif len(parent) == 4 and parent[0] == "models" and parent[2] == "adapters":
+        section = AdapterConfig
     elif len(parent) == 2 and parent[0] == "workers":
         section = WorkerConfig
     elif len(parent) == 2 and parent[0] == "groups":

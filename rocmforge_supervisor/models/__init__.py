@@ -8,6 +8,7 @@ from .._lazy import lazy_getattr
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ._adapter import adapter_mismatch, check_adapter
     from ._allocations import REQUIRED_VERBOSITY, Allocation, AllocationLedger, parse_allocation_line
     from ._catalog import (
         BASE_MODEL,
@@ -70,6 +71,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "estimate_memory",
                 "kv_bytes_per_token",
             ),
+            "._adapter": ("adapter_mismatch", "check_adapter"),
             "._draft": ("check_draft_vocab", "declares_spec_type", "vocab_mismatch"),
             "._gguf": ("GGUFInfo", "inspect_gguf"),
             "._hub": (
@@ -103,7 +105,9 @@ __all__ = [
     "ProjectorInfo",
     "PulledModel",
     "WhisperLedgerFeed",
+    "adapter_mismatch",
     "backend_of",
+    "check_adapter",
     "check_draft_vocab",
     "choose_projector",
     "declares_spec_type",

@@ -357,6 +357,7 @@ def estimate_memory(
     device_context: Mapping[str, int] | None = None,
     draft: GGUFInfo | None = None,
     draft_on_gpu: bool = True,
+    adapter_bytes: int = 0,
 ) -> MemoryEstimate:
     """Estimate the memory of one llama-server load, per device and part.
 
@@ -372,6 +373,8 @@ def estimate_memory(
     ``device_context``: GPU key → the per-process device context measured there; a GPU not in it
     gets its backend's :func:`default_device_context`. ``draft``: a speculative-decoding draft
     model, counted as :func:`_draft_bytes` says (in RAM when ``draft_on_gpu`` is False).
+    ``adapter_bytes``: LoRA adapters' files, as weights where their layers are (llama.cpp puts
+    each adapter tensor in its base tensor's buffer), split by the layers each device holds.
     """
     gpus = [d for d in devices if d != "cpu"]
     n_layer = info.block_count
@@ -418,6 +421,8 @@ def estimate_memory(
         )
         kv[dev] = kv.get(dev, 0) + cells * row
     weights["cpu"] = weights.get("cpu", 0) + info.input_bytes
+    for dev, n in layers.items():
+        weights[dev] = weights.get(dev, 0) + adapter_bytes * n // max(n_layer, 1)
     out_dev = placement[n_layer]
     weights[out_dev] = weights.get(out_dev, 0) + info.output_bytes
     if out_dev == "cpu" and repack:

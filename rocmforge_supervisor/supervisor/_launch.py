@@ -28,6 +28,7 @@ from .._argv import (
     embedding_args,
     fallback_chat_template_args,
     kv_unified_in_args,
+    lora_args,
     mmproj_args,
     normalise_flag,
     outputs_every_token,
@@ -45,6 +46,7 @@ from ..models import (
     GGUFInfo,
     MemoryEstimate,
     ProjectorInfo,
+    check_adapter,
     check_draft_vocab,
     declares_spec_type,
     inspect_gguf,
@@ -104,6 +106,8 @@ class ModelSpec:
     speculative: tuple[str, ...] = ()
     """``--spec-type`` values; empty: ``draft-simple`` with a draft, else none."""
     rerank: bool = False
+    adapters: tuple[str, ...] = ()
+    """LoRA adapter files (a path or ``hf:``), in the order requests name them by id."""
 
     @classmethod
     def from_config(cls, mc: ModelConfig, *, workers_configured: bool = False) -> ModelSpec:
@@ -126,6 +130,7 @@ class ModelSpec:
             draft_gpu=mc.draft_gpu,
             speculative=tuple(spec_types(mc.speculative)),
             rerank=mc.rerank,
+            adapters=tuple(a.path for a in mc.adapters.values()),
         )
 
 
@@ -135,6 +140,12 @@ class ResolvedModel:
     info: GGUFInfo
     projector: ProjectorInfo | None = None
     draft: ResolvedDraft | None = None
+    adapters: tuple[Path, ...] = ()
+    """LoRA adapters, checked against the model (their files count as weights)."""
+
+    @property
+    def adapter_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.adapters)
 
 
 @dataclass(frozen=True)
@@ -202,8 +213,23 @@ def resolve(spec: ModelSpec, settings: ForgeSettings) -> ResolvedModel:
     if spec.mmproj:
         projector = inspect_projector(resolve_projector_path(spec.mmproj, spec.path, path, settings))
     return ResolvedModel(
-        path=path, info=info, projector=projector, draft=_resolve_draft(spec, path, settings)
+        path=path,
+        info=info,
+        projector=projector,
+        draft=_resolve_draft(spec, path, settings),
+        adapters=_resolve_adapters(spec, path, settings),
     )
+
+
+def _resolve_adapters(spec: ModelSpec, model_path: Path, settings: ForgeSettings) -> tuple[Path, ...]:
+    """The LoRA files, each refused (``ConfigError``) when it does not fit the model: llama-server
+    would not start with it (a local one is also checked by ``forge serve --check-config``)."""
+    out = []
+    for ref in spec.adapters:
+        path = resolve_model_path(ref, settings)
+        check_adapter(model_path, path, key=f"adapter {ref}")
+        out.append(path)
+    return tuple(out)
 
 
 def _resolve_draft(spec: ModelSpec, model_path: Path, settings: ForgeSettings) -> ResolvedDraft | None:
@@ -252,6 +278,7 @@ def decide(
         projector_offload=spec.mmproj_offload,
         draft=model.draft.info if model.draft is not None else None,
         draft_on_gpu=spec.draft_gpu != "cpu",
+        adapter_bytes=model.adapter_bytes,
     )
     policy = PlacementPolicy(
         allow_evict=allow_evict, device_context=dict(device_context or {}), groups=dict(groups or {}), now=now
@@ -323,6 +350,7 @@ def build_plan(
     extra += mmproj_args(model.projector.path if model.projector else None, offload)
     extra += rerank_args(spec.rerank)
     extra += _draft_args(spec, model.draft, on_gpu=on_gpu or bool(remote))
+    extra += lora_args(model.adapters)
     # The binary's own needs on this CPU (its self-test's workaround: --no-repack on an AMX CPU at
     # the pinned llama.cpp) come before the user's args, so a user's --repack still wins.
     extra += binary_args

@@ -63,6 +63,8 @@ class PlacementRequest:
     """A speculative-decoding draft model: its weights and KV cache count where it goes."""
     draft_on_gpu: bool = True
     """False (``draft_gpu = "cpu"``): the draft stays in system RAM."""
+    adapter_bytes: int = 0
+    """LoRA adapters' files: weights beside the layers they adapt (``[models.X.adapters.*]``)."""
     extra_args: tuple[str, ...] = ()
     """The child's extra llama-server arguments: the ones that change its size (``-c``, ``-np``,
     ``-ctk``, ``-ctv``, ``-fa``, ``-ub``, ``-ngl``, ``-ts``, ``--embeddings``, ``--pooling``) are

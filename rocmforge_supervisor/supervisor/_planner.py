@@ -67,6 +67,7 @@ class Planner:
             device_context=self.policy.device_context,
             draft=r.draft,
             draft_on_gpu=r.draft_on_gpu,
+            adapter_bytes=r.adapter_bytes,
         )
         return Layout(tuple(gpus), est.n_gpu_layers, tuple(split) if split else None, est, kind)
 

@@ -125,6 +125,10 @@ class ModelStatus:
     queue: dict[str, Any] = field(default_factory=dict)
     """Its admission queue: ``waiting`` and ``in_flight`` per class, ``waiting_by_key`` per key
     name (``-``: no key), and ``interactive_slots``."""
+    variants: list[str] = field(default_factory=list)
+    """The names its ``[variants.*]`` are served under (``X:json``): the same child."""
+    adapters: list[str] = field(default_factory=list)
+    """The names its LoRA ``[adapters.*]`` are served under (``X:tuned``): the same child."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,6 +172,8 @@ class ModelStatus:
             "context": dict(self.context),
             "residency": dict(self.residency),
             "queue": dict(self.queue),
+            "variants": list(self.variants),
+            "adapters": list(self.adapters),
         }
 
 
@@ -217,6 +223,8 @@ def model_status(m: ManagedModel) -> ModelStatus:
         context=_context(m),
         residency=m.residency.to_json(),
         queue=_queue(m),
+        variants=[f"{m.name}:{v}" for v in m.config.variants],
+        adapters=[f"{m.name}:{a}" for a in m.config.adapters],
     )
 
 

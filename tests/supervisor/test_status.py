@@ -109,6 +109,8 @@ def test_status_json_keeps_the_control_api_keys() -> None:
         "context": {},  # issue 37: ctx_size, parallel, kv_unified and per_request (forge ps)
         "residency": {},  # issue 33: pinned, swap, evict_cost, group, default
         "queue": {},  # issue 36: waiting and in flight per priority class, waiting per key
+        "variants": [],  # issue 34: the names X:Y its variants and adapters are served under
+        "adapters": [],
     }
 
 

@@ -42,6 +42,8 @@ def _toml(value: Any) -> str:
         return f'"{value}"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table ([models.X.variants] and the like)
+        return "{" + ", ".join(f'"{k}" = {_toml(v)}' for k, v in value.items()) + "}"
     return str(value)
 
 

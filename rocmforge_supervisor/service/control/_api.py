@@ -74,7 +74,12 @@ async def api_models(request: Request) -> Response:
         key: {name, admin}} — a non-admin key's models only; key is null without keys"}
     """
     rows = state_of(request).supervisor.status()
-    shown = set(visible_models(request.scope, [s.name for s in rows], control=True))
+    # A key that may use only a variant or adapter (``X:json``) still sees the model serving it.
+    served = {s.name: [s.name, *s.variants, *s.adapters] for s in rows}
+    allowed = set(
+        visible_models(request.scope, [n for names in served.values() for n in names], control=True)
+    )
+    shown = {name for name, names in served.items() if allowed.intersection(names)}
     key = request_key(request.scope)
     # The page shows the controls (load, unload, reload, config reload) to admin keys only.
     who = None if key is None else {"name": key.name, "admin": key.admin}

@@ -46,6 +46,7 @@ class DialectRequest:
     body: bytes
     stream: bool
     translator: Translator
+    asked: str | None = None  # the name the client asked for (a variant ``X:Y``); None: ``name``
 
 
 #: The one forwarder, for a translated dialect: the response to return.

@@ -156,6 +156,12 @@ class Metrics:
             [*labels, "endpoint", "status"],
             registry=self.registry,
         )
+        self.served_names = Counter(
+            "forge_served_name_requests",
+            "requests to a variant or adapter name (X:Y) by that name, the model serving it and status",
+            ["name", "model", "status"],
+            registry=self.registry,
+        )
         self.errors = Counter(
             "forge_request_errors", "failed requests by kind", [*labels, "kind"], registry=self.registry
         )

@@ -33,12 +33,12 @@ from ..._errors import ForgeError, InvalidRequest, ModelNotFound, RequestRejecte
 from ...client import SSEDecoder
 from ...supervisor import Supervisor, backend_of
 from ..core._dialect import DialectRequest, Forward
+from ..core._names import ServedName, rewrite, served_names, split_name
 from ..core._recording import (
     admit_model,
     note_model,
     request_key,
 )
-from ..core._routes import resolve_name
 from ..edge._errors_http import error_response
 from ..proxy._listing import ModelFacts, check_media, check_tools, visible_models
 from ..proxy._validate import default_length, parse_object
@@ -54,7 +54,7 @@ from ._convert import (
     native_piece,
     now_iso,
 )
-from ._meta import ps_entry, show_entry, tag_entry
+from ._meta import ps_entry, show_entry, tag_entry, with_variant
 from ._pull import api_pull
 
 __all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "routes"]
@@ -87,13 +87,13 @@ async def _body(request: Request) -> dict[str, Any]:
     return parse_object(await request.body() or b"{}")  # any bad body (depth, range…) is a 400
 
 
-def _model(b: OllamaBackend, body: dict[str, Any]) -> str:
+def _model(b: OllamaBackend, body: dict[str, Any]) -> ServedName:
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         raise UsageError('the request has no "model" field', hint="name one of GET /api/tags")
-    name = resolve_name(name, b.supervisor.names())
-    b.supervisor.view(name)  # ModelNotFound → 404 before anything waits
-    return name
+    served = split_name(name, b.supervisor.names(), b.supervisor.config_of)
+    b.supervisor.view(served.model)  # ModelNotFound → 404 before anything waits
+    return served
 
 
 # -- listings ---------------------------------------------------------------------------------------
@@ -105,17 +105,21 @@ async def api_version(request: Request) -> Response:
 
 async def api_tags(b: OllamaBackend, request: Request) -> Response:
     models = []
-    for name in visible_models(request.scope, b.supervisor.names()):
+    for name in b.supervisor.names():
+        shown = visible_models(request.scope, [name, *served_names(name, b.supervisor.config_of(name))])
+        if not shown:
+            continue
         card = await b.facts.card(name)
         caps = await b.facts.capabilities(name, card) if card else None
-        models.append(tag_entry(name, card, caps))
+        models += [tag_entry(n, card, caps) for n in shown]  # a variant or adapter: its model's file
     return JSONResponse({"models": models})
 
 
 async def api_show(b: OllamaBackend, request: Request) -> Response:
     try:
-        name = _model(b, await _body(request))
-        admit_model(request.scope, name)  # a key's models only
+        served = _model(b, await _body(request))
+        name = served.model
+        admit_model(request.scope, served.asked)  # a key's models only
         backend = backend_of(b.supervisor.config_of(name))
         if not backend.has_slots:  # only a llama-server model is a GGUF this can describe
             raise InvalidRequest(
@@ -135,7 +139,7 @@ async def api_show(b: OllamaBackend, request: Request) -> Response:
         caps = await b.facts.capabilities(name, card)
     except ForgeError as exc:
         return error_response(exc, _rid(request), "ollama")
-    return JSONResponse(show_entry(card, args, ctx, modalities, projector, caps))
+    return JSONResponse(with_variant(show_entry(card, args, ctx, modalities, projector, caps), served))
 
 
 async def api_ps(b: OllamaBackend, request: Request) -> Response:
@@ -183,11 +187,12 @@ async def _generation(
     rid = _rid(request)
     try:
         body = await _body(request)
-        name = _model(b, body)
+        named = _model(b, body)
+        name = named.model
         stream = not embed and body.get("stream") is not False
-        note_model(name, stream=stream)  # a refused unload's row names its model too
+        note_model(named.asked, stream=stream)  # a refused unload's row names its model too
         controls = _may_control(request, name, keep_alive_seconds(body.get("keep_alive")))
-        admit_model(request.scope, name, stream=stream)
+        admit_model(request.scope, named.asked, stream=stream)
         if embed:
             target = embed_target(body, name, legacy=embed == "embeddings")
         elif generate:
@@ -198,6 +203,7 @@ async def _generation(
         if not embed:  # Ollama sends images as base64 only: the translated parts are checked
             check_media(b.supervisor, name, target.payload, allow_remote=False)
             _default_length(b, name, body, target)
+        rewrite(target.payload, named)  # a variant's rules, an adapter's lora (as on every route)
         if controls:
             _keep_alive(b, name, target.keep_alive)
         empty = not embed and not (
@@ -214,7 +220,7 @@ async def _generation(
                 )
     except ForgeError as exc:
         return error_response(exc, rid, "ollama")
-    return _send(b, request, name, target, rid, generate=generate)
+    return _send(b, request, named, target, rid, generate=generate)
 
 
 def _default_length(b: OllamaBackend, name: str, body: dict[str, Any], target: Target) -> None:
@@ -264,7 +270,7 @@ async def _load_or_unload(
 
 
 def _send(
-    b: OllamaBackend, request: Request, name: str, target: Target, rid: str | None, *, generate: bool
+    b: OllamaBackend, request: Request, served: ServedName, target: Target, rid: str | None, *, generate: bool
 ) -> ASGIApp:
     """The translated request through the one forwarder (``Forward``): metrics, activity, the
     watchdog's retry and the key's charge are the same as on every route; only the answer's shape
@@ -272,12 +278,13 @@ def _send(
     return b.forward(
         DialectRequest(
             endpoint=request.url.path,
-            name=name,
+            name=served.model,
             rid=rid,
             upstream_path=target.path,
             body=json.dumps(target.payload).encode(),
             stream=bool(target.payload.get("stream")),
-            translator=_OllamaAnswer(name, target, time.perf_counter(), generate),
+            translator=_OllamaAnswer(served.asked, target, time.perf_counter(), generate),
+            asked=served.asked,
         )
     )
 

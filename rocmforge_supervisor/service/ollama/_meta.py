@@ -13,14 +13,16 @@ lays them out as Ollama's clients read them. Copilot assumes ~33k tokens of cont
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from ...models import ProjectorInfo
+from ..core._names import ServedName
 from ..proxy._model_card import ModelCard, capabilities
 
-__all__ = ["projector_info", "ps_entry", "show_entry", "tag_entry"]
+__all__ = ["projector_info", "ps_entry", "show_entry", "tag_entry", "with_variant"]
 
 
 def projector_info(p: ProjectorInfo) -> dict[str, Any]:
@@ -129,3 +131,20 @@ def ps_entry(
         "expires_at": expires.isoformat().replace("+00:00", "Z"),
         "context_length": context_length or (card.trained_ctx if card else None),
     }
+
+
+def with_variant(entry: dict[str, Any], served: ServedName) -> dict[str, Any]:
+    """``/api/show`` of a variant: its model's entry with the variant's rules as a Modelfile would
+    show them (``parameters``: ``defaults`` and ``force``, one ``key value`` a line; ``system``)."""
+    v = served.variant
+    if v is None:
+        return entry
+    rules = {**v.defaults, **v.force}
+    lines = [f"{k} {val if isinstance(val, str) else json.dumps(val)}" for k, val in rules.items()]
+    out = {**entry, "parameters": "\n".join(lines)}
+    modelfile = entry.get("modelfile", "") + "".join(f"PARAMETER {line}\n" for line in lines)
+    if v.system:
+        out["system"] = v.system
+        modelfile += f'SYSTEM """{v.system}"""\n'
+    out["modelfile"] = modelfile
+    return out

@@ -35,6 +35,7 @@ from ..._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamErro
 from ...client import Upstream, asend
 from ...supervisor import backend_of
 from ..core._dialect import DialectRequest, Translator
+from ..core._names import ServedName, rewrite, split_name
 from ..core._recording import (
     admission,
     admit_model,
@@ -46,7 +47,7 @@ from ..core._recording import (
     note_used,
     request_key,
 )
-from ..core._routes import FORWARDED, Dialect, ForwardRoute, model_from_request, resolve_name
+from ..core._routes import FORWARDED, Dialect, ForwardRoute, model_from_request
 from ..core._state import GatewayState, body_limit, request_id, state_of
 from ..core._upstream_http import StreamResponse, supports
 from ..core._usage import StreamMeter, Used, used_in
@@ -95,10 +96,11 @@ _GENERATES = frozenset({"chat", "completion"})
 
 def _checked_json(
     st: GatewayState, route: ForwardRoute, body: bytes
-) -> tuple[str, bool, bytes, dict[str, Any]]:
-    """(model, stream, body to send, parsed body) of a JSON request: the body parsed and its known
-    fields checked (a 400 naming the field), the model's ``max_tokens`` default applied when none
-    is sent — then, and only then, the body is re-serialized; otherwise it goes as received."""
+) -> tuple[ServedName, bool, bytes, dict[str, Any]]:
+    """(served name, stream, body to send, parsed body) of a JSON request: the body parsed and its
+    known fields checked (a 400 naming the field), the model's ``max_tokens`` default applied when
+    none is sent, a variant's or adapter's rules applied (``_names``) — then, and only then, the
+    body is re-serialized; otherwise it goes as received."""
     payload = parse_object(body)
     asked = payload.get("model")
     if not isinstance(asked, str) or not asked:
@@ -108,11 +110,12 @@ def _checked_json(
     note_model(asked)  # a request refused for a field still names its model in the activity log
     kind = _KINDS.get(route.path, "")
     check_fields(payload, kind)
-    name = resolve_name(asked, st.supervisor.names())
-    default = st.supervisor.config_of(name).max_tokens  # 404 before queueing
-    if kind in _GENERATES and default_length(payload, default):
+    served = split_name(asked, st.supervisor.names(), st.supervisor.config_of)
+    default = st.supervisor.config_of(served.model).max_tokens  # 404 before queueing
+    lengthened = kind in _GENERATES and default_length(payload, default)
+    if rewrite(payload, served, anthropic=route.dialect == "anthropic") or lengthened:
         body = json.dumps(payload).encode()
-    return name, payload.get("stream") is True, body, payload
+    return served, payload.get("stream") is True, body, payload
 
 
 def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
@@ -253,6 +256,8 @@ class _Forwarder:
         self.translator = translator
         #: "502" once the child broke the stream (the relay sends the client an error event).
         self._stream_status = "200"
+        #: The name the client asked for (a variant or adapter ``X:Y``; counted with its model).
+        self.asked = name
 
     def _stalls(self) -> int | None:
         """The model's watchdog resets so far (a change means the watchdog reset its child)."""
@@ -419,6 +424,8 @@ class _Forwarder:
         m = self.st.metrics
         m.duration.labels(self.name).observe(time.perf_counter() - self.received)
         m.requests.labels(self.name, self.route.path, status).inc()
+        if self.asked != self.name:
+            m.served_names.labels(self.asked, self.name, status).inc()
         if status == "200":
             m.drafts.count(self.name, tail)
             if used is not None:
@@ -449,6 +456,7 @@ def forward_translated(st: GatewayState, req: DialectRequest) -> RelayResponse:
         stream=req.stream,
         translator=req.translator,
     )
+    fwd.asked = req.asked or req.name
     # No keep-alive pings (an NDJSON stream has no comment line); the connection is kept, as
     # Ollama keeps it.
     return RelayResponse(fwd.open, dialect="ollama", request_id=req.rid, stream=req.stream, interval=0.0)
@@ -466,16 +474,19 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         try:
             body = await read_body(request, body_limit(st, route.path)) if route.method == "POST" else b""
             if route.model_from == "json":
-                name, stream, body, payload = _checked_json(st, route, body)
-                admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
+                served, stream, body, payload = _checked_json(st, route, body)
+                name = served.model
+                # the key's models (it may name a variant): 403 first
+                admit_model(request.scope, served.asked, stream=stream)
                 if asks_for_tools(payload):
                     await check_tools(request.app.state.ollama, name, payload)
                 check_media(st.supervisor, name, payload, allow_remote=st.server.allow_remote_media)
             else:
                 asked, stream = await model_from_request(route, request, body)
-                name = resolve_name(asked, st.supervisor.names())
+                served = split_name(asked, st.supervisor.names(), st.supervisor.config_of)
+                name = served.model  # a form or query has no body to rewrite: the model's child
                 config = st.supervisor.config_of(name)  # 404 before queueing
-                admit_model(request.scope, name, stream=stream)  # the key's models: 403 first
+                admit_model(request.scope, served.asked, stream=stream)  # the key's models: 403 first
                 whisper = backend_of(config).transcribes
                 if not whisper and is_translation(route.path):
                     raise InvalidRequest(
@@ -496,6 +507,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         fwd = _Forwarder(
             st, route, name, rid, received, (path, body, content_type), retry=not stream, stream=stream
         )
+        fwd.asked = served.asked
         return RelayResponse(
             fwd.open,
             dialect=dialect,
@@ -550,8 +562,9 @@ async def _model(request: Request) -> Response:
     st = state_of(request)
     asked = request.path_params["model_id"]
     try:
-        name = resolve_name(asked, st.supervisor.names())
-        st.supervisor.view(name)
+        served = split_name(asked, st.supervisor.names(), st.supervisor.config_of)
+        st.supervisor.view(served.model)
+        name = served.asked
         if (key := request_key(request.scope)) is not None:
             key.check_model(name)  # a 403 naming the key's models, as a request to it would be
     except ForgeError as exc:

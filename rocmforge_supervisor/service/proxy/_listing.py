@@ -25,6 +25,7 @@ from ..._errors import ForgeError
 from ...config import get_settings
 from ...models import ProjectorInfo, resolve_projector_path
 from ...supervisor import Supervisor
+from ..core._names import served_names
 from ..core._recording import request_key
 from ._media import refuse_unusable_media
 from ._model_card import ModelCard, capabilities, card_for, projector_for
@@ -187,10 +188,11 @@ async def model_list(facts: ModelFacts, created: float, scope: Any = None) -> li
     only the request's key's models (:func:`visible_models`) where ``scope`` is given."""
     data = []
     views = facts.supervisor.views()
-    shown = set(visible_models(scope or {}, [v.name for v in views]))
+    also = {v.name: served_names(v.name, v.config) for v in views}
+    shown = set(visible_models(scope or {}, [n for v in views for n in (v.name, *also[v.name])]))
     for v in views:
         name = v.name
-        if name not in shown:
+        if name not in shown and not shown.intersection(also[name]):
             continue
         card = await facts.card(name)
         entry: dict[str, Any] = {
@@ -207,5 +209,8 @@ async def model_list(facts: ModelFacts, created: float, scope: Any = None) -> li
             entry["capabilities"] = await facts.capabilities(name, card)
         elif ctx:
             entry["context_length"] = ctx
-        data.append(entry)
+        if name in shown:
+            data.append(entry)
+        # Its variants and adapters: the same child, so the same facts, with their parent named.
+        data += [{**entry, "id": n, "parent": name} for n in also[name] if n in shown]
     return data

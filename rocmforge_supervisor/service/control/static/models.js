@@ -45,6 +45,7 @@ class ModelRow {
     this.pathEl = h("span", { class: "path" });
     this.modalEl = h("span", { class: "modalities" });
     this.rulesEl = h("span", { class: "rules" });
+    this.alsoEl = h("span", { class: "rules also" }); // its variants and adapters (X:Y), same child
     this.badge = h("span", { class: "badge" });
     this.since = h("span", { class: "since" });
     this.progress = h("progress", { max: "100", "aria-label": `${name} loading progress` });
@@ -77,7 +78,7 @@ class ModelRow {
       h(
         "tr",
         { class: "main" },
-        h("th", { scope: "row", "data-label": "Model" }, this.nameEl, this.pathEl, this.modalEl, this.rulesEl),
+        h("th", { scope: "row", "data-label": "Model" }, this.nameEl, this.pathEl, this.modalEl, this.rulesEl, this.alsoEl),
         cell("State", this.badge, " ", this.since, this.progressWrap),
         cell("Devices · memory", this.mem),
         cell("PID · port", this.pid),
@@ -109,6 +110,8 @@ class ModelRow {
       : s.modalities?.length ? `takes ${s.modalities.join(" and ")} input (mmproj)` : "";
     setText(this.rulesEl, rules(s.residency || {}));
     this.rulesEl.title = "residency rules: what placement may not unload, its group, the warm default";
+    setText(this.alsoEl, [...(s.variants || []), ...(s.adapters || [])].map((n) => `also ${n}`).join(" · "));
+    this.alsoEl.title = "its variants and LoRA adapters: served by this model's child";
     setText(this.since, s.since ? `for ${duration(Math.max(0, serverNow() - s.since))}` : "");
     this.updateProgress(s);
     const running = ["loading", "ready", "draining"].includes(s.state);
