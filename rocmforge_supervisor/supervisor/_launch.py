@@ -51,6 +51,7 @@ from ..models import (
     declares_spec_type,
     inspect_gguf,
     inspect_projector,
+    resolve_hf_file,
     resolve_model_path,
     resolve_projector_path,
 )
@@ -226,7 +227,10 @@ def _resolve_adapters(spec: ModelSpec, model_path: Path, settings: ForgeSettings
     would not start with it (a local one is also checked by ``forge serve --check-config``)."""
     out = []
     for ref in spec.adapters:
-        path = resolve_model_path(ref, settings)
+        # hf:org/repo:FILE names one file of the repo (an adapter is no model to pick a quant of)
+        path = (
+            resolve_hf_file(ref[3:], settings) if ref.startswith("hf:") else resolve_model_path(ref, settings)
+        )
         check_adapter(model_path, path, key=f"adapter {ref}")
         out.append(path)
     return tuple(out)

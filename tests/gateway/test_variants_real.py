@@ -6,6 +6,8 @@ byte-identical, and two adapters loaded together answer as each does alone."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,7 +20,7 @@ import openai
 import pytest
 
 from tests.support.lora import write_lora
-from tests.support.service import Service, running_service, wait_for, write_config
+from tests.support.service import FORGE, Service, running_service, wait_for, write_config
 
 PROMPT = "Name three colours."
 HELLO = [{"role": "user", "content": PROMPT}]
@@ -92,6 +94,15 @@ def test_variants_and_adapters_through_every_client_with_one_child(svc: Service)
     with closing:
         _every_client(svc, closing)
     assert [p.pid for p in svc.llama_children()] == [pid]  # one child served them all
+    env = dict(os.environ, FORGE_STATE_DIR=str(svc.state_dir), COLUMNS="250", NO_COLOR="1")
+    ps = subprocess.run(
+        [*FORGE, "ps", "--config", str(svc.config)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert ps.returncode == 0, ps.stderr
+    assert (
+        "smol also serves smol:short (variant), smol:pirate (variant), smol:a-short (variant), "
+        "smol:a (adapter), smol:b (adapter), smol:zero (adapter)" in ps.stdout
+    ), ps.stdout
 
 
 def _every_client(svc: Service, closing: ExitStack) -> None:

@@ -16,6 +16,7 @@ from tests.gateway_fast.conftest import Serve
 from tests.gateway_fast.dialects import DIALECTS, Dialect, chat
 from tests.support.gateway import poll
 from tests.support.lora import write_lora
+from tests.support.supervised import fake_config
 
 pytestmark = pytest.mark.anyio
 
@@ -144,3 +145,30 @@ async def test_activity_and_metrics_record_the_asked_name_and_its_model(
             if s.name == "forge_requests_total"
         ]
         assert {s.labels["model"] for s in requests} == {"x"}  # the queue's, the child's metrics: X's
+        lora = [
+            s.labels
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == "forge_model_lora_requests_info"
+        ]
+        assert [(x["model"], x["running_lora_adapters"], x["max_lora"]) for x in lora] == [
+            ("x", "tuned", "1")
+        ]
+
+
+async def test_a_reload_that_changes_only_variants_keeps_the_child(
+    serve: Serve, tmp_path: Path, tiny_gguf: Path
+) -> None:
+    async with serve(_models(tmp_path, tiny_gguf)) as gw:
+        x = gw.model("x")
+        pid = x.server.pid if x.server else None
+        changed = _models(tmp_path, tiny_gguf)
+        changed["x"]["variants"] = {"terse": {"force": {"max_tokens": 2}}}
+        summary = await gw.sup.reload(fake_config(tmp_path, tiny_gguf, changed))
+        assert summary["unchanged"] == ["x", "y"] and summary["changed"] == []
+        assert x.server is not None and x.server.pid == pid
+        ids = [m["id"] for m in (await gw.client.get("/v1/models")).json()["data"]]
+        assert ids == ["x", "x:terse", "x:tuned", "y"]
+        path, body = chat("openai", "x:terse", stream=False)
+        assert (await gw.client.post(path, json=body)).status_code == 200
+        assert (await gw.client.post(path, json={**body, "model": "x:json"})).status_code == 404

@@ -94,7 +94,13 @@ async def _exposition(st: GatewayState, own: str | None) -> Response:
                 tg.start_soon(_slots, st, slots, v.name, child)
     st.metrics.set_pool(
         [
-            sample_model(v.status, st.metrics.child_texts.get(v.name), slots.get(v.name), v.config.args)
+            sample_model(
+                v.status,
+                st.metrics.child_texts.get(v.name),
+                slots.get(v.name),
+                v.config.args,
+                list(v.config.adapters),
+            )
             for v in views
         ]
     )

@@ -7,12 +7,13 @@ model of its own: it is served by X's child, through X's queue, TTL and placemen
 sent to the child differs (:func:`rewrite`).
 
 The rewrite, in order: ``strip`` (the variant's fields removed from the request), ``defaults``
-(set where the request has none), ``force`` (set over the request's), ``system`` (put first
-unless the request brings a system prompt), then the adapter: ``lora`` is set to every adapter of
-X, the named one at its ``scale`` and the others at 0 — over a ``lora`` the request brought, since
-the name already says which adapter. A request to plain ``X`` goes unchanged (its own ``lora``
-too). A variant with ``adapter = "NAME"`` applies both; its ``force`` may still set ``lora``
-itself, which then wins (force is the last word on the body, the adapter comes before it).
+(set where the request has none), the adapter (``lora`` set to every adapter of X, the named one
+at its ``scale`` and the others at 0 — over a ``lora`` the request brought, since the name already
+says which adapter), ``force`` (set over anything before it, so a variant's ``force`` may even set
+``lora`` itself), then ``system`` (put first unless the request brings a system prompt). A request
+to plain ``X`` goes unchanged (its own ``lora`` too). A variant with ``adapter = "NAME"`` applies
+both. The keys are request fields in llama-server's terms: an Ollama request is translated first
+(``options.num_predict`` is ``max_tokens`` by then), so one variant means the same on every route.
 """
 
 from __future__ import annotations

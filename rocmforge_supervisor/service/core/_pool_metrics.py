@@ -94,9 +94,14 @@ def _lora_adapters(args: Sequence[str]) -> tuple[str, ...]:
 
 
 def sample_model(
-    row: ModelStatus, child_metrics: str | None, slots: object, args: Sequence[str] = ()
+    row: ModelStatus,
+    child_metrics: str | None,
+    slots: object,
+    args: Sequence[str] = (),
+    adapters: Sequence[str] = (),
 ) -> PoolSample:
-    """One model's sample from its status, its child's ``/metrics`` text and ``/slots``."""
+    """One model's sample from its status, its child's ``/metrics`` text and ``/slots``;
+    ``adapters``: its ``[adapters.*]`` names (a ``--lora`` in ``args`` is named by its file)."""
     used, capacity = _kv(slots)
     return PoolSample(
         name=row.name,
@@ -104,7 +109,7 @@ def sample_model(
         running=row.in_flight,
         kv_tokens=used,
         kv_capacity=capacity,
-        lora_adapters=_lora_adapters(args),
+        lora_adapters=(*_lora_adapters(args), *adapters),
     )
 
 
