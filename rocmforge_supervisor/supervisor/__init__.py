@@ -1,6 +1,7 @@
 """Supervision: in-process loads, placement, and the multi-model supervisor behind `forge serve`."""
 
 from ._backends import BACKENDS, Backend, backend_of
+from ._conversations import ConversationTurn
 from ._events import Event, EventBus, EventKind
 from ._launch import LaunchPlan, ModelSpec
 from ._local import LoadOptions, LocalModel, aload_model, load_model, plan_local_load
@@ -14,6 +15,7 @@ __all__ = [
     "Backend",
     "Breaker",
     "ChildEndpoint",
+    "ConversationTurn",
     "Event",
     "EventBus",
     "EventKind",

@@ -213,12 +213,14 @@ class ContextStore:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def commit(self, model: str, temp: str, *, slot: int, tokens: int, key: ContextKey) -> SavedContext:
+    def commit(
+        self, model: str, temp: str, *, slot: int, tokens: int, key: ContextKey, stem: str | None = None
+    ) -> SavedContext:
         """Make a finished save restorable: 0600, its final name, then its manifest (the commit).
         Raises OSError (a full disk…): the caller discards the save and warns."""
         d = self.directory(model)
         now = time.time()
-        stem = f"ctx-{time.time_ns()}-s{slot}"
+        stem = stem or f"ctx-{time.time_ns()}-s{slot}"
         src = d / temp
         try:
             src.chmod(0o600)
@@ -292,7 +294,8 @@ class ContextStore:
     def replace_older(self, model: str, keep: Iterable[SavedContext]) -> list[SavedContext]:
         """After a stop saved ``keep``: the model's earlier saves are superseded; removed."""
         stems = {e.stem for e in keep}
-        old = [e for e in self.entries(model) if e.stem not in stems]
+        # A conversation's state (``conv-``, :mod:`._conversations`) is not superseded by a stop.
+        old = [e for e in self.entries(model) if e.stem not in stems and not e.stem.startswith("conv-")]
         for e in old:
             self.delete(e)
         return old

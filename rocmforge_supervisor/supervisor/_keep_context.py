@@ -47,6 +47,19 @@ def child_key(plan: LaunchPlan) -> ContextKey:
 
 
 @dataclass
+class ConversationCounters:
+    """The per-conversation tier's totals since this ``forge serve`` started (:mod:`._conversations`)."""
+
+    hits: int = 0  # a returning turn found its saved state (on disk or still in the child)
+    misses: int = 0  # a returning turn (history present) with no saved state for its key
+    restores: int = 0  # hits restored from disk into a slot (the child had lost them)
+    saves: int = 0
+    saved_bytes: int = 0
+    prefill_saved: int = 0  # tokens restored instead of computed
+    warnings: int = 0
+
+
+@dataclass
 class ContextCounters:
     """Totals since this ``forge serve`` started (``/metrics``)."""
 
@@ -65,6 +78,10 @@ class ContextKeeper:
     def __init__(self, name: str, store: ContextStore, events: EventBus) -> None:
         self.name, self.store, self._events = name, store, events
         self.counters = ContextCounters()
+        #: The per-conversation tier's totals, and which child (pid) holds each state it saved or
+        #: restored during this run (:mod:`._conversations`).
+        self.conversations = ConversationCounters()
+        self.held: dict[str, int] = {}
 
     def slot_dir(self) -> Path | None:
         """The directory for the child's ``--slot-save-path``; None (with a warning) when it cannot
@@ -167,6 +184,8 @@ class ContextKeeper:
         restored = 0
         with anyio.move_on_after(RESTORE_TIMEOUT) as scope:
             for entry in self.store.entries(self.name):
+                if entry.stem.startswith("conv-"):
+                    continue  # a conversation's state: restored by its next turn, not at start
                 if entry.problem is not None:
                     self._warn(f"saved context {entry.stem} is unusable ({entry.problem}): deleted")
                     self._deleted(entry, "unusable")

@@ -271,7 +271,8 @@ def _contexts(m: ManagedModel) -> dict[str, Any]:
     """Saved contexts on disk, and what this run saved and restored (``/metrics`` reads these)."""
     if m.contexts is None:
         return {}
-    return {**m.contexts.summary().to_json(), **asdict(m.contexts.counters)}
+    conversations = {f"conversation_{k}": v for k, v in asdict(m.contexts.conversations).items()}
+    return {**m.contexts.summary().to_json(), **asdict(m.contexts.counters), **conversations}
 
 
 def _queue(m: ManagedModel) -> dict[str, Any]:

@@ -124,6 +124,16 @@ _CONTEXT_COUNTERS = (
     ("forge_context_restore_seconds", "seconds spent restoring KV-cache slots", "restore_seconds"),
     ("forge_context_deleted", "saved slots deleted (mismatch, budget, forget, unusable)", "deleted"),
     ("forge_context_warnings", "saves or restores that failed or were dropped", "warnings"),
+    ("forge_conversation_hits", "returning chat turns that found their saved state", "conversation_hits"),
+    ("forge_conversation_misses", "returning chat turns without a saved state", "conversation_misses"),
+    ("forge_conversation_restores", "conversation states restored from disk", "conversation_restores"),
+    ("forge_conversation_saves", "conversation states saved after a long turn", "conversation_saves"),
+    ("forge_conversation_saved_bytes", "bytes of conversation states saved", "conversation_saved_bytes"),
+    (
+        "forge_conversation_prefill_saved",
+        "prompt tokens restored, not computed",
+        "conversation_prefill_saved",
+    ),
 )
 _CONTEXT_GAUGES = (
     ("forge_context_stored", "saved KV-cache slots on disk", "count"),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, Route
 
 from ..._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
 from ...client import Upstream, asend
-from ...supervisor import backend_of
+from ...supervisor import ConversationTurn, backend_of
 from ..core._dialect import DialectRequest, Translator
 from ..core._names import ServedName, rewrite, split_name
 from ..core._recording import (
@@ -176,12 +176,15 @@ async def open_upstream(
     content_type: str = "application/json",
     loaded: Callable[[], None] | None = None,
     sending: Callable[[], None] | None = None,
+    prepare: Callable[[], Awaitable[bytes]] | None = None,
 ) -> AsyncIterator[httpx.Response]:
     """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
     streaming response to one request; both released on exit. Also the Ollama API's way in.
     ``loaded`` is called once the model is ready (the wait for a slot begins), ``sending`` once
     the slot is ours, just before the request goes to the child."""
     async with _slot(st, name, path, loaded, sending) as upstream:
+        if prepare is not None:  # the conversation tier: a restore, the body's ``id_slot``
+            body = await prepare()
         response = await asend(
             st.upstream,
             upstream,
@@ -326,10 +329,17 @@ class _Forwarder:
         answering, which the caller may retry. Every other error is raised."""
         stack = AsyncExitStack()
         request = (self.st, self.name, self.route.method, self.path, self.body, self.rid)
+        turn = self._conversation()
         opening = (
             _open_stream(*request, content_type=self.content_type, loaded=loaded)
             if self.stream and sending is None
-            else open_upstream(*request, content_type=self.content_type, loaded=loaded, sending=sending)
+            else open_upstream(
+                *request,
+                content_type=self.content_type,
+                loaded=loaded,
+                sending=sending,
+                prepare=turn.prepare if turn is not None else None,
+            )
         )
         try:
             upstream: httpx.Response | StreamResponse = await stack.enter_async_context(opening)
@@ -352,6 +362,8 @@ class _Forwarder:
             try:
                 content = await upstream.aread()
                 status = upstream.status_code
+                if turn is not None and status == 200:  # saved while the slot is still ours
+                    await turn.finish(content)
             except httpx.HTTPError as exc:  # nothing was sent to the client yet
                 self.st.metrics.errors.labels(self.name, "stream_broken").inc()
                 return ServerUnavailable(f"model {self.name!r} failed mid-response: {exc}")
@@ -380,6 +392,16 @@ class _Forwarder:
             await stack.aclose()
 
         return Opened(200, headers, chunks=relay, close=close)
+
+    def _conversation(self) -> ConversationTurn | None:
+        """The conversation tier's part in a non-streamed chat turn of a ``keep_context`` model."""
+        if self.stream or self.translator is not None or self.upstream_path != "/v1/chat/completions":
+            return None
+        try:
+            model = self.st.supervisor.get(self.name)
+        except (ForgeError, KeyError):
+            return None
+        return ConversationTurn.of(model, admission()[1], self.body)
 
     async def _relay(
         self, upstream: httpx.Response | StreamResponse, meter: StreamMeter
