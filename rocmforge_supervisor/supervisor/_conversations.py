@@ -73,13 +73,13 @@ class ConversationTurn:
     key: str | None
     body: dict[str, Any]
     messages: list[dict[str, Any]]
+    raw: bytes
     slot: int | None = None
 
     @classmethod
     def of(cls, model: ManagedModel, key: str | None, raw: bytes) -> ConversationTurn | None:
         """The turn of a request that may take part; None for any other."""
-        keeper = model.contexts
-        if keeper is None or model.plan is None or model.plan.slot_save_dir is None:
+        if model.contexts is None:  # whether its child keeps context: known once it is loaded
             return None
         try:
             body = json.loads(raw)
@@ -90,7 +90,7 @@ class ConversationTurn:
         messages = _plain(body.get("messages"))
         if messages is None:
             return None
-        return cls(model, key, body, messages)
+        return cls(model, key, body, messages, raw)
 
     @property
     def keeper(self) -> ContextKeeper:
@@ -104,9 +104,9 @@ class ConversationTurn:
     async def prepare(self) -> bytes:
         """The body to send: with ``id_slot`` set to a free slot, whose state is restored first
         when this conversation's previous turn was saved by a child that is gone."""
-        server = self.model.server
-        if server is None:
-            return json.dumps(self.body).encode()
+        server, plan = self.model.server, self.model.plan
+        if server is None or plan is None or plan.slot_save_dir is None:  # keep_context is off
+            return self.raw
         self.slot = await _idle_slot(server)
         counters = self.keeper.conversations
         if len(self.messages) >= 2 and self.messages[-1]["role"] == "user":

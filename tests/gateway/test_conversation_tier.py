@@ -1,0 +1,102 @@
+"""The per-conversation disk tier of ``keep_context``, through a real `forge serve` and the real
+llama-server on SmolLM2: a long chat turn's state saved under its conversation's hash (key name
+included), restored by the conversation's next turn after the child was unloaded, and giving the
+same text at temperature 0 as the same turn computed cold; another key's turn never finds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.support.service import Service, model_section, running_service, write_config
+
+ADMIN = "sk-admin-conv"
+ALICE = "sk-alice-conv"
+BOB = "sk-bob-conv"
+KEYS = f"""
+[[server.keys]]
+name = "alice"
+key = "{ALICE}"
+[[server.keys]]
+name = "bob"
+key = "{BOB}"
+"""
+
+
+def _first_turn() -> list[dict[str, str]]:
+    text = " ".join(f"pear{i % 97} is item {i}." for i in range(90))  # ~700 tokens: over 512
+    return [
+        {"role": "system", "content": "Fruit expert. You are terse."},
+        {"role": "user", "content": f"Remember this list: {text} Which pear came first?"},
+    ]
+
+
+def _chat(svc: Service, key: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    with svc.client() as c:
+        r = c.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": messages, "max_tokens": 12, "temperature": 0},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=300,
+        )
+    assert r.status_code == 200, r.text
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
+def _text(answer: dict[str, Any]) -> str:
+    return str(answer["choices"][0]["message"]["content"])
+
+
+def _config(d: Path, model_path: Path, keep: bool) -> Path:
+    d.mkdir()
+    model = model_section("m", model_path, ctx_size=4096, parallel=1, keep_context=keep)
+    return write_config(
+        d / "forge.toml",
+        f'[server]\napi_key = "{ADMIN}"\n{KEYS}\n[supervisor]\nhealth_interval = 30\nstop_timeout = 20\n'
+        + model,
+    )
+
+
+def _conv(svc: Service) -> dict[str, Any]:
+    row = svc.model("m")["contexts"]
+    return {k.removeprefix("conversation_"): v for k, v in row.items() if k.startswith("conversation_")}
+
+
+def test_next_turn_after_unload_restores_from_disk_and_matches_cold(
+    tmp_path: Path, smollm2_path: Path, llama_server_bin: Path
+) -> None:
+    first = _first_turn()
+    cold_cfg = _config(tmp_path / "cold", smollm2_path, keep=False)
+    kept_cfg = _config(tmp_path / "kept", smollm2_path, keep=True)
+    # Cold reference: keep_context off, a fresh service; both turns computed from nothing.
+    with running_service(cold_cfg, tmp_path / "cold" / "state", llama_server_bin, api_key=ADMIN) as svc:
+        reply = _text(_chat(svc, ALICE, first))
+        second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "And last?"}]
+        # A fresh child for the second turn too: unload, so nothing of turn one is in its cache.
+        with svc.client() as c:
+            assert c.post("/api/models/m/unload", timeout=120).status_code == 200
+        cold = _chat(svc, ALICE, second)
+        assert int(cold["timings"]["prompt_n"]) > 500, cold["timings"]
+
+    with running_service(kept_cfg, tmp_path / "kept" / "state", llama_server_bin, api_key=ADMIN) as svc:
+        assert _text(_chat(svc, ALICE, first)) == reply
+        after_first = _conv(svc)
+        assert after_first["saves"] == 1 and after_first["saved_bytes"] > 0, after_first
+        with svc.client() as c:
+            assert c.post("/api/models/m/unload", timeout=120).status_code == 200
+        warm = _chat(svc, ALICE, second)
+        counters = _conv(svc)
+        assert counters["hits"] == 1 and counters["restores"] == 1, counters
+        assert counters["prefill_saved"] > 500, counters
+        assert int(warm["timings"]["prompt_n"]) < 100, warm["timings"]  # the prefix was not computed
+        assert _text(warm) == _text(cold), (_text(warm), _text(cold))
+
+        # Bob sends Alice's conversation word for word: his key's hash differs, nothing is found.
+        _chat(svc, BOB, second)
+        bob = _conv(svc)
+        assert bob["misses"] == counters["misses"] + 1 and bob["hits"] == 1 and bob["restores"] == 1, bob
+        with svc.client() as c:
+            metrics = c.get("/metrics").text
+        assert 'forge_conversation_restores_total{model="m"} 1.0' in metrics, metrics[-2000:]
