@@ -108,10 +108,13 @@ class ConversationTurn:
         if server is None or plan is None or plan.slot_save_dir is None:  # keep_context is off
             return self.raw
         self.slot = await _idle_slot(server)
+        if self.slot is None:  # no idle slot to restore into or save from: an ordinary request
+            return self.raw
         counters = self.keeper.conversations
         if len(self.messages) >= 2 and self.messages[-1]["role"] == "user":
             stem = _STEM + self._hash(self.messages[:-1])
-            entry = next((e for e in self.keeper.store.entries(self.keeper.name) if e.stem == stem), None)
+            entries = await anyio.to_thread.run_sync(self.keeper.store.entries, self.keeper.name)
+            entry = next((e for e in entries if e.stem == stem), None)
             if entry is None:
                 counters.misses += 1
             else:
@@ -206,14 +209,14 @@ class ConversationTurn:
         await keeper.refresh()
 
 
-async def _idle_slot(server: Any) -> int:
-    """The first slot not processing (``GET /slots``); slot 0 when the child does not say."""
+async def _idle_slot(server: Any) -> int | None:
+    """The first slot not processing (``GET /slots``); None when all are busy or it cannot say."""
     slots = await server.slots()
     if isinstance(slots, list):
         for s in slots:
             if isinstance(s, dict) and not s.get("is_processing") and isinstance(s.get("id"), int):
                 return int(s["id"])
-    return 0
+    return None
 
 
 def is_conversation(stem: str) -> bool:

@@ -6,6 +6,7 @@ same text at temperature 0 as the same turn computed cold; another key's turn ne
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def _conv(svc: Service) -> dict[str, Any]:
     return {k.removeprefix("conversation_"): v for k, v in row.items() if k.startswith("conversation_")}
 
 
-def test_next_turn_after_unload_restores_from_disk_and_matches_cold(
+def test_next_turn_after_unload_or_restart_restores_from_disk_and_matches_cold(
     tmp_path: Path, smollm2_path: Path, llama_server_bin: Path
 ) -> None:
     first = _first_turn()
@@ -100,3 +101,12 @@ def test_next_turn_after_unload_restores_from_disk_and_matches_cold(
         with svc.client() as c:
             metrics = c.get("/metrics").text
         assert 'forge_conversation_restores_total{model="m"} 1.0' in metrics, metrics[-2000:]
+        svc.proc.send_signal(signal.SIGTERM)
+        assert svc.proc.wait(timeout=90) == 0, svc.stderr_text()[-3000:]
+
+    # A new service on the same state dir: the saved state comes back from disk once more.
+    with running_service(kept_cfg, tmp_path / "kept" / "state", llama_server_bin, api_key=ADMIN) as svc:
+        again = _chat(svc, ALICE, second)
+        counters = _conv(svc)
+        assert counters["hits"] == 1 and counters["restores"] == 1, counters
+        assert _text(again) == _text(cold), (_text(again), _text(cold))
