@@ -491,6 +491,9 @@ class ModelConfig(_Section):
     """Save the child's KV-cache slots when forge stops it on purpose (ttl, unload, eviction, a
     restarting reload, shutdown) and restore them into its next child before the first request:
     a resumed conversation skips its prefill. Off by default: the files are big and hold prompts."""
+    keep_conversations: bool = False
+    """With ``keep_context``: also save each long chat turn's state per conversation (and API key)
+    and restore it into a free slot at the conversation's next turn when the child lost it."""
     mmproj: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
     """A multimodal (vision/audio) projector for this model: a GGUF path, ``"hf:org/repo:FILE"``, or
     ``"auto"``: the ``mmproj*.gguf`` beside the model in its Hugging Face repo or folder. The child

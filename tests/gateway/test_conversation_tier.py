@@ -52,7 +52,9 @@ def _text(answer: dict[str, Any]) -> str:
 
 def _config(d: Path, model_path: Path, keep: bool) -> Path:
     d.mkdir()
-    model = model_section("m", model_path, ctx_size=4096, parallel=1, keep_context=keep)
+    model = model_section(
+        "m", model_path, ctx_size=4096, parallel=1, keep_context=keep, keep_conversations=keep
+    )
     return write_config(
         d / "forge.toml",
         f'[server]\napi_key = "{ADMIN}"\n{KEYS}\n[supervisor]\nhealth_interval = 30\nstop_timeout = 20\n'

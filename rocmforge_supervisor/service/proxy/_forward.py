@@ -399,7 +399,9 @@ class _Forwarder:
             return None
         try:
             model = self.st.supervisor.get(self.name)
-        except (ForgeError, KeyError):
+        except ForgeError:
+            return None
+        if not model.config.keep_conversations:
             return None
         return ConversationTurn.of(model, admission()[1], self.body)
 
