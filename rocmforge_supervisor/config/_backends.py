@@ -40,7 +40,7 @@ BACKEND_NAMES: tuple[BackendName, ...] = ("llama", "whisper", "command")
 LLAMA_ONLY = (
     "ctx_size", "gpu_layers", "parallel", "kv_unified", "sleep_idle", "embeddings", "max_tokens", "keep_context",
     "mmproj", "mmproj_offload", "workers",
-    "draft", "draft_max", "draft_min", "speculative", "rerank",
+    "draft", "draft_max", "draft_min", "speculative", "rerank", "adapters", "keep_conversations",
 )  # fmt: skip
 
 #: Keys that only mean something to a user's command (``backend = "command"``).
@@ -119,7 +119,7 @@ def key_problem(model: ModelConfig) -> tuple[str, str] | None:
         server = "whisper-server" if backend == "whisper" else "the command"
         for key in LLAMA_ONLY:
             value = getattr(model, key)
-            if value not in (None, False, "auto") and not (key == "workers" and value == "never"):
+            if value not in (None, False, "auto", {}) and not (key == "workers" and value == "never"):
                 return f"{backend}_key", (
                     f'{key} does not apply to a backend = "{backend}" model: remove it '
                     f"({server} has no such setting; pass its own flags in args)"

@@ -23,11 +23,7 @@ __all__ = ["served_names_problem"]
 def served_names_problem(model: ModelConfig) -> tuple[str, str] | None:
     """(kind, one sentence with the fix) for a variant or adapter name that cannot be served as
     ``X:NAME``, or a variant that names no adapter of the model; None when all are fine."""
-    if model.adapters and model.backend != "llama":
-        return "adapters", (
-            f'adapters are LoRA files for llama-server: backend = "{model.backend}" cannot load them '
-            "(remove [models.*.adapters] or use the llama backend)"
-        )
+    # adapters on another backend: config/_backends.py's LLAMA_ONLY refuses them (one table)
     for kind, names in (("variant", model.variants), ("adapter", model.adapters)):
         for name in names:
             if not MODEL_NAME.fullmatch(name) or name == "latest":

@@ -58,7 +58,7 @@ def test_a_variant_does_not_change_the_fingerprint_an_adapter_does(tmp_path: Pat
         (
             '[models.m.adapters.a]\npath = "a.gguf"\n',
             'backend = "command"\ncmd = ["x", "${PORT}"]\n',
-            ["LoRA"],
+            ["adapters does not apply", 'backend = "command"'],
         ),
         ("[models.m.variants.v]\ntemprature = 1\n", "", ["temprature"]),
     ],
