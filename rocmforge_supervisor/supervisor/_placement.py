@@ -129,7 +129,7 @@ def place(
         return planner.explicit(choice, free)
 
     now = policy.now if policy.now is not None else max((m.last_used for m in others), default=0.0)
-    rules = [] if not others else group_evictions(request.name, others, policy.groups, now)
+    rules = group_evictions(request.name, others, policy.groups, now)
     forced, why = _forced_evictions(request, others, policy, now)
     for m, ev in rules:
         if m not in forced:

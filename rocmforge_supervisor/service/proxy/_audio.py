@@ -31,14 +31,14 @@ from typing import Any
 
 import anyio
 import httpx
-from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..._errors import InvalidRequest, PayloadTooLarge, ServerError
-from ..core._routes import ForwardRoute, replayed
+from ..core._routes import ForwardRoute
 from ..edge._errors_http import error_response
 from ._relay import Opened
+from ._upload import read_upload
 
 __all__ = [
     "FORMATS",
@@ -92,29 +92,18 @@ class AudioForm:
     temperature: float | None
 
 
-def _text(form: Any, name: str) -> str | None:
-    value = form.get(name)
-    return value if isinstance(value, str) and value != "" else None
-
-
 async def parse_form(request: Request, body: bytes, limit: int) -> AudioForm:
     """The upload's fields, checked (an :class:`InvalidRequest` naming the field, or a 413)."""
-    try:
-        async with replayed(request, body).form() as form:
-            upload = form.get("file")
-            if not isinstance(upload, UploadFile):
-                raise InvalidRequest(
-                    'the request has no "file" field (the audio to transcribe)',
-                    param="file",
-                    hint="send the audio as the multipart file field `file`",
-                )
-            data = await upload.read(limit + 1)
-            filename = upload.filename or "audio"
-            fields = {n: _text(form, n) for n in ("response_format", "language", "prompt", "temperature")}
-    except (AssertionError, ValueError, KeyError) as exc:
-        raise InvalidRequest(
-            f"the form body could not be parsed: {exc}", param="file", hint="send multipart/form-data"
-        ) from None
+    upload = await read_upload(
+        request,
+        body,
+        limit,
+        fields=("response_format", "language", "prompt", "temperature"),
+        default_name="audio",
+        missing=" (the audio to transcribe)",
+        hint="send the audio as the multipart file field `file`",
+    )
+    data, filename, fields = upload.data, upload.filename, upload.fields
     if not data:
         raise InvalidRequest("file: the uploaded file is empty", param="file", hint="send an audio file")
     if len(data) > limit:

@@ -18,7 +18,6 @@ from typing import Any
 
 import anyio
 import httpx
-from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -28,10 +27,10 @@ from ..._errors import ForgeError, InvalidRequest, PayloadTooLarge, RequestRejec
 from ...access import PRIORITY_HEADER, Key
 from ...batches import ENDPOINTS, WINDOWS, BatchStore, Send, parse_input
 from ..core._recording import request_key
-from ..core._routes import replayed
 from ..core._state import GatewayState, body_limit, request_id, state_of
 from ..edge._errors_http import error_response
 from ..edge._middleware import read_body
+from ._upload import read_upload
 
 __all__ = ["asgi_sender", "routes"]
 
@@ -100,22 +99,17 @@ async def _create_file(request: Request, st: GatewayState, store: BatchStore) ->
     """summary: upload a batch input file (multipart: file, purpose=batch)"""
     body = await read_body(request, body_limit(st, "/v1/files"))
     limit = st.server.batch_max_bytes
-    try:
-        async with replayed(request, body).form(max_part_size=limit + 1) as form:
-            upload = form.get("file")
-            purpose = form.get("purpose")
-            if not isinstance(upload, UploadFile):
-                raise InvalidRequest(
-                    'the request has no "file" field',
-                    param="file",
-                    hint="send the JSONL as the multipart field `file`",
-                )
-            data = await upload.read(limit + 1)
-            filename = upload.filename or "input.jsonl"
-    except (AssertionError, ValueError, KeyError) as exc:
-        raise InvalidRequest(
-            f"the form body could not be parsed: {exc}", param="file", hint="send multipart/form-data"
-        ) from None
+    upload = await read_upload(
+        request,
+        body,
+        limit,
+        fields=("purpose",),
+        default_name="input.jsonl",
+        missing="",
+        hint="send the JSONL as the multipart field `file`",
+        max_part_size=limit + 1,
+    )
+    data, filename, purpose = upload.data, upload.filename, upload.fields["purpose"]
     if purpose != "batch":
         raise InvalidRequest(
             f"purpose {purpose!r} is not supported: this service keeps files for batches only",
