@@ -234,9 +234,10 @@ class ContextStore:
             raise
         return entry
 
-    def touch(self, entry: SavedContext) -> SavedContext:
-        """Mark it used now (restored): the budget removes the least recently used first."""
-        used = replace(entry, used_at=time.time())
+    def touch(self, entry: SavedContext, *, demote: bool = False) -> SavedContext:
+        """Mark it used now (restored): the budget removes the least recently used first.
+        ``demote``: mark it used never instead, so the budget removes it before any other."""
+        used = replace(entry, used_at=0.0 if demote else time.time())
         with contextlib.suppress(OSError):
             self._write_manifest(used)
         return used
@@ -328,6 +329,12 @@ class ContextStore:
             return []
         out = [self._read(d, p) for p in manifests]
         return sorted(out, key=lambda e: e.used_at, reverse=True)
+
+    def entry(self, model: str, stem: str) -> SavedContext | None:
+        """One committed save by name (a conversation's next turn looks up one, not all)."""
+        d = self.directory(model, create=False)
+        manifest = d / (stem + _MANIFEST)
+        return self._read(d, manifest) if manifest.exists() else None
 
     def summary(self, model: str) -> ContextSummary:
         """The model's saves as the disk has them now (a thread's work), remembered for

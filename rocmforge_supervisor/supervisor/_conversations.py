@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._errors import InstanceError
+from ._context_store import SavedContext
 from ._events import EventKind
 from ._keep_context import child_key
 
@@ -75,6 +76,7 @@ class ConversationTurn:
     messages: list[dict[str, Any]]
     raw: bytes
     slot: int | None = None
+    restored: int = 0  # tokens restored into the slot before this turn
 
     @classmethod
     def of(cls, model: ManagedModel, key: str | None, raw: bytes) -> ConversationTurn | None:
@@ -102,30 +104,54 @@ class ConversationTurn:
         return conversation_hash(child_key(self.model.plan).to_json(), self.key, messages)
 
     async def prepare(self) -> bytes:
-        """The body to send: with ``id_slot`` set to a free slot, whose state is restored first
-        when this conversation's previous turn was saved by a child that is gone."""
+        """The body to send: with ``id_slot`` set to a free slot. The slot that still holds this
+        conversation's last turn is chosen when one does; otherwise the turn's saved state, when
+        there is one, is restored into the slot first (the child lost it: fell out of its RAM
+        cache, another conversation took the slot, the child was unloaded or restarted)."""
         server, plan = self.model.server, self.model.plan
         if server is None or plan is None or plan.slot_save_dir is None:  # keep_context is off
             return self.raw
-        self.slot = await _idle_slot(server)
-        if self.slot is None:  # no idle slot to restore into or save from: an ordinary request
+        book = self.keeper.book
+        book.for_child(server.pid or 0)
+        if book.off is not None:
             return self.raw
+        free = [s for s in await _idle_slots(server) if s not in book.claimed]
+        if not free:  # no idle slot to restore into or save from: an ordinary request
+            return self.raw
+        resume = self._resume_stem()
+        held = next((s for s in free if resume is not None and book.holds.get(s) == resume), None)
+        # Otherwise a slot holding no tracked conversation, else the one holding the oldest.
+        order = list(book.holds)
+        slot = held if held is not None else min(free, key=lambda s: order.index(s) if s in order else -1)
+        book.claimed.add(slot)
+        book.holds.pop(slot, None)  # whatever it held is being replaced
+        self.slot = slot
         counters = self.keeper.conversations
-        if len(self.messages) >= 2 and self.messages[-1]["role"] == "user":
-            stem = _STEM + self._hash(self.messages[:-1])
-            entries = await anyio.to_thread.run_sync(self.keeper.store.entries, self.keeper.name)
-            entry = next((e for e in entries if e.stem == stem), None)
+        if held is not None:
+            counters.hits += 1  # served from the slot's own KV: nothing to restore
+        elif resume is not None:
+            entry = await anyio.to_thread.run_sync(self.keeper.store.entry, self.keeper.name, resume)
             if entry is None:
                 counters.misses += 1
             else:
                 counters.hits += 1
-                saved_by = self.keeper.held.get(stem)
-                if saved_by != server.pid:
-                    await self._restore(entry)
-        body = {**self.body, "id_slot": self.slot}
-        return json.dumps(body).encode()
+                await self._restore(entry)
+        return json.dumps({**self.body, "id_slot": slot}).encode()
 
-    async def _restore(self, entry: Any) -> None:
+    def _resume_stem(self) -> str | None:
+        """The saved state this turn continues from: the conversation minus its new user message
+        (a first turn, with no answer in it yet, continues from nothing)."""
+        earlier = self.messages[:-1]
+        if self.messages[-1]["role"] == "user" and any(m["role"] == "assistant" for m in earlier):
+            return _STEM + self._hash(earlier)
+        return None
+
+    def release(self) -> None:
+        """The turn is over (answered, failed or cancelled): its slot may be chosen again."""
+        if self.slot is not None:
+            self.keeper.book.claimed.discard(self.slot)
+
+    async def _restore(self, entry: SavedContext) -> None:
         keeper, server = self.keeper, self.model.server
         assert server is not None and self.slot is not None and self.model.plan is not None
         why = entry.problem or (entry.key.mismatch(child_key(self.model.plan)) if entry.key else "no key")
@@ -135,28 +161,29 @@ class ConversationTurn:
         try:
             answer = await server.slot_action(self.slot, "restore", entry.filename)
         except InstanceError as exc:
-            keeper._warn(f"{exc.message}; conversation state deleted, the turn computes cold")
+            self._warn(f"{exc.message}; conversation state deleted, the turn computes cold")
             keeper._deleted(entry, "restore failed")
-            self.keeper.conversations.warnings += 1
             return
-        tokens = int(answer.get("n_restored") or 0)
-        c = keeper.conversations
-        c.restores += 1
-        c.prefill_saved += tokens
-        keeper.held[entry.stem] = server.pid or 0
+        self.restored = int(answer.get("n_restored") or 0)
+        self.keeper.conversations.restores += 1
         await anyio.to_thread.run_sync(keeper.store.touch, entry)
         keeper._events.publish(
             keeper.name,
             EventKind.CONTEXT_RESTORED,
             slot=self.slot,
-            tokens=tokens,
+            tokens=self.restored,
             bytes=entry.bytes,
             file=entry.filename,
             conversation=True,
         )
 
+    def _warn(self, message: str) -> None:
+        self.keeper._warn(message)
+        self.keeper.conversations.warnings += 1
+
     async def finish(self, content: bytes) -> None:
-        """After a 200: save the slot when the turn was long enough, named for the next turn."""
+        """After a 200: the restore check, then which state the slot now holds, saved to disk
+        when the turn was long enough (the state the turn continued from is then superseded)."""
         server = self.model.server
         if server is None or self.slot is None or self.model.plan is None:
             return
@@ -165,41 +192,73 @@ class ConversationTurn:
             message = answer["choices"][0]["message"]
             usage = answer.get("usage") or {}
             total = int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+            reused = _reused(answer)
         except (ValueError, KeyError, IndexError, TypeError):
             return
-        if total < SAVE_MIN_TOKENS or not isinstance(message.get("content"), str):
+        if not isinstance(message.get("content"), str):
+            return
+        if self.restored and not self._restore_checked(reused):
             return
         reply = {"role": "assistant", "content": message["content"]}
         stem = _STEM + self._hash([*self.messages, reply])
-        keeper = self.keeper
+        book = self.keeper.book
+        if server.pid == book.pid:
+            book.holds[self.slot] = stem
+        if total >= SAVE_MIN_TOKENS:
+            await self._save(stem)
+
+    def _restore_checked(self, reused: int | None) -> bool:
+        """A restore the child did not reuse (it computed the prompt from 0: llama.cpp #26676 at
+        some builds) turns the tier off for this run with a warning: saves that cannot help would
+        only cost time. False then."""
+        c = self.keeper.conversations
+        if reused is None or reused > 0:
+            c.prefill_saved += self.restored if reused is None else reused
+            return True
+        self.keeper.book.off = (
+            f"a restored conversation state ({self.restored} tokens) was not reused: the child "
+            "computed the prompt from 0 (llama.cpp #26676 at this build)"
+        )
+        self._warn(f"the per-conversation context tier is off: {self.keeper.book.off}")
+        return False
+
+    async def _save(self, stem: str) -> None:
+        server, keeper = self.model.server, self.keeper
+        assert server is not None and self.slot is not None and self.model.plan is not None
         temp = keeper.store.temp_name()
         try:
             saved = await server.slot_action(self.slot, "save", temp)
         except InstanceError as exc:
             keeper.store.discard(keeper.name, temp)
-            keeper._warn(exc.message)
-            keeper.conversations.warnings += 1
+            self._warn(exc.message)
             return
         tokens = int(saved.get("n_saved") or 0)
         key = child_key(self.model.plan)
+        resumed = self._resume_stem()
+        slot = self.slot
+
+        def commit() -> SavedContext:
+            entry = keeper.store.commit(keeper.name, temp, slot=slot, tokens=tokens, key=key, stem=stem)
+            # The state this turn continued from is a prefix of the new one: the budget removes it
+            # first. Kept until then: a client that sends this turn again (regenerate) finds it.
+            old = keeper.store.entry(keeper.name, resumed) if resumed is not None else None
+            if old is not None and old.problem is None:
+                keeper.store.touch(old, demote=True)
+            return entry
+
         try:
-            entry = await anyio.to_thread.run_sync(
-                lambda: keeper.store.commit(
-                    keeper.name, temp, slot=self.slot or 0, tokens=tokens, key=key, stem=stem
-                )
-            )
+            entry = await anyio.to_thread.run_sync(commit)
         except OSError as exc:
             keeper.store.discard(keeper.name, temp)
-            keeper._warn(f"could not keep a conversation's state: {exc.strerror or exc}")
+            self._warn(f"could not keep a conversation's state: {exc.strerror or exc}")
             return
-        keeper.held[stem] = server.pid or 0
         c = keeper.conversations
         c.saves += 1
         c.saved_bytes += entry.bytes
         keeper._events.publish(
             keeper.name,
             EventKind.CONTEXT_SAVED,
-            slot=self.slot,
+            slot=slot,
             tokens=tokens,
             bytes=entry.bytes,
             file=entry.filename,
@@ -209,14 +268,28 @@ class ConversationTurn:
         await keeper.refresh()
 
 
-async def _idle_slot(server: Any) -> int | None:
-    """The first slot not processing (``GET /slots``); None when all are busy or it cannot say."""
-    slots = await server.slots()
-    if isinstance(slots, list):
-        for s in slots:
-            if isinstance(s, dict) and not s.get("is_processing") and isinstance(s.get("id"), int):
-                return int(s["id"])
+def _reused(answer: dict[str, Any]) -> int | None:
+    """The prompt tokens the child took from its slot instead of computing (``timings.cache_n``,
+    or the OpenAI usage's ``cached_tokens``); None when the answer does not say."""
+    timings = answer.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        return int(timings["cache_n"])
+    details = (answer.get("usage") or {}).get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        return int(details["cached_tokens"])
     return None
+
+
+async def _idle_slots(server: Any) -> list[int]:
+    """The slots not processing (``GET /slots``); none when all are busy or it cannot say."""
+    slots = await server.slots()
+    if not isinstance(slots, list):
+        return []
+    return [
+        int(s["id"])
+        for s in slots
+        if isinstance(s, dict) and not s.get("is_processing") and isinstance(s.get("id"), int)
+    ]
 
 
 def is_conversation(stem: str) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from ._context_store import ContextKey, ContextStore, ContextSummary, SavedConte
 from ._events import EventBus, EventKind
 from ._launch import LaunchPlan
 
-__all__ = ["ContextCounters", "ContextKeeper", "child_key"]
+__all__ = ["ContextCounters", "ContextKeeper", "SlotBook", "child_key"]
 
 log = logging.getLogger("rocmforge.supervisor")
 
@@ -60,6 +60,30 @@ class ConversationCounters:
 
 
 @dataclass
+class SlotBook:
+    """What the per-conversation tier knows of the running child's slots: which conversation
+    state each slot holds after a tier turn (so the next turn goes back there without a restore),
+    which slots a tier turn in flight has claimed (so two turns never restore into one slot), and
+    whether the tier is off for this run, and why (the restore check, llama.cpp #26676)."""
+
+    pid: int = 0
+    holds: dict[int, str] = field(default_factory=dict)  # slot -> state stem, oldest first
+    claimed: set[int] = field(default_factory=set)
+    off: str | None = None
+
+    def for_child(self, pid: int) -> None:
+        """A new child holds nothing of the old one's slots."""
+        if pid != self.pid:
+            self.pid = pid
+            self.holds.clear()
+            self.claimed.clear()
+
+    def unknown(self) -> None:
+        """A request outside the tier went to the child: any slot may now hold something else."""
+        self.holds.clear()
+
+
+@dataclass
 class ContextCounters:
     """Totals since this ``forge serve`` started (``/metrics``)."""
 
@@ -78,10 +102,9 @@ class ContextKeeper:
     def __init__(self, name: str, store: ContextStore, events: EventBus) -> None:
         self.name, self.store, self._events = name, store, events
         self.counters = ContextCounters()
-        #: The per-conversation tier's totals, and which child (pid) holds each state it saved or
-        #: restored during this run (:mod:`._conversations`).
+        #: The per-conversation tier's totals and its book of the child's slots (:mod:`._conversations`).
         self.conversations = ConversationCounters()
-        self.held: dict[str, int] = {}
+        self.book = SlotBook()
 
     def slot_dir(self) -> Path | None:
         """The directory for the child's ``--slot-save-path``; None (with a warning) when it cannot

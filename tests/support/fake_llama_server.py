@@ -48,6 +48,12 @@ before it listens: a per-process device memory file as the kernel keeps it (KFD'
 ``POST /slots/N?action=save|restore`` with ``--slot-save-path DIR`` (``keep_context``) writes and
 reads a small file there, answering ``n_saved``/``n_restored`` as llama-server does;
 ``--fake-save-seconds S`` makes each save take S seconds after its file appears (a slow disk).
+``--fake-slots`` adds ``GET /slots`` (``[{"id", "is_processing"}]`` for each of ``--parallel N``
+slots) and keeps what each slot holds as the real server does: a non-streamed chat sent with
+``id_slot`` reports the tokens its slot already held (a restore's ``n_restored``, or its last
+turn's prompt plus answer) as ``timings.cache_n`` and ``usage.prompt_tokens_details.cached_tokens``;
+``--fake-prompt-tokens N`` makes every non-streamed answer's ``usage.prompt_tokens`` N (default 2);
+``--fake-restore-noop`` makes a restore answer as usual but leave the slot empty (llama.cpp #26676).
 
 ``/completion`` (llama-server's own route) answers ``{"content", "tokens_predicted"}``; each finished
 request prints llama-server's ``print_timing`` line.
@@ -161,6 +167,10 @@ def main() -> None:
     sleep_idle = float(opts.get("--sleep-idle-seconds", "-1"))
     reranking = "--reranking" in opts
     tools_caps = opts.get("--fake-tools-caps")
+    fake_slots = "--fake-slots" in opts
+    parallel = int(opts.get("--parallel") or opts.get("-np") or 1)
+    prompt_tokens = int(opts.get("--fake-prompt-tokens", "2"))
+    slot_tokens: dict[int, int] = {}  # --fake-slots: what each slot holds
     last_task = [time.monotonic()]
     ready = threading.Event()
 
@@ -170,7 +180,7 @@ def main() -> None:
         def log_message(self, format: str, *args: object) -> None:  # quiet, like -lv 0
             pass
 
-        def _send(self, status: int, body: dict[str, object]) -> None:
+        def _send(self, status: int, body: object) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -186,6 +196,8 @@ def main() -> None:
                     self._send(503, {"error": {"code": 503, "message": "Loading model"}})
             elif self.path == "/metrics":
                 self._send(200, {})
+            elif self.path == "/slots" and fake_slots:
+                self._send(200, [{"id": i, "is_processing": False} for i in range(parallel)])
             elif self.path == "/props":
                 asleep = 0 < sleep_idle <= time.monotonic() - last_task[0]
                 props: dict[str, object] = {"build_info": "fake", "is_sleeping": asleep}
@@ -237,20 +249,25 @@ def main() -> None:
             if not body.get("stream"):
                 text = " ".join("tok" for _ in range(chunks))
                 choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+                slot = body.get("id_slot")
+                cached = slot_tokens.get(slot, 0) if isinstance(slot, int) else 0
+                cached = min(cached, prompt_tokens)
+                if isinstance(slot, int):
+                    slot_tokens[slot] = prompt_tokens + chunks
                 usage = {
                     "completion_tokens": chunks,
-                    "prompt_tokens": 2,
-                    "total_tokens": chunks + 2,
-                    "prompt_tokens_details": {"cached_tokens": 0},
+                    "prompt_tokens": prompt_tokens,
+                    "total_tokens": chunks + prompt_tokens,
+                    "prompt_tokens_details": {"cached_tokens": cached},
                 }
-                self._send(
-                    200,
-                    {
-                        "object": "fake",
-                        "choices": [{"index": 0, "finish_reason": "length", **choice}],
-                        "usage": usage,
-                    },
-                )
+                answer: dict[str, object] = {
+                    "object": "fake",
+                    "choices": [{"index": 0, "finish_reason": "length", **choice}],
+                    "usage": usage,
+                }
+                if fake_slots:
+                    answer["timings"] = {"cache_n": cached, "prompt_n": prompt_tokens - cached}
+                self._send(200, answer)
                 return
             events = []
             for i in range(chunks):
@@ -377,6 +394,9 @@ def main() -> None:
                 )
             elif query == "restore" and path.exists():
                 size = path.stat().st_size
+                # --fake-restore-noop: llama.cpp #26676, the restore reports its tokens but the
+                # slot is left empty, so the next request computes from 0.
+                slot_tokens[int(slot)] = 0 if "--fake-restore-noop" in opts else size // 1000
                 self._send(
                     200,
                     {

@@ -330,6 +330,8 @@ class _Forwarder:
         stack = AsyncExitStack()
         request = (self.st, self.name, self.route.method, self.path, self.body, self.rid)
         turn = self._conversation()
+        if turn is not None:
+            stack.callback(turn.release)
         opening = (
             _open_stream(*request, content_type=self.content_type, loaded=loaded)
             if self.stream and sending is None
@@ -394,16 +396,21 @@ class _Forwarder:
         return Opened(200, headers, chunks=relay, close=close)
 
     def _conversation(self) -> ConversationTurn | None:
-        """The conversation tier's part in a non-streamed chat turn of a ``keep_context`` model."""
-        if self.stream or self.translator is not None or self.upstream_path != "/v1/chat/completions":
-            return None
+        """The conversation tier's part in a non-streamed chat turn of a ``keep_conversations``
+        model. Any other request to such a model may take any slot: the tier's book of what the
+        slots hold is then void."""
         try:
             model = self.st.supervisor.get(self.name)
         except ForgeError:
             return None
         if not model.config.keep_conversations:
             return None
-        return ConversationTurn.of(model, admission()[1], self.body)
+        turn = None
+        if not self.stream and self.translator is None and self.upstream_path == "/v1/chat/completions":
+            turn = ConversationTurn.of(model, admission()[1], self.body)
+        if turn is None and model.contexts is not None:
+            model.contexts.book.unknown()
+        return turn
 
     async def _relay(
         self, upstream: httpx.Response | StreamResponse, meter: StreamMeter

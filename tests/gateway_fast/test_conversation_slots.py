@@ -1,0 +1,167 @@
+"""The per-conversation tier's bookkeeping, against the FAKE llama-server with ``--fake-slots``
+(it keeps what each slot holds, answers ``GET /slots`` and reports a request's reused tokens as
+the real one does; tests/gateway/test_conversation_tier.py runs the real server): which slot a
+turn goes to, when a saved state is restored, the restore check (llama.cpp #26676), key scoping,
+and the byte budget under a 200-turn soak.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rocmforge_supervisor.supervisor import EventKind
+from tests.gateway_fast.conftest import Serve
+from tests.support.gateway import Gateway
+
+pytestmark = pytest.mark.anyio
+
+ALICE, BOB = "sk-alice-slots", "sk-bob-slots"
+KEYS = [{"name": "alice", "key": ALICE}, {"name": "bob", "key": BOB}]
+#: Every turn is "long" (600 prompt tokens, over SAVE_MIN_TOKENS), so every turn is saved.
+ARGS = ["--fake-slots", "--fake-prompt-tokens", "600"]
+
+
+def _model(parallel: int = 2, args: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    return {
+        "m": {
+            "preload": True,
+            "parallel": parallel,
+            "keep_context": True,
+            "keep_conversations": True,
+            "args": [*ARGS, *args],
+        }
+    }
+
+
+async def _turn(gw: Gateway, messages: list[dict[str, str]], key: str = ALICE) -> dict[str, Any]:
+    r = await gw.client.post(
+        "/v1/chat/completions",
+        json={"model": "m", "messages": messages, "max_tokens": 3},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert r.status_code == 200, r.text
+    answer: dict[str, Any] = r.json()
+    messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+    return answer
+
+
+def _ask(messages: list[dict[str, str]], text: str) -> list[dict[str, str]]:
+    messages.append({"role": "user", "content": text})
+    return messages
+
+
+def _counters(gw: Gateway) -> dict[str, int]:
+    contexts = gw.model("m").contexts
+    assert contexts is not None
+    c = contexts.conversations
+    return {"hits": c.hits, "misses": c.misses, "restores": c.restores, "saves": c.saves}
+
+
+def _reused(answer: dict[str, Any]) -> int:
+    return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def _slot_dir(gw: Gateway) -> Path:
+    plan = gw.model("m").plan
+    assert plan is not None and plan.slot_save_dir is not None
+    return Path(plan.slot_save_dir)
+
+
+async def test_the_next_turn_goes_back_to_its_slot_and_a_lost_one_is_restored(serve: Serve) -> None:
+    async with serve(_model(parallel=2), server={"keys": KEYS}) as gw:
+        a = _ask([{"role": "user", "content": "conversation a"}], "a1")
+        await _turn(gw, a)
+        assert _counters(gw) == {"hits": 0, "misses": 0, "restores": 0, "saves": 1}
+        # The next turn of a: its slot still holds it, so no restore, and the child reuses it.
+        answer = await _turn(gw, _ask(a, "a2"))
+        assert _counters(gw)["hits"] == 1 and _counters(gw)["restores"] == 0
+        assert _reused(answer) > 0
+        # Two other conversations take both slots (the oldest-held slot first: a's).
+        for name in ("b", "c"):
+            await _turn(gw, _ask([{"role": "user", "content": f"conversation {name}"}], f"{name}1"))
+        # a comes back: its slot holds c now, so its saved state is restored and reused.
+        answer = await _turn(gw, _ask(a, "a3"))
+        assert _counters(gw)["restores"] == 1 and _counters(gw)["hits"] == 2
+        assert _reused(answer) > 0
+        # Every turn saved; the states a later turn superseded are the budget's first to go.
+        entries = gw.model("m").contexts.store.entries("m")  # type: ignore[union-attr]
+        assert len(entries) == 5
+        assert sorted(e.used_at == 0.0 for e in entries) == [False, False, False, True, True]
+
+
+async def test_a_request_outside_the_tier_voids_what_the_slots_were_known_to_hold(serve: Serve) -> None:
+    async with serve(_model(parallel=1), server={"keys": KEYS}) as gw:
+        a = _ask([{"role": "user", "content": "conversation a"}], "a1")
+        await _turn(gw, a)
+        r = await gw.client.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True},
+            headers={"Authorization": f"Bearer {ALICE}"},
+        )
+        assert r.status_code == 200
+        # The stream went to some slot forge does not track: a's next turn restores from disk.
+        await _turn(gw, _ask(a, "a2"))
+        assert _counters(gw)["restores"] == 1
+
+
+async def test_another_keys_turn_never_finds_the_state(serve: Serve) -> None:
+    async with serve(_model(parallel=1), server={"keys": KEYS}) as gw:
+        a = _ask([{"role": "user", "content": "shared words"}], "q1")
+        await _turn(gw, a, key=ALICE)
+        bob = [dict(m) for m in a]  # the same messages, byte for byte
+        await _turn(gw, _ask(bob, "q2"), key=BOB)
+        c = _counters(gw)
+        assert c["misses"] == 1 and c["hits"] == 0 and c["restores"] == 0
+        # Alice's own next turn finds her state (bob's turn took the one slot): restored.
+        await _turn(gw, _ask(a, "q2"), key=ALICE)
+        assert _counters(gw)["restores"] == 1
+
+
+async def test_a_restore_the_child_does_not_reuse_turns_the_tier_off(serve: Serve) -> None:
+    async with serve(_model(parallel=1, args=("--fake-restore-noop",)), server={"keys": KEYS}) as gw:
+        a = _ask([{"role": "user", "content": "conversation a"}], "a1")
+        await _turn(gw, a)
+        await _turn(gw, _ask([{"role": "user", "content": "conversation b"}], "b1"))
+        await _turn(gw, _ask(a, "a2"))  # restored, but the child computes it from 0
+        contexts = gw.model("m").contexts
+        assert contexts is not None
+        assert contexts.book.off is not None and "#26676" in contexts.book.off
+        saves = _counters(gw)["saves"]
+        await _turn(gw, _ask(a, "a3"))
+        assert _counters(gw)["saves"] == saves  # off: nothing more saved or restored
+        warnings = [e for e in gw.sup.events.history("m") if e.kind == EventKind.CONTEXT_WARNING]
+        assert any("per-conversation context tier is off" in str(e.data["message"]) for e in warnings)
+
+
+async def test_the_byte_budget_holds_over_a_200_turn_soak(serve: Serve) -> None:
+    state_bytes = 7000  # the fake writes 1000 bytes per saved token, 7 tokens
+    budget = 5 * state_bytes + 100
+    rng = random.Random(35)
+    async with serve(_model(parallel=2), server={"keys": KEYS, "context_max_bytes": budget}) as gw:
+        folder = _slot_dir(gw)
+        conversations: list[list[dict[str, str]]] = [
+            [{"role": "user", "content": f"conversation {i}"}] for i in range(8)
+        ]
+        for turn in range(200):
+            messages = rng.choice(conversations)
+            if messages[-1]["role"] == "assistant":
+                _ask(messages, f"turn {turn}")
+            await _turn(gw, messages)
+            data = list(folder.glob("*.slot"))
+            manifests = list(folder.glob("*.json"))
+            assert sum(p.stat().st_size for p in data) <= budget, f"turn {turn}"
+            assert len(data) <= 5 and {p.stem for p in data} == {p.stem for p in manifests}
+            assert not list(folder.glob("tmp-*")), f"turn {turn}: a temporary file was left"
+        c = _counters(gw)
+        assert c["saves"] == 200
+        assert c["hits"] + c["misses"] == 200 - 8  # every turn but each conversation's first
+        assert c["restores"] > 0
+        listing = await gw.client.get("/api/models", headers={"Authorization": f"Bearer {ALICE}"})
+        row = next(m for m in listing.json()["models"] if m["name"] == "m")
+        assert row["contexts"]["bytes"] <= budget
+        assert row["contexts"]["conversation_saves"] == 200
+        assert row["contexts"]["conversation_restores"] == c["restores"]
