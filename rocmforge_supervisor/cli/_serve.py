@@ -324,11 +324,18 @@ def _context(r: dict[str, Any]) -> str:
 
 
 def _contexts(r: dict[str, Any]) -> str:
-    """Saved contexts (keep_context): how many, their tokens and bytes; "-" when none."""
+    """Saved contexts (keep_context): how many, their tokens and bytes, "-" when none; with the
+    conversation tier, its returning turns found and restored (or why it is off)."""
     c = r.get("contexts") or {}
     if not c.get("count"):
-        return "-" if not r.get("keep_context") else "0"
-    return f"{c['count']} ({c.get('tokens', 0)} tok, {_fmt_bytes(int(c.get('bytes', 0)))})"
+        text = "-" if not r.get("keep_context") else "0"
+    else:
+        text = f"{c['count']} ({c.get('tokens', 0)} tok, {_fmt_bytes(int(c.get('bytes', 0)))})"
+    if c.get("conversation_off"):
+        return f"{text}; conversations off"
+    if "conversation_hits" in c:
+        text += f"; {c['conversation_hits']} found, {c.get('conversation_restores', 0)} restored"
+    return text
 
 
 def _fit_columns(rows: list[list[str]], width: int) -> int:

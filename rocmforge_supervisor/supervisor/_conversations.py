@@ -13,8 +13,9 @@ running one is a hit served from the child's memory, not restored. Files live in
 ``--slot-save-path`` directory as ``conv-<hash>`` entries of :class:`~._context_store.ContextStore`
 (the same manifests, 0600 files and LRU byte budget as the planned-stop saves).
 
-Only non-streamed ``/v1/chat/completions`` with plain ``role``/``content`` messages take part:
-anything else (tools, streams) is passed through untouched. Every failure is a warning event and a
+Only ``/v1/chat/completions`` (streamed or not) with plain ``role``/``content`` messages take part:
+anything else (tools, images, other routes and dialects) is passed through untouched, and voids
+what forge knew of the child's slots (it may have taken any). Every failure is a warning event and a
 cold request: this is an optimisation, never a reason for a request to fail.
 """
 
@@ -87,7 +88,7 @@ class ConversationTurn:
             body = json.loads(raw)
         except ValueError:
             return None
-        if not isinstance(body, dict) or body.get("stream") or "id_slot" in body:
+        if not isinstance(body, dict) or "id_slot" in body:
             return None
         messages = _plain(body.get("messages"))
         if messages is None:
@@ -206,6 +207,32 @@ class ConversationTurn:
             book.holds[self.slot] = stem
         if total >= SAVE_MIN_TOKENS:
             await self._save(stem)
+
+    async def finish_stream(self, events: bytes) -> None:
+        """After a stream that ended with ``[DONE]``: the answer its events spelled out (the
+        content deltas, the last ``usage`` and ``timings``), then as :meth:`finish`."""
+        content: list[str] = []
+        whole: dict[str, Any] = {}
+        for line in events.split(b"\n"):
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            try:
+                event = json.loads(line[6:])
+                delta = (event.get("choices") or [{}])[0].get("delta") or {}
+            except (ValueError, AttributeError, IndexError):
+                return  # not the chat stream this was sent for: nothing is kept
+            if isinstance(delta.get("content"), str):
+                content.append(delta["content"])
+            for key in ("usage", "timings"):
+                if isinstance(event.get(key), dict):
+                    whole[key] = event[key]
+        usage = whole.get("usage") or {}
+        timings = whole.get("timings") or {}
+        if not usage and timings:  # without stream_options.include_usage: the child's own counts
+            prompt = int(timings.get("prompt_n", 0)) + int(timings.get("cache_n", 0))
+            usage = {"prompt_tokens": prompt, "completion_tokens": int(timings.get("predicted_n", 0))}
+        answer = {"choices": [{"message": {"content": "".join(content)}}], **whole, "usage": usage}
+        await self.finish(json.dumps(answer).encode())
 
     def _restore_checked(self, reused: int | None) -> bool:
         """A restore the child did not reuse (it computed the prompt from 0: llama.cpp #26676 at

@@ -271,7 +271,10 @@ def _contexts(m: ManagedModel) -> dict[str, Any]:
     """Saved contexts on disk, and what this run saved and restored (``/metrics`` reads these)."""
     if m.contexts is None:
         return {}
-    conversations = {f"conversation_{k}": v for k, v in asdict(m.contexts.conversations).items()}
+    conversations: dict[str, Any] = {}
+    if m.config.keep_conversations:  # the tier's totals, and why it is off when it turned itself off
+        conversations = {f"conversation_{k}": v for k, v in asdict(m.contexts.conversations).items()}
+        conversations["conversation_off"] = m.contexts.book.off
     return {**m.contexts.summary().to_json(), **asdict(m.contexts.counters), **conversations}
 
 

@@ -39,3 +39,24 @@ def test_a_refused_load_is_one_line_and_exit_2_and_ps_shows_the_rules(
         big = next(line for line in ps.stdout.splitlines() if " big " in line)
         small = next(line for line in ps.stdout.splitlines() if " small " in line)
         assert "pinned, group gpu" in big and "group gpu, cost 3" in small, ps.stdout
+
+
+def test_ps_shows_the_conversation_tier(tmp_path: Path, tiny_gguf: Path, fake_bin: Path) -> None:
+    config = write_config(
+        tmp_path / "forge.toml",
+        f'[models.m]\npath = "{tiny_gguf}"\npreload = true\nkeep_context = true\nkeep_conversations = true\n'
+        'args = ["--fake-slots", "--fake-prompt-tokens", "600"]\n',
+    )
+    with running_service(config, tmp_path / "state", fake_bin) as svc:
+        wait_for(lambda: svc.model("m").get("pid"), timeout=30, what="m loaded")
+        messages = [{"role": "user", "content": "first"}]
+        with svc.client() as c:
+            for question in ("second", "third"):
+                r = c.post("/v1/chat/completions", json={"model": "m", "messages": messages}, timeout=30)
+                assert r.status_code == 200, r.text
+                reply = r.json()["choices"][0]["message"]["content"]
+                messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": question}]
+        ps = _forge(svc, "ps")
+        assert ps.returncode == 0, ps.stderr
+        row = next(line for line in ps.stdout.splitlines() if " m " in line)
+        assert "1 found, 0 restored" in row, ps.stdout

@@ -6,7 +6,9 @@ same text at temperature 0 as the same turn computed cold; another key's turn ne
 
 from __future__ import annotations
 
+import json
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +114,112 @@ def test_next_turn_after_unload_or_restart_restores_from_disk_and_matches_cold(
         counters = _conv(svc)
         assert counters["hits"] == 1 and counters["restores"] == 1, counters
         assert _text(again) == _text(cold), (_text(again), _text(cold))
+
+
+def _stream_text(svc: Service, key: str, messages: list[dict[str, str]]) -> tuple[str, dict[str, Any]]:
+    """A streamed turn as a client reads it: the text and the last event's ``timings``."""
+    body = {"model": "m", "messages": messages, "max_tokens": 12, "temperature": 0, "stream": True}
+    text, timings = [], {}
+    with (
+        svc.client() as c,
+        c.stream(
+            "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=300
+        ) as r,
+    ):
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                text.append((event["choices"] or [{}])[0].get("delta", {}).get("content") or "")
+                timings = event.get("timings") or timings
+    return "".join(text), timings
+
+
+def test_a_streamed_turn_whose_slot_another_conversation_took_comes_back_from_disk_as_cold(
+    tmp_path: Path, smollm2_path: Path, llama_server_bin: Path
+) -> None:
+    """No RAM cache (``--cache-ram 0``) and one slot: conversation b takes a's slot between a's
+    turns, so a's state can only come back from disk; streamed, the text is the cold turn's."""
+    first = _first_turn()
+    other = [{"role": "system", "content": "Count things."}, {"role": "user", "content": "One two three?"}]
+
+    def config(d: Path, keep: bool) -> Path:
+        d.mkdir()
+        model = model_section(
+            "m",
+            smollm2_path,
+            ctx_size=4096,
+            parallel=1,
+            keep_context=keep,
+            keep_conversations=keep,
+            args=["--cache-ram", "0"],
+        )
+        return write_config(d / "forge.toml", f'[server]\napi_key = "{ADMIN}"\n{KEYS}\n' + model)
+
+    with running_service(
+        config(tmp_path / "cold", False), tmp_path / "cold" / "s", llama_server_bin, api_key=ADMIN
+    ) as svc:
+        reply, _ = _stream_text(svc, ALICE, first)
+        second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "And last?"}]
+        _stream_text(svc, ALICE, other)  # b takes the slot: a's second turn computes all of it
+        cold, timings = _stream_text(svc, ALICE, second)
+        assert int(timings["prompt_n"]) > 500, timings
+    with running_service(
+        config(tmp_path / "kept", True), tmp_path / "kept" / "s", llama_server_bin, api_key=ADMIN
+    ) as svc:
+        assert _stream_text(svc, ALICE, first)[0] == reply
+        _stream_text(svc, ALICE, other)
+        warm, timings = _stream_text(svc, ALICE, second)
+        counters = _conv(svc)
+        assert counters["restores"] == 1 and counters["saves"] >= 1, counters
+        assert int(timings["prompt_n"]) < 100 and int(timings["cache_n"]) > 500, timings
+        assert warm == cold, (warm, cold)
+
+
+def test_four_conversations_at_once_each_resume_their_own_state(
+    tmp_path: Path, smollm2_path: Path, llama_server_bin: Path
+) -> None:
+    """The #27148 shape: four conversations, two slots, their next turns sent at once. Each turn
+    that found a state reuses its own conversation's tokens (they share no prefix beyond a few
+    template tokens, so a slot holding another's state would be computed almost from 0)."""
+    firsts = [
+        [
+            {
+                "role": "system",
+                "content": f"Clerk {i}. {' '.join(f'{w}{i}' for w in ('crate', 'bin', 'tray') * 110)}",
+            },
+            {"role": "user", "content": f"Which crate is number {i}?"},
+        ]
+        for i in range(4)
+    ]
+    d = tmp_path / "kept"
+    d.mkdir()
+    cfg = write_config(
+        d / "forge.toml",
+        f'[server]\napi_key = "{ADMIN}"\n{KEYS}\n'
+        + model_section(
+            "m",
+            smollm2_path,
+            ctx_size=8192,
+            parallel=2,
+            keep_context=True,
+            keep_conversations=True,
+            args=["--cache-ram", "0"],
+        ),
+    )
+    with running_service(cfg, d / "s", llama_server_bin, api_key=ADMIN) as svc:
+        seconds = []
+        for messages in firsts:
+            messages.append({"role": "assistant", "content": _text(_chat(svc, ALICE, messages))})
+            messages.append({"role": "user", "content": "And the next one?"})
+            seconds.append(messages)
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda m: _chat(svc, ALICE, m), seconds))
+        counters = _conv(svc)
+        assert counters["saves"] >= 4 and counters["hits"] == 4, counters  # every first turn was saved
+        for answer, messages in zip(answers, seconds, strict=True):
+            prompt = int(answer["usage"]["prompt_tokens"])
+            reused = int(answer["timings"]["cache_n"])
+            # Its own state (restored or still in its slot): all but the new question reused.
+            assert reused > prompt - 40, (reused, prompt, messages[0]["content"][:20])
+        assert counters["restores"] >= 2, counters  # two slots for four: at least two from disk

@@ -7,6 +7,7 @@ and the byte budget under a 200-turn soak.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from rocmforge_supervisor.supervisor import EventKind
 from tests.gateway_fast.conftest import Serve
-from tests.support.gateway import Gateway
+from tests.support.gateway import Gateway, poll
 
 pytestmark = pytest.mark.anyio
 
@@ -165,3 +166,47 @@ async def test_the_byte_budget_holds_over_a_200_turn_soak(serve: Serve) -> None:
         assert row["contexts"]["bytes"] <= budget
         assert row["contexts"]["conversation_saves"] == 200
         assert row["contexts"]["conversation_restores"] == c["restores"]
+
+
+async def _streamed_turn(gw: Gateway, messages: list[dict[str, str]]) -> dict[str, Any]:
+    """A streamed turn read as a client reads it; the reply appended; the last event's timings."""
+    body = {"model": "m", "messages": messages, "max_tokens": 3, "stream": True}
+    headers = {"Authorization": f"Bearer {ALICE}"}
+    text, timings = [], {}
+    async with gw.client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                text.append(event["choices"][0].get("delta", {}).get("content") or "")
+                timings = event.get("timings") or timings
+    messages.append({"role": "assistant", "content": "".join(text)})
+    return timings
+
+
+async def test_streamed_turns_take_part_like_whole_ones(serve: Serve) -> None:
+    async with serve(_model(parallel=1), server={"keys": KEYS}) as gw:
+        a = _ask([{"role": "user", "content": "conversation a"}], "a1")
+        await _streamed_turn(gw, a)
+        await poll(lambda: _counters(gw)["saves"] == 1, what="the streamed turn saved")
+        timings = await _streamed_turn(gw, _ask(a, "a2"))
+        assert _counters(gw)["hits"] == 1 and timings["cache_n"] > 0  # went back to its slot
+        await _turn(gw, _ask([{"role": "user", "content": "conversation b"}], "b1"))
+        timings = await _streamed_turn(gw, _ask(a, "a3"))  # b took the slot: restored from disk
+        assert _counters(gw)["restores"] == 1 and timings["cache_n"] > 0
+
+
+async def test_a_stream_the_client_leaves_is_not_saved(serve: Serve) -> None:
+    slow = ("--fake-chunks", "20", "--fake-token-delay", "0.1")
+    async with serve(_model(parallel=1, args=slow), server={"keys": KEYS}) as gw:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        async with gw.client.stream(
+            "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {ALICE}"}
+        ) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    break  # the client leaves after the first event
+        await poll(lambda: gw.model("m").in_flight == 0, what="the cut stream's end")
+        await _turn(gw, _ask([{"role": "user", "content": "conversation c"}], "c1"))
+        assert _counters(gw)["saves"] == 1  # c's, not the cut stream's

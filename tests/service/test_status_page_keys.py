@@ -67,7 +67,7 @@ def test_a_scoped_key_sees_its_model_and_no_control_and_the_page_fits(
         + f'[server]\napi_key = "{ADMIN}"\n'
         + f'[[server.keys]]\nname = "alice"\nkey = "{ALICE}"\nmodels = ["a"]\n'
         + f'[models.a]\npath = "{tiny_gguf}"\ngpu = "cpu"\nctx_size = 512\nparallel = 1\npreload = true\n'
-        + "keep_context = true\n"
+        + "keep_context = true\nkeep_conversations = true\n"
         + f'[models.b]\npath = "{tiny_gguf}"\ngpu = "cpu"\nctx_size = 512\n'
         + f'[models.stt]\npath = "{stt}"\nbackend = "whisper"\n',
     )
@@ -102,6 +102,9 @@ def test_a_scoped_key_sees_its_model_and_no_control_and_the_page_fits(
         wait_until(d, lambda d: "Unload" in _visible_buttons(d), "the admin's controls")
         assert d.find_element(By.ID, "reload-config").is_displayed()
 
+        row_a = d.find_element(By.CSS_SELECTOR, 'tbody.model[data-model="a"]')
+        # The second chat was a first turn again (one user message): nothing found, nothing missed.
+        wait_until(d, lambda d: "conversations: 0 found · 0 restored" in row_a.text, "the tier's line")
         events = d.find_element(By.ID, "events")
         wait_until(d, lambda d: "context restored" in events.text, "the restore in the events")
         for width in (1280, 1024):

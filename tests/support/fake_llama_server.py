@@ -278,6 +278,11 @@ def main() -> None:
             # read and produced; sent without ``include_usage`` too), then [DONE].
             last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
             timings = {"cache_n": 0, "prompt_n": 2, "predicted_n": chunks}
+            slot = body.get("id_slot")
+            if fake_slots and isinstance(slot, int):  # what the slot held, as the non-streamed answer
+                cached = min(slot_tokens.get(slot, 0), prompt_tokens)
+                slot_tokens[slot] = prompt_tokens + chunks
+                timings = {"cache_n": cached, "prompt_n": prompt_tokens - cached, "predicted_n": chunks}
             events.append(f"data: {json.dumps({'choices': [last], 'timings': timings})}\n\n")
             self._stream(events, "data: [DONE]\n\n")
 

@@ -68,6 +68,8 @@ _PASS_HEADERS = ("content-type",)
 
 #: What the last event of a complete stream contains, per route: a stream that ends without it
 #: was cut (the child died), and the client is told so with an error event.
+#: The longest a streamed turn's save may hold its slot after the answer (a slow disk).
+_TURN_SAVE_TIMEOUT = 30.0
 _END_MARKERS: dict[str, bytes] = {
     "/v1/chat/completions": b"[DONE]",
     "/chat/completions": b"[DONE]",
@@ -211,10 +213,13 @@ async def _open_stream(
     *,
     content_type: str,
     loaded: Callable[[], None],
+    prepare: Callable[[], Awaitable[bytes]] | None = None,
 ) -> AsyncIterator[httpx.Response | StreamResponse]:
     """:func:`open_upstream` for a streamed request: through the relay's own client
     (``_upstream_http``, measured faster per chunk) where it can carry it, httpx otherwise."""
     async with _slot(st, name, path, loaded, None) as upstream:
+        if prepare is not None:  # the conversation tier: a restore, the body's ``id_slot``
+            body = await prepare()
         headers = _request_headers(upstream, content_type, rid)
         response: httpx.Response | StreamResponse
         if supports(upstream, path):
@@ -259,6 +264,7 @@ class _Forwarder:
         self.translator = translator
         #: "502" once the child broke the stream (the relay sends the client an error event).
         self._stream_status = "200"
+        self._stream_done = False  # the stream ended as the child ends one (not cut, no error)
         #: The name the client asked for (a variant or adapter ``X:Y``; counted with its model).
         self.asked = name
 
@@ -333,7 +339,12 @@ class _Forwarder:
         if turn is not None:
             stack.callback(turn.release)
         opening = (
-            _open_stream(*request, content_type=self.content_type, loaded=loaded)
+            _open_stream(
+                *request,
+                content_type=self.content_type,
+                loaded=loaded,
+                prepare=turn.prepare if turn is not None else None,
+            )
             if self.stream and sending is None
             else open_upstream(
                 *request,
@@ -384,19 +395,24 @@ class _Forwarder:
         meter = StreamMeter(self.upstream_path)
         if self.translator is not None:
             headers = {"content-type": self.translator.stream_type}
-        relay = self._relay(upstream, meter)
+        kept: list[bytes] | None = [] if turn is not None else None  # the tier reads the answer
+        relay = self._relay(upstream, meter, kept)
 
         async def close() -> None:
             await relay.aclose()
             # Counted here, not in the relay's finally: a client that left before the first
             # chunk never started it. A stream cut by the client is charged what it produced.
             self._count(self._stream_status, meter.tail, meter.used())
+            if turn is not None and kept is not None and self._stream_done:
+                # The client has the whole answer; the slot is saved while it is still ours.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_TURN_SAVE_TIMEOUT):
+                    await turn.finish_stream(b"".join(kept))
             await stack.aclose()
 
         return Opened(200, headers, chunks=relay, close=close)
 
     def _conversation(self) -> ConversationTurn | None:
-        """The conversation tier's part in a non-streamed chat turn of a ``keep_conversations``
+        """The conversation tier's part in a chat turn of a ``keep_conversations``
         model. Any other request to such a model may take any slot: the tier's book of what the
         slots hold is then void."""
         try:
@@ -406,14 +422,14 @@ class _Forwarder:
         if not model.config.keep_conversations:
             return None
         turn = None
-        if not self.stream and self.translator is None and self.upstream_path == "/v1/chat/completions":
+        if self.translator is None and self.upstream_path == "/v1/chat/completions":
             turn = ConversationTurn.of(model, admission()[1], self.body)
         if turn is None and model.contexts is not None:
             model.contexts.book.unknown()
         return turn
 
     async def _relay(
-        self, upstream: httpx.Response | StreamResponse, meter: StreamMeter
+        self, upstream: httpx.Response | StreamResponse, meter: StreamMeter, kept: list[bytes] | None
     ) -> AsyncGenerator[bytes, None]:
         first = True
         marker = _END_MARKERS.get(self.upstream_path)
@@ -425,6 +441,8 @@ class _Forwarder:
                         note_timing(first_byte=True)
                         first = False
                     meter.feed(chunk)
+                    if kept is not None:
+                        kept.append(chunk)
                     yield chunk
             else:
                 async for piece in self.translator.stream(_metered(upstream.aiter_raw(), meter)):
@@ -435,6 +453,7 @@ class _Forwarder:
                     yield piece
             if marker is not None and marker not in meter.tail and b'"error"' not in meter.tail:
                 raise StreamError(f"the stream ended without {marker.decode()}")
+            self._stream_done = marker is not None and marker in meter.tail
         except (StreamError, httpx.HTTPError) as exc:
             self._stream_status = "502"
             note_status(502, "stream_broken")

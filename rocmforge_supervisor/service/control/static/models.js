@@ -20,8 +20,13 @@ function memoryItems(status) {
 }
 
 // keep_context: the saved KV-cache slots a resumed conversation will find (count, tokens, bytes).
+// keep_conversations: the returning turns that found their state, those restored from disk, and
+// the prefill tokens that saved; or why the tier turned itself off.
 function savedContexts(c) {
-  return c.count ? `context kept: ${c.count} · ${c.tokens} tok · ${bytes(c.bytes)}` : "context kept: none yet";
+  const kept = c.count ? `context kept: ${c.count} · ${c.tokens} tok · ${bytes(c.bytes)}` : "context kept: none yet";
+  if (c.conversation_off) return `${kept}\nconversations: off (${c.conversation_off})`;
+  if (c.conversation_hits === undefined) return kept;
+  return `${kept}\nconversations: ${c.conversation_hits} found · ${c.conversation_restores} restored · ${c.conversation_prefill_saved} tok not recomputed`;
 }
 
 // The residency rules ([models.X] pinned / swap / evict_cost / default, [groups.*]) in a few words.
