@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         locate_rpc_server,
         parse_device_list,
         probe_binary,
+        selftest_of,
     )
     from ._plan import ACCELS, RPC_SERVER_TARGET, Accel, BuildPlan, cache_key, choose_accel, make_plan
     from ._recipe import RECIPES, Recipe
@@ -38,6 +39,8 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "locate_rpc_server",
                 "parse_device_list",
                 "probe_binary",
+                "selftest_of",
+                "selftest_of",
             ),
             "._plan": (
                 "ACCELS",
@@ -80,4 +83,5 @@ __all__ = [
     "parse_device_list",
     "probe_binary",
     "resolve_source",
+    "selftest_of",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "locate_rpc_server",
     "parse_device_list",
     "probe_binary",
+    "selftest_of",
 ]
 
 _VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*([0-9a-fA-F]+|unknown)\)")
@@ -88,8 +89,13 @@ def child_flags(binary: Path, settings: ForgeSettings) -> tuple[str, ...]:
     For a binary a caller names directly (a ``Supervisor`` given a path, a bench): the same flags
     :func:`locate_llama_server` gives the one it finds. Raises :class:`SelfTestFailed`.
     """
-    result = proven(binary, settings, build_info=build_info_of(binary))
+    result = selftest_of(binary, settings)
     return result.child_args if result is not None else ()
+
+
+def selftest_of(binary: Path, settings: ForgeSettings) -> SelfTest | None:
+    """:func:`child_flags`' whole self-test result (its slot restore check among it)."""
+    return proven(binary, settings, build_info=build_info_of(binary))
 
 
 def build_info_of(binary: Path) -> dict[str, object] | None:

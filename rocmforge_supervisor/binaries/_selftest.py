@@ -19,6 +19,7 @@ import collections
 import hashlib
 import json
 import re
+import shutil
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -132,6 +133,9 @@ class SelfTest:
     cpu_model: str
     cpu_isa: tuple[str, ...]
     attempts: tuple[Attempt, ...] = field(default=())
+    #: The slot save/restore check on the passing start: "ok", what went wrong ("no-op: …",
+    #: llama.cpp #26676, where the conversation tier turns itself off), or "" when not run.
+    slot_restore: str = ""
 
     @property
     def passing(self) -> Attempt | None:
@@ -162,6 +166,7 @@ class SelfTest:
                 cpu_model=str(data["cpu_model"]),
                 cpu_isa=_strs(data["cpu_isa"]),
                 attempts=attempts,
+                slot_restore=str(data.get("slot_restore") or ""),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -207,14 +212,16 @@ def run_selftest(
     started = time.monotonic()
     model = write_selftest_gguf(workdir)
     fingerprint, isa = _isa()
-    attempts = [_attempt(binary, model, (), env, timeout)]
-    if not attempts[0].ok and attempts[0].returncode in _CPU_FAULTS:
-        for args in WORKAROUNDS:
-            attempts.append(_attempt(binary, model, args, env, timeout))
-            if attempts[-1].ok:
-                break
+    attempts, restores = [], []
+    for args in ((), *WORKAROUNDS):
+        attempt, restore = _attempt(binary, model, args, env, timeout, workdir)
+        attempts.append(attempt)
+        restores.append(restore)
+        if attempt.ok or attempts[0].returncode not in _CPU_FAULTS:
+            break
     passing = next((a for a in attempts if a.ok), None)
     first = attempts[0]
+    restore = next((r for a, r in zip(attempts, restores, strict=True) if a.ok), "")
     if passing is not None and passing is first:
         detail = f"served {_N_PREDICT} tokens" + (f" ({', '.join(first.buffers)})" if first.buffers else "")
     elif passing is not None:
@@ -236,6 +243,7 @@ def run_selftest(
         cpu_model=cpu_model_name(),
         cpu_isa=isa,
         attempts=tuple(attempts),
+        slot_restore=restore,
     )
 
 
@@ -261,11 +269,26 @@ class _Seen:
 
 
 def _attempt(
-    binary: Path, model: Path, args: tuple[str, ...], env: Mapping[str, str] | None, timeout: float
-) -> Attempt:
+    binary: Path,
+    model: Path,
+    args: tuple[str, ...],
+    env: Mapping[str, str] | None,
+    timeout: float,
+    workdir: Path,
+) -> tuple[Attempt, str]:
     """One start through process/'s lifecycle (a port of its own, retried if the bind races),
-    one completion, the stop."""
+    one completion, the slot restore check, the stop. The check's result comes second."""
     seen = _Seen()
+    restore: list[str] = []
+    slots = workdir / "selftest-slots"
+    slots.mkdir(exist_ok=True)
+
+    def ask(client: httpx.Client) -> str:
+        outcome = _complete(client, timeout)
+        if outcome == "ok":
+            restore.append(_restore_check(client, timeout))
+        return outcome
+
     # The flags a child gets (server_argv: --metrics, --no-webui, …; the default threads and
     # repack), on a small context and one slot: the test is of the binary, not of the model.
     spec = InstanceSpec(
@@ -275,18 +298,20 @@ def _attempt(
         ctx_size=256,
         parallel=1,
         verbosity=REQUIRED_VERBOSITY,  # as a child: its buffer lines say which kernels ran
-        extra_args=args,
+        extra_args=(*args, "--slot-save-path", str(slots)),
         parent_env=env,
         line_listeners=[seen.feed],
     )
-    run = probe_server(spec, lambda client: _complete(client, timeout), timeout=timeout)
+    run = probe_server(spec, ask, timeout=timeout)
+    shutil.rmtree(slots, ignore_errors=True)
+    checked = restore[0] if restore else ""
     if run.outcome == "ok":
-        return _attempt_result(seen, args, True, f"served {_N_PREDICT} tokens", None, "completion")
+        return _attempt_result(seen, args, True, f"served {_N_PREDICT} tokens", None, "completion"), checked
     stage = "load" if run.stage == "load" else "completion"
     rc = run.returncode
     if run.crashed:
         where = "on its first completion" if stage == "completion" else "while loading"
-        return _attempt_result(seen, args, False, f"{describe_returncode(rc)} {where}", rc, stage)
+        return _attempt_result(seen, args, False, f"{describe_returncode(rc)} {where}", rc, stage), checked
     if run.failure is not None:
         what = (
             "was not ready in time"
@@ -295,7 +320,7 @@ def _attempt(
         )
     else:
         what = "gave no completion in time" if run.outcome == "timeout" else f"answered {run.outcome}"
-    return _attempt_result(seen, args, False, what, rc, stage)
+    return _attempt_result(seen, args, False, what, rc, stage), checked
 
 
 def _complete(client: httpx.Client, timeout: float) -> str:
@@ -322,6 +347,41 @@ def _complete(client: httpx.Client, timeout: float) -> str:
     except (ValueError, AttributeError, TypeError):
         return "a body that is not llama-server's completion"
     return "ok" if predicted > 0 else "no tokens"
+
+
+def _restore_check(client: httpx.Client, timeout: float) -> str:
+    """Does a restored slot serve the next request (llama.cpp #26676: at some builds a restore
+    reports its tokens, then the next request computes the prompt from 0)? A prompt into slot 0,
+    the slot saved, erased, restored, the prompt again: the child must reuse it. "ok", or what
+    went wrong. A build without the slot actions says so; it is not a failed self-test."""
+    body: dict[str, object] = {
+        "prompt": _PROMPT * 8,
+        "n_predict": 1,
+        "temperature": 0,
+        "id_slot": 0,
+        "cache_prompt": True,
+        "logit_bias": [[token, False] for token in range(N_SPECIAL_TOKENS)],
+    }
+    name = {"filename": "selftest.slot"}
+    try:
+        for step, path, payload in (
+            ("prompt", "/completion", body),
+            ("save", "/slots/0?action=save", name),
+            ("erase", "/slots/0?action=erase", {}),
+            ("restore", "/slots/0?action=restore", name),
+            ("prompt again", "/completion", body),
+        ):
+            r = client.post(path, json=payload, timeout=timeout)
+            if r.status_code != 200:
+                return f"not checked: the {step} answered HTTP {r.status_code}"
+        answer = r.json()
+        timings = answer.get("timings") or {}
+        reused = int(timings.get("cache_n", answer.get("tokens_cached", 0)) or 0)
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
+        return f"not checked: {exc}"
+    if reused <= 0:
+        return "no-op: a restored slot was not reused, the next request computed its prompt from 0 (llama.cpp #26676)"
+    return "ok"
 
 
 def _attempt_result(

@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 
 from .._errors import ModelNotFound, ModelRetired, ServiceError, UsageError
-from ..binaries import child_flags, locate_llama_server
+from ..binaries import locate_llama_server, selftest_of
 from ..client import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig, WorkerConfig
 from ..hardware import Inventory, detect, refresh_usage
@@ -61,6 +61,9 @@ class Supervisor:
         self.binary = binary
         #: Flags every child needs on this CPU: the binary's self-test workaround (set in run()).
         self.binary_args: tuple[str, ...] = ()
+        #: The binary's self-test of a slot restore ("ok", "no-op: …", "" not run): a no-op turns
+        #: the per-conversation tier off before its first turn (llama.cpp #26676).
+        self.slot_restore = ""
         self.events = EventBus()
         self.log_bus = EventBus(history=0, buffer=1024)  # child log lines, for `forge logs -f`
         self.policy = config.supervisor
@@ -127,9 +130,13 @@ class Supervisor:
             rpc = bool(self.config.workers)
             found = await anyio.to_thread.run_sync(lambda: locate_llama_server(self.settings, rpc=rpc))
             self.binary = found.path
-            self.binary_args = found.child_args
+            proof = found.selftest
         else:  # a binary named by the caller is proven on this CPU like a located one
-            self.binary_args = await anyio.to_thread.run_sync(child_flags, self.binary, self.settings)
+            proof = await anyio.to_thread.run_sync(selftest_of, self.binary, self.settings)
+        self.binary_args = proof.child_args if proof is not None else ()
+        self.slot_restore = proof.slot_restore if proof is not None else ""
+        for keeper in self._keepers.values():  # made with the models, before the binary was known
+            self._check_restore(keeper)
         self.inventory = await anyio.to_thread.run_sync(detect, self.settings)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -296,7 +303,13 @@ class Supervisor:
         keeper = self._keepers.get(name)
         if keeper is None:
             keeper = self._keepers[name] = ContextKeeper(name, self.context_store, self.events)
+            self._check_restore(keeper)
         return keeper
+
+    def _check_restore(self, keeper: ContextKeeper) -> None:
+        """A binary whose restores are no-ops (its self-test) gets no per-conversation tier."""
+        if self.slot_restore.startswith("no-op"):
+            keeper.book.off = f"the build's self-test found it: {self.slot_restore}"
 
     async def unload(self, name: str, *, forget: bool = False) -> ModelStatus:
         """Drain and stop; ``forget``: without saving, and the saved contexts are deleted."""

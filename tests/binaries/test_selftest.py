@@ -79,6 +79,7 @@ def test_the_real_build_serves_its_first_tokens(llama_server_bin: Path, tmp_path
     if not AMX:  # nothing changes where nothing crashes: children keep the default (repacked) path
         assert result.child_args == ()
         assert result.detail.startswith("served 8 tokens")
+    assert result.slot_restore == "ok", result.slot_restore  # a restored slot serves the next request
     assert _no_process_runs(tmp_path), "the self-test's child is gone"
 
 
@@ -121,6 +122,17 @@ def test_build_info_records_the_selftest(llama_server_bin: Path) -> None:
 
 
 # -- the crashes, through the fake -------------------------------------------------------------------
+
+
+def test_a_restore_that_is_a_no_op_is_found(tmp_path: Path) -> None:
+    """llama.cpp #26676's shape, through the fake: the restore answers its tokens, the slot stays
+    empty. The self-test says so and still passes (serving works); what the tier does with it:
+    tests/gateway_fast/test_conversation_slots.py."""
+    fake = _fake(tmp_path, FAKE_LLAMA_RESTORE_NOOP="1")
+    result = run_selftest(fake, tmp_path / "work")
+    assert result.ok and result.slot_restore.startswith("no-op"), result.slot_restore
+    assert "#26676" in result.slot_restore
+    assert run_selftest(_fake(tmp_path, "honest"), tmp_path / "work2").slot_restore == "ok"
 
 
 def test_a_crash_on_the_first_token_takes_the_workaround(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,12 @@ import pytest
 
 from rocmforge_supervisor.supervisor import EventKind
 from tests.gateway_fast.conftest import Serve
-from tests.support.gateway import Gateway, poll
+from tests.support.gateway import Gateway, poll, serving
+from tests.support.supervised import fake_config
 
 pytestmark = pytest.mark.anyio
+
+SCRIPT = Path(__file__).resolve().parents[1] / "support" / "fake_llama_server.py"
 
 ALICE, BOB = "sk-alice-slots", "sk-bob-slots"
 KEYS = [{"name": "alice", "key": ALICE}, {"name": "bob", "key": BOB}]
@@ -210,3 +214,27 @@ async def test_a_stream_the_client_leaves_is_not_saved(serve: Serve) -> None:
         await poll(lambda: gw.model("m").in_flight == 0, what="the cut stream's end")
         await _turn(gw, _ask([{"role": "user", "content": "conversation c"}], "c1"))
         assert _counters(gw)["saves"] == 1  # c's, not the cut stream's
+
+
+async def test_a_build_whose_self_test_found_restore_a_no_op_starts_with_the_tier_off(
+    tmp_path: Path, tiny_gguf: Path
+) -> None:
+    fake = tmp_path / "noop" / "llama-server"  # the FAKE, its restores no-ops (llama.cpp #26676)
+    fake.parent.mkdir()
+    script = SCRIPT
+    fake.write_text(
+        f'#!/bin/bash\nexport FAKE_LLAMA_RESTORE_NOOP=1\nexec -a llama-server "{sys.executable}" "{script}" "$@"\n'
+    )
+    fake.chmod(0o755)
+    config = fake_config(tmp_path, tiny_gguf, _model(parallel=1), server={"keys": KEYS})
+    async with serving(config, fake) as gw:
+        a = _ask([{"role": "user", "content": "conversation a"}], "a1")
+        await _turn(gw, a)
+        await _turn(gw, _ask(a, "a2"))
+        assert _counters(gw) == {"hits": 0, "misses": 0, "restores": 0, "saves": 0}
+        listing = await gw.client.get("/api/models", headers={"Authorization": f"Bearer {ALICE}"})
+        row = next(m for m in listing.json()["models"] if m["name"] == "m")
+        assert (
+            "self-test" in row["contexts"]["conversation_off"]
+            and "#26676" in row["contexts"]["conversation_off"]
+        )

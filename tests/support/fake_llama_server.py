@@ -53,9 +53,12 @@ slots) and keeps what each slot holds as the real server does: a non-streamed ch
 ``id_slot`` reports the tokens its slot already held (a restore's ``n_restored``, or its last
 turn's prompt plus answer) as ``timings.cache_n`` and ``usage.prompt_tokens_details.cached_tokens``;
 ``--fake-prompt-tokens N`` makes every non-streamed answer's ``usage.prompt_tokens`` N (default 2);
-``--fake-restore-noop`` makes a restore answer as usual but leave the slot empty (llama.cpp #26676).
+``--fake-restore-noop`` (or ``FAKE_LLAMA_RESTORE_NOOP=1``, for the build self-test) makes a restore
+answer as usual but leave the slot empty (llama.cpp #26676).
 
-``/completion`` (llama-server's own route) answers ``{"content", "tokens_predicted"}``; each finished
+``/completion`` (llama-server's own route) answers ``{"content", "tokens_predicted"}`` (with
+``timings.cache_n``, what its slot held, when sent with ``id_slot``: the self-test's restore check;
+``POST /slots/N?action=erase`` empties a slot); each finished
 request prints llama-server's ``print_timing`` line.
 
 ``--reranking`` (llama-server's own flag) makes it answer ``/v1/rerank``, ``/rerank`` and their
@@ -240,7 +243,16 @@ def main() -> None:
             )
             if self.path == "/completion":
                 n = int(body.get("n_predict") or chunks)
-                self._send(200, {"content": " ".join("tok" for _ in range(n)), "tokens_predicted": n})
+                done: dict[str, object] = {
+                    "content": " ".join("tok" for _ in range(n)),
+                    "tokens_predicted": n,
+                }
+                slot = body.get("id_slot")
+                if isinstance(slot, int):  # what the slot held (a restore, its last task), reused
+                    cached = slot_tokens.get(slot, 0)
+                    slot_tokens[slot] = cached + n + 2
+                    done["timings"] = {"cache_n": cached, "prompt_n": 2, "predicted_n": n}
+                self._send(200, done)
                 return
             if self.path == "/v1/messages":
                 self._messages(bool(body.get("stream")))
@@ -401,7 +413,8 @@ def main() -> None:
                 size = path.stat().st_size
                 # --fake-restore-noop: llama.cpp #26676, the restore reports its tokens but the
                 # slot is left empty, so the next request computes from 0.
-                slot_tokens[int(slot)] = 0 if "--fake-restore-noop" in opts else size // 1000
+                noop = "--fake-restore-noop" in opts or os.environ.get("FAKE_LLAMA_RESTORE_NOOP")
+                slot_tokens[int(slot)] = 0 if noop else size // 1000
                 self._send(
                     200,
                     {
@@ -411,6 +424,8 @@ def main() -> None:
                         "timings": {"restore_ms": 0.1},
                     },
                 )
+            elif query == "erase":
+                self._send(200, {"id_slot": int(slot), "n_erased": slot_tokens.pop(int(slot), 0)})
             else:
                 self._send(400, {"error": {"code": 400, "message": "Unable to restore slot: no such file"}})
 
