@@ -17,7 +17,15 @@ from typing import Any
 
 from ..._errors import InvalidRequest
 
-__all__ = ["CHECKS", "LENGTH_FIELDS", "BodyShape", "check_fields", "default_length", "parse_object"]
+__all__ = [
+    "CHECKS",
+    "LENGTH_FIELDS",
+    "BodyShape",
+    "check_fields",
+    "default_length",
+    "has_parts",
+    "parse_object",
+]
 
 _INT64 = (-(2**63), 2**63 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
@@ -207,7 +215,8 @@ class BodyShape:
     (``_media``); a string content holds none."""
 
 
-def _has_parts(payload: dict[str, Any]) -> bool:
+def has_parts(payload: dict[str, Any]) -> bool:
+    """Whether a message or ``input`` item has a list of parts as its content (where media is)."""
     for field in ("messages", "input"):
         items = payload.get(field)
         if isinstance(items, list):
@@ -226,7 +235,7 @@ def check_fields(payload: dict[str, Any], kind: str) -> BodyShape:
         if check is not None and value is not None:
             check(value, key)
     tools = payload.get("tools")
-    return BodyShape(tools=isinstance(tools, list) and bool(tools), parts=_has_parts(payload))
+    return BodyShape(tools=isinstance(tools, list) and bool(tools), parts=has_parts(payload))
 
 
 #: The fields that bound an answer's length, in every request shape llama-server reads.
