@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .._errors import ModelLoading
-from ._status import ModelState
 
 if TYPE_CHECKING:
     from ..process import LlamaServer
@@ -39,10 +38,8 @@ def loading_info(m: ManagedModel) -> dict[str, object]:
 async def wait_ready_within(
     m: ManagedModel, start: Callable[[ManagedModel], None], load_wait: float | None
 ) -> LlamaServer:
-    """``m.wait_ready(start)``, but at most ``load_wait`` s (None: as long as it takes)."""
-    server = m.server
-    if m.state == ModelState.READY and not m.retired and server is not None and server.serving:
-        return server  # every request to a loaded model: no timeout scope to build and tear down
+    """``m.wait_ready(start)``, but at most ``load_wait`` s (None: as long as it takes). Called
+    only while the model is not ready (:meth:`ManagedModel.acquire` serves a loaded one itself)."""
     if load_wait is None:
         return await m.wait_ready(start)
     with anyio.move_on_after(load_wait):

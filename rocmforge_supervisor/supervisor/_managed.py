@@ -570,7 +570,9 @@ class ManagedModel:
         (the API key's name; see :mod:`._admission`)."""
         # Only what is beyond the in-flight limit waits in the queue: `queue = 0` admits a request
         # while a slot is free (or will be, once the model loads) and refuses only the surplus.
-        if self.in_flight + self.waiting >= self.max_concurrency + self.queue_limit:
+        # The admission holds the in-flight limit resolved from the config (at start and at each
+        # ``update_limits``): read there, not worked out again per request.
+        if self.in_flight + self.waiting >= self.admission.slots + self.queue_limit:
             raise QueueFull(
                 f"model {self.name!r} has {self.in_flight} requests in flight and {self.waiting} "
                 f"waiting (max_concurrency = {self.max_concurrency}, queue = {self.queue_limit})",
@@ -580,7 +582,10 @@ class ManagedModel:
         self.waiting += 1
         try:
             while True:
-                server = await wait_ready_within(self, start, load_wait)
+                server = self.server
+                # Every request to a loaded model: no load to wait for, no timeout scope to build.
+                if self.state != ModelState.READY or self.retired or server is None or not server.serving:
+                    server = await wait_ready_within(self, start, load_wait)
                 if loaded is not None:
                     loaded()
                 admission = self.admission

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -483,6 +484,21 @@ def _residency(config: ForgeConfig, name: str, mc: ModelConfig) -> Residency:
     )
 
 
+#: Each serving child's :class:`Upstream`, built at its first request: its URL and key are fixed
+#: for its life, so a request reads them here instead of through the process objects. Weak: it
+#: goes with the child.
+_UPSTREAMS: weakref.WeakKeyDictionary[LlamaServer, Upstream] = weakref.WeakKeyDictionary()
+
+
 def _upstream(server: LlamaServer) -> Upstream:
     """Where the HTTP layer sends one request: the child's URL, key and liveness, not the process."""
-    return Upstream(server.base_url, server.api_key, is_alive=lambda: server.alive)
+    upstream = _UPSTREAMS.get(server)
+    if upstream is None:
+        held = weakref.ref(server)  # the entry must not keep its own key alive
+
+        def alive() -> bool:
+            s = held()
+            return s is not None and s.alive
+
+        upstream = _UPSTREAMS[server] = Upstream(server.base_url, server.api_key, is_alive=alive)
+    return upstream

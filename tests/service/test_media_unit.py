@@ -9,6 +9,7 @@ import pytest
 
 from rocmforge_supervisor._errors import RequestRejected
 from rocmforge_supervisor.service.proxy._media import media_parts, refuse_unusable_media
+from rocmforge_supervisor.service.proxy._validate import has_parts
 
 PNG = "iVBORw0KGgo="  # valid base64 (the PNG signature)
 
@@ -109,3 +110,23 @@ def test_media_to_a_model_without_a_projector_names_the_model_and_the_key() -> N
     refuse_unusable_media(
         "chat", {"messages": [{"role": "user", "content": "hi"}]}, has_projector=False, allow_remote=False
     )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": PNG}}]}]},
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": PNG}]}]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "text"}]}]},
+    ],
+)
+def test_a_body_with_parts_meets_the_media_check(body: dict[str, Any]) -> None:
+    """The forwarder runs the media check only where :func:`has_parts` says a body has content
+    parts: every body in which :func:`media_parts` finds media must say so."""
+    assert has_parts(body)
+
+
+def test_a_text_body_skips_the_media_check() -> None:
+    assert not has_parts({"messages": [{"role": "user", "content": "hi"}], "input": "just text"})
+    assert not has_parts({"prompt": "hi"})
+    assert media_parts({"messages": [{"role": "user", "content": "hi"}], "input": "just text"}) == []

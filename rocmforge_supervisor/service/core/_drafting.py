@@ -15,7 +15,10 @@ from prometheus_client import CollectorRegistry, Counter
 
 from ._usage import _int, _last_object
 
-__all__ = ["DraftTally", "drafted"]
+__all__ = ["DRAFT_MARK", "DraftTally", "drafted"]
+
+#: In every answer that drafted (the key of ``draft_n``): an answer without it is not read.
+DRAFT_MARK = b'"draft_n"'
 
 
 def drafted(body: bytes) -> tuple[int, int] | None:

@@ -32,13 +32,12 @@ __all__ = [
     "admission",
     "admit_model",
     "current",
+    "note_answer",
     "note_error",
-    "note_finish",
     "note_model",
     "note_priority",
+    "note_slot",
     "note_status",
-    "note_timing",
-    "note_used",
     "open_store",
     "request_key",
 ]
@@ -88,38 +87,31 @@ def note_model(name: str, *, stream: bool | None = None) -> None:
             d.record.stream = stream
 
 
-def note_timing(*, slot: bool = False, first_byte: bool = False) -> None:
-    """A slot at the model's child is the request's now (the queue wait ends), or the first byte
-    of the answer came."""
+def note_slot() -> None:
+    """A slot at the model's child is the request's now: the queue wait ends."""
+    d = _draft()
+    if d is not None:
+        d.record.queue_wait = time.perf_counter() - d.t0
+
+
+def note_answer(*, first_byte: float | None = None, used: Used | None = None, tail: bytes = b"") -> None:
+    """What the answer came to, noted once when it ends (not chunk by chunk while it streams):
+    when its first byte came (``time.perf_counter()``), the tokens it used (``_usage``: the same
+    reading for every route and dialect: what :meth:`Recorder.finish` charges to the key, counts in
+    the metrics and logs) and why generation stopped (the last ``finish_reason``/``stop_reason``
+    in ``tail``)."""
     d = _draft()
     if d is None:
         return
-    if slot:
-        d.record.queue_wait = time.perf_counter() - d.t0
-    if first_byte and d.record.ttft is None:
-        d.record.ttft = time.perf_counter() - d.t0
-
-
-def note_used(used: Used) -> None:
-    """The tokens the answer used (``_usage``: the same reading for every route and dialect):
-    what :meth:`Recorder.finish` charges to the key, counts in the metrics and logs."""
-    d = _draft()
-    if d is not None:
+    if first_byte is not None and d.record.ttft is None:
+        d.record.ttft = first_byte - d.t0
+    if used is not None:
         d.record.prompt_tokens = used.prompt
         d.record.completion_tokens = used.completion
         d.record.cached_tokens = used.cached
-
-
-def note_finish(reason: str | None = None, *, tail: bytes = b"") -> None:
-    """Why generation stopped: given, or the last ``finish_reason``/``stop_reason`` in ``tail``."""
-    d = _draft()
-    if d is None:
-        return
-    if reason is None and tail:
-        found = _FINISH.findall(tail)
-        reason = found[-1].decode() if found else None
-    if reason:
-        d.record.finish_reason = reason
+    found = _FINISH.findall(tail) if tail else None
+    if found:
+        d.record.finish_reason = found[-1].decode()
 
 
 def note_status(status: int, error: str | None = None) -> None:

@@ -1,6 +1,6 @@
 """What one answer used: its prompt and completion tokens, read from what the child sent back.
 
-Every route and dialect charges a key the same way (``_recording.note_used`` → the record →
+Every route and dialect charges a key the same way (``_recording.note_answer`` → the record →
 ``Recorder.finish``, which adds to the key's day and the metrics), and this module is where the
 counts come from, whatever shape the answer had:
 

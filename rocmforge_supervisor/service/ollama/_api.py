@@ -41,7 +41,7 @@ from ..core._recording import (
 )
 from ..edge._errors_http import error_response
 from ..proxy._listing import ModelFacts, check_media, check_tools, visible_models
-from ..proxy._validate import default_length, parse_object
+from ..proxy._validate import default_length, has_parts, parse_object
 from ._convert import (
     ChatStream,
     Target,
@@ -92,7 +92,7 @@ def _model(b: OllamaBackend, body: dict[str, Any]) -> ServedName:
     if not isinstance(name, str) or not name:
         raise UsageError('the request has no "model" field', hint="name one of GET /api/tags")
     served = split_name(name, b.supervisor.names(), b.supervisor.config_of)
-    b.supervisor.view(served.model)  # ModelNotFound → 404 before anything waits
+    b.supervisor.config_of(served.model)  # ModelNotFound → 404 before anything waits
     return served
 
 
@@ -198,10 +198,14 @@ async def _generation(
         elif generate:
             target = generate_target(body, name)
         else:
-            await check_tools(b.facts, name, body)
+            if body.get("tools"):  # only a body that sends tools meets the tools check
+                await check_tools(b.facts, name, body)
             target = chat_target(body, name)
-        if not embed:  # Ollama sends images as base64 only: the translated parts are checked
-            check_media(b.supervisor, name, target.payload, allow_remote=False)
+        if not embed:
+            # Ollama sends images as base64 only: the translated parts are checked (a text-only
+            # request has none: its contents are strings).
+            if has_parts(target.payload):
+                check_media(b.supervisor, name, target.payload, allow_remote=False)
             _default_length(b, name, body, target)
         rewrite(target.payload, named)  # a variant's rules, an adapter's lora (as on every route)
         if controls:

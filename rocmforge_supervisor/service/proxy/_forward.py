@@ -33,18 +33,19 @@ from starlette.routing import BaseRoute, Route
 
 from ..._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
 from ...client import Upstream, asend
+from ...config import ModelConfig
 from ...supervisor import ConversationTurn, backend_of
 from ..core._dialect import DialectRequest, Translator
+from ..core._drafting import DRAFT_MARK
 from ..core._names import ServedName, rewrite, split_name
 from ..core._recording import (
     admission,
     admit_model,
+    note_answer,
     note_error,
-    note_finish,
     note_model,
+    note_slot,
     note_status,
-    note_timing,
-    note_used,
     request_key,
 )
 from ..core._routes import FORWARDED, Dialect, ForwardRoute, model_from_request
@@ -58,7 +59,7 @@ from ._listing import check_media, check_tools, model_list
 from ._relay import Opened, RelayResponse
 from ._rerank import refuse_wrong_kind
 from ._tools import asks_for_tools
-from ._validate import check_fields, default_length, parse_object
+from ._validate import BodyShape, check_fields, default_length, parse_object
 
 __all__ = ["FORWARDED", "open_upstream", "routes"]
 
@@ -98,8 +99,8 @@ _GENERATES = frozenset({"chat", "completion"})
 
 def _checked_json(
     st: GatewayState, route: ForwardRoute, body: bytes
-) -> tuple[ServedName, bool, bytes, dict[str, Any]]:
-    """(served name, stream, body to send, parsed body) of a JSON request: the body parsed and its
+) -> tuple[ServedName, bool, bytes, dict[str, Any], BodyShape]:
+    """(served name, stream, body to send, parsed body, its shape) of a JSON request: the body parsed and its
     known fields checked (a 400 naming the field), the model's ``max_tokens`` default applied when
     none is sent, a variant's or adapter's rules applied (``_names``) — then, and only then, the
     body is re-serialized; otherwise it goes as received."""
@@ -111,13 +112,13 @@ def _checked_json(
         )
     note_model(asked)  # a request refused for a field still names its model in the activity log
     kind = _KINDS.get(route.path, "")
-    check_fields(payload, kind)
+    shape = check_fields(payload, kind)
     served = split_name(asked, st.supervisor.names(), st.supervisor.config_of)
     default = st.supervisor.config_of(served.model).max_tokens  # 404 before queueing
     lengthened = kind in _GENERATES and default_length(payload, default)
     if rewrite(payload, served, anthropic=route.dialect == "anthropic") or lengthened:
         body = json.dumps(payload).encode()
-    return served, payload.get("stream") is True, body, payload
+    return served, payload.get("stream") is True, body, payload, shape
 
 
 def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
@@ -129,6 +130,29 @@ def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
     return UpstreamModel(name, view.ctx_size, view.parallel, view.kv_unified)
 
 
+#: The (model, upstream path) pairs found to fit, each with the configuration it was checked
+#: against. Whether a model serves a route (its backend's routes, a reranker's kind) depends on
+#: its configuration only, which a reload replaces as a whole: checked once per configuration,
+#: not on every request. Bounded by the configured models times the forwarded routes.
+_FITS: dict[tuple[str, str], ModelConfig] = {}
+
+
+def _check_fits(name: str, config: ModelConfig, path: str) -> None:
+    """A 400 when model ``name`` does not serve ``path`` (its backend's routes, its kind)."""
+    if _FITS.get((name, path)) is config:
+        return
+    backend = backend_of(config)
+    if not backend.serves(config, path):
+        shown = sorted(r for r in backend.routes_of(config) or () if r.startswith("/v1/"))
+        raise InvalidRequest(
+            f"model {name!r} is {backend.what}: it answers only {', '.join(shown)}",
+            param="model",
+            hint="name a model of GET /v1/models that serves this route",
+        )
+    refuse_wrong_kind(name, config, path)
+    _FITS[(name, path)] = config
+
+
 @asynccontextmanager
 async def _slot(
     st: GatewayState,
@@ -138,22 +162,13 @@ async def _slot(
     sending: Callable[[], None] | None,
 ) -> AsyncIterator[Upstream]:
     """A slot at model ``name`` (waiting for its load up to ``load_wait``), released on exit."""
-    config = st.supervisor.config_of(name)
-    backend = backend_of(config)
-    if not backend.serves(config, path.partition("?")[0]):
-        shown = sorted(r for r in backend.routes_of(config) or () if r.startswith("/v1/"))
-        raise InvalidRequest(
-            f"model {name!r} is {backend.what}: it answers only {', '.join(shown)}",
-            param="model",
-            hint="name a model of GET /v1/models that serves this route",
-        )
-    refuse_wrong_kind(name, config, path.partition("?")[0])
+    _check_fits(name, st.supervisor.config_of(name), path.partition("?")[0])
     load_wait = st.supervisor.load_wait(name)
     priority, key = admission()  # the request's class and key name (``edge._middleware``)
     async with st.supervisor.acquire(
         name, load_wait=load_wait, loaded=loaded, priority=priority, key=key
     ) as upstream:
-        note_timing(slot=True)  # the activity record's queue wait, for every dialect
+        note_slot()  # the activity record's queue wait, for every dialect
         if sending is not None:
             sending()
         yield upstream
@@ -267,11 +282,15 @@ class _Forwarder:
         self._stream_done = False  # the stream ended as the child ends one (not cut, no error)
         #: The name the client asked for (a variant or adapter ``X:Y``; counted with its model).
         self.asked = name
+        #: When the answer's first chunk came (``time.perf_counter()``): its record's time to
+        #: first token, noted with the rest when the answer ends (:meth:`_count`).
+        self._first_byte: float | None = None
 
     def _stalls(self) -> int | None:
-        """The model's watchdog resets so far (a change means the watchdog reset its child)."""
+        """The model's watchdog resets so far (a change means the watchdog reset its child): read
+        off the model itself, not a whole :meth:`~Supervisor.view` (its status, its placement)."""
         try:
-            return self.st.supervisor.view(self.name).stalls
+            return self.st.supervisor.get(self.name).stalls
         except ForgeError:
             return None
 
@@ -297,7 +316,7 @@ class _Forwarder:
 
     async def _open_retrying(self, loaded: Callable[[], None]) -> Opened:
         stalls: list[int | None] = []  # the watchdog's count when the request went to the child
-        # Read only for a request that may be retried (a stream never is): a view costs ~20 us.
+        # Read only for a request that may be retried (a stream never is).
         sending = (lambda: stalls.append(self._stalls())) if self.retry else None
         first = await self._open(loaded, sending=sending)
         if isinstance(first, Opened):
@@ -437,8 +456,7 @@ class _Forwarder:
             if self.translator is None:  # the hot path: the child's bytes as they come
                 async for chunk in upstream.aiter_raw():
                     if first:
-                        self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
-                        note_timing(first_byte=True)
+                        self._first_chunk()
                         first = False
                     meter.feed(chunk)
                     if kept is not None:
@@ -447,8 +465,7 @@ class _Forwarder:
             else:
                 async for piece in self.translator.stream(_metered(upstream.aiter_raw(), meter)):
                     if first:
-                        self.st.metrics.ttft.labels(self.name).observe(time.perf_counter() - self.received)
-                        note_timing(first_byte=True)
+                        self._first_chunk()
                         first = False
                     yield piece
             if marker is not None and marker not in meter.tail and b'"error"' not in meter.tail:
@@ -467,6 +484,10 @@ class _Forwarder:
             )
             yield sse_error_chunk(broken, self.route.dialect)
 
+    def _first_chunk(self) -> None:
+        self._first_byte = now = time.perf_counter()
+        self.st.metrics.ttft.labels(self.name).observe(now - self.received)
+
     def _count(self, status: str, tail: bytes, used: Used | None) -> None:
         """The request's metrics; an answer's tokens go into its record (``_usage``'s reading,
         the same for every route), which charges the key when the request ends. A stream the
@@ -476,11 +497,12 @@ class _Forwarder:
         m.requests.labels(self.name, self.route.path, status).inc()
         if self.asked != self.name:
             m.served_names.labels(self.asked, self.name, status).inc()
-        if status == "200":
+        if status != "200":
+            note_answer(first_byte=self._first_byte)
+            return
+        if DRAFT_MARK in tail:  # only an answer that drafted is read for it
             m.drafts.count(self.name, tail)
-            if used is not None:
-                note_used(used)
-            note_finish(tail=tail)
+        note_answer(first_byte=self._first_byte, used=used, tail=tail)
 
 
 async def _metered(chunks: AsyncIterator[bytes], meter: StreamMeter) -> AsyncIterator[bytes]:
@@ -524,13 +546,15 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         try:
             body = await read_body(request, body_limit(st, route.path)) if route.method == "POST" else b""
             if route.model_from == "json":
-                served, stream, body, payload = _checked_json(st, route, body)
+                served, stream, body, payload, shape = _checked_json(st, route, body)
                 name = served.model
                 # the key's models (it may name a variant): 403 first
                 admit_model(request.scope, served.asked, stream=stream)
-                if asks_for_tools(payload):
+                # Only the checks the body's shape calls for: a text chat meets neither.
+                if shape.tools and asks_for_tools(payload):
                     await check_tools(request.app.state.ollama, name, payload)
-                check_media(st.supervisor, name, payload, allow_remote=st.server.allow_remote_media)
+                if shape.parts:
+                    check_media(st.supervisor, name, payload, allow_remote=st.server.allow_remote_media)
             else:
                 asked, stream = await model_from_request(route, request, body)
                 served = split_name(asked, st.supervisor.names(), st.supervisor.config_of)

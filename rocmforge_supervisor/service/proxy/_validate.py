@@ -12,11 +12,20 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..._errors import InvalidRequest
 
-__all__ = ["CHECKS", "LENGTH_FIELDS", "check_fields", "default_length", "parse_object"]
+__all__ = [
+    "CHECKS",
+    "LENGTH_FIELDS",
+    "BodyShape",
+    "check_fields",
+    "default_length",
+    "has_parts",
+    "parse_object",
+]
 
 _INT64 = (-(2**63), 2**63 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
@@ -193,13 +202,40 @@ CHECKS: dict[str, dict[str, Check]] = {
 }
 
 
-def check_fields(payload: dict[str, Any], kind: str) -> None:
-    """Raise InvalidRequest for the first known field of the wrong type (null means "unset")."""
+@dataclass(frozen=True)
+class BodyShape:
+    """What a checked body holds that decides which model checks it meets: a plain text chat
+    (most requests) meets neither the tools check nor the media check, and their modules are not
+    entered for it."""
+
+    tools: bool
+    """A non-empty ``tools`` list (``_tools`` decides whether it asks for them)."""
+    parts: bool
+    """A message or ``input`` item whose content is a list of parts: where images and audio are
+    (``_media``); a string content holds none."""
+
+
+def has_parts(payload: dict[str, Any]) -> bool:
+    """Whether a message or ``input`` item has a list of parts as its content (where media is)."""
+    for field in ("messages", "input"):
+        items = payload.get(field)
+        if isinstance(items, list):
+            for item in items:
+                if isinstance(item, dict) and isinstance(item.get("content"), list):
+                    return True
+    return False
+
+
+def check_fields(payload: dict[str, Any], kind: str) -> BodyShape:
+    """Raise InvalidRequest for the first known field of the wrong type (null means "unset");
+    the body's :class:`BodyShape` when all are right."""
     checks = CHECKS.get(kind, {})
     for key, value in payload.items():
         check = checks.get(key)
         if check is not None and value is not None:
             check(value, key)
+    tools = payload.get("tools")
+    return BodyShape(tools=isinstance(tools, list) and bool(tools), parts=has_parts(payload))
 
 
 #: The fields that bound an answer's length, in every request shape llama-server reads.
