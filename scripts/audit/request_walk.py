@@ -13,6 +13,7 @@ count; the client's own calls (httpx) are not ours.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +31,7 @@ from tests.support.supervised import fake_config  # noqa: E402
 from tests.support.tiny_gguf import write_tiny_gguf  # noqa: E402
 
 PKG = str(ROOT / "rocmforge_supervisor")
+_SUSPENDABLE = inspect.CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 
 
 async def walk(dialect: str, stream: bool) -> tuple[list[str], list[str]]:
@@ -38,6 +40,7 @@ async def walk(dialect: str, stream: bool) -> tuple[list[str], list[str]]:
     last: str | None = None
 
     request_tasks: set[int] = set()
+    suspendable: dict[int, FrameType] = {}
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         nonlocal last
@@ -58,12 +61,22 @@ async def walk(dialect: str, stream: bool) -> tuple[list[str], list[str]]:
             request_tasks.add(task)  # the server (uvicorn, starlette) calling into the gateway
         if task not in request_tasks:
             return
+        # A suspended coroutine or generator that resumes reports a "call" of the same frame
+        # again, its awaiting frame as the caller: that is the walk going on, not a new entry.
+        # Such frames are kept (alive, so their ids stay theirs) to tell a resume from a call.
+        resumed = suspendable.get(id(frame)) is frame
+        if not resumed and frame.f_code.co_flags & _SUSPENDABLE:
+            suspendable[id(frame)] = frame
         if rel not in order:
             order.append(rel)
-        elif rel != last and rel not in reentered and last is not None and frame.f_back is not None:
-            # A call into a module already left (a coroutine resuming has no caller frame of ours
-            # beyond the event loop's: that is not a re-entry of the walk).
-            caller = frame.f_back.f_code.co_filename
+        elif (
+            not resumed
+            and rel != last
+            and rel not in reentered
+            and last is not None
+            and frame.f_back is not None
+        ):
+            caller = frame.f_back.f_code.co_filename  # a call into a module already left
             if caller.startswith(PKG) and caller[len(PKG) + 1 :] != rel:
                 reentered.append(rel)
         last = rel
