@@ -254,3 +254,30 @@ def test_a_200_line_batch_on_a_real_child_while_an_interactive_client_is_served(
         longest_line = max(r["duration"] - r["queue_wait"] for r in lines_run)
         worst_wait = max(r["queue_wait"] for r in inter)
         assert worst_wait <= longest_line + 0.05, (worst_wait, longest_line)
+
+
+def test_files_and_batches_list_in_pages_as_the_openai_client_reads_them(
+    tmp_path: Path, fake_bin: Path, tiny_gguf: Path
+) -> None:
+    config = _config(tmp_path, tiny_gguf, args=[])
+    with running_service(config, tmp_path / "state", fake_bin, api_key=ADMIN) as svc:
+        night = _client(svc, NIGHT)
+        made = [
+            night.files.create(
+                file=(f"{i}.jsonl", io.BytesIO(_jsonl([_chat_line(str(i))]))), purpose="batch"
+            ).id
+            for i in range(5)
+        ]
+        first = night.files.list(limit=2)
+        assert [f.id for f in first.data] == made[::-1][:2] and first.has_more
+        # The client follows ``after`` page by page: every file once, newest first.
+        assert [f.id for f in night.files.list(limit=2)] == made[::-1]
+        assert [f.id for f in night.files.list(limit=2, order="asc")] == made
+        for params in ({"limit": "0"}, {"limit": "x"}, {"order": "up"}):
+            r = httpx.get(f"{svc.url}/v1/files", params=params, headers={"Authorization": f"Bearer {NIGHT}"})
+            assert r.status_code == 400 and r.json()["error"]["param"] in ("limit", "order"), r.text
+        batches = [
+            night.batches.create(input_file_id=f, endpoint="/v1/chat/completions", completion_window="24h").id
+            for f in made[:3]
+        ]
+        assert [b.id for b in night.batches.list(limit=1)] == batches[::-1]

@@ -375,6 +375,10 @@ def test_openapi_document_is_valid_and_lists_the_v1_routes(svc: Service) -> None
     assert "post" in paths["/v1/chat/completions"] and "post" in paths["/v1/embeddings"]
     assert paths["/v1/models/{model_id}"]["get"]["parameters"][0]["name"] == "model_id"
     assert "post" in paths["/api/models/{name}/load"] and "get" in paths["/api/events"]
+    for upload in ("/v1/files", "/v1/audio/transcriptions"):  # forms, not JSON
+        body = paths[upload]["post"]["requestBody"]["content"]
+        assert list(body) == ["multipart/form-data"], body
+        assert body["multipart/form-data"]["schema"]["properties"]["file"]["format"] == "binary"
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "/v1/chat/completions" in page.text and "/api/models/{name}/load" in page.text
     assert "<script" not in page.text and "https://" not in page.text  # nothing from other origins

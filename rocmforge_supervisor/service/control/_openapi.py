@@ -85,8 +85,13 @@ def _operation(route: Route, method: str, path: str) -> dict[str, Any]:
         op["parameters"] = [
             {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
         ]
-    if method == "post":
-        # The Batch API's bodies name no model (a file upload, a batch over a file).
+    if method == "post" and path in _MULTIPART:  # an upload: a form with the file in it
+        op["requestBody"] = {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": _MULTIPART[path]}},
+        }
+    elif method == "post":
+        # The Batch API's bodies name no model (a batch over a file).
         model_body = path.startswith("/v1/") and not path.startswith(("/v1/files", "/v1/batches"))
         schema = _MODEL_BODY if model_body else {"type": "object"}
         op["requestBody"] = {
@@ -94,6 +99,21 @@ def _operation(route: Route, method: str, path: str) -> dict[str, Any]:
             "content": {"application/json": {"schema": schema}},
         }
     return op
+
+
+def _form(*fields: str, required: tuple[str, ...]) -> dict[str, Any]:
+    props: dict[str, Any] = {"file": {"type": "string", "format": "binary"}}
+    props.update({f: {"type": "string"} for f in fields})
+    return {"type": "object", "properties": props, "required": ["file", *required]}
+
+
+_AUDIO = _form("model", "language", "prompt", "response_format", "temperature", required=("model",))
+#: The routes whose request is a multipart form (OpenAI's file upload and audio routes).
+_MULTIPART: dict[str, dict[str, Any]] = {
+    "/v1/files": _form("purpose", required=("purpose",)),
+    "/v1/audio/transcriptions": _AUDIO,
+    "/v1/audio/translations": _AUDIO,
+}
 
 
 def document(app_routes: list[BaseRoute]) -> dict[str, Any]:

@@ -130,11 +130,18 @@ async def _create_file(request: Request, st: GatewayState, store: BatchStore) ->
 
 
 async def _list_files(request: Request, st: GatewayState, store: BatchStore) -> Response:
-    """summary: the key's files (?purpose=)"""
+    """summary: the key's files, newest first (?purpose=&limit=&after=&order=asc|desc)"""
     owner, every = _owner(request)
     purpose = request.query_params.get("purpose")
     data = await anyio.to_thread.run_sync(lambda: store.files(owner, every=every, purpose=purpose))
-    return JSONResponse({"object": "list", "data": data, "has_more": False})
+    order = request.query_params.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest(
+            f"order must be asc or desc, not {order!r}", param="order", hint="send asc or desc"
+        )
+    if order == "asc":
+        data.reverse()
+    return _page(request, data, default=10000, most=10000)
 
 
 async def _file(request: Request, store: BatchStore) -> str:
@@ -234,14 +241,27 @@ async def _list_batches(request: Request, st: GatewayState, store: BatchStore) -
     """summary: the key's batches, newest first (?limit=&after=)"""
     owner, every = _owner(request)
     data = await anyio.to_thread.run_sync(lambda: store.batches(owner, every=every))
+    return _page(request, data, default=20, most=100)
+
+
+def _page(request: Request, data: list[dict[str, Any]], *, default: int, most: int) -> Response:
+    """One page of a list as OpenAI's list endpoints give it: the items after ``?after=ID``
+    (none when that id is not in the list), at most ``?limit=`` of them (1 to ``most``)."""
     after = request.query_params.get("after")
     if after:
-        ids = [b["id"] for b in data]
+        ids = [item["id"] for item in data]
         data = data[ids.index(after) + 1 :] if after in ids else []
+    raw = request.query_params.get("limit", str(default))
     try:
-        limit = max(1, min(int(request.query_params.get("limit", "20")), 100))
+        limit = int(raw)
     except ValueError:
-        raise InvalidRequest("limit must be a number", param="limit", hint="send 1 to 100") from None
+        raise InvalidRequest(
+            f"limit must be a number, not {raw!r}", param="limit", hint=f"send 1 to {most}"
+        ) from None
+    if not 1 <= limit <= most:
+        raise InvalidRequest(
+            f"limit must be 1 to {most}, not {limit}", param="limit", hint=f"send 1 to {most}"
+        )
     page = data[:limit]
     return JSONResponse(
         {
