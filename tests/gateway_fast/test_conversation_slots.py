@@ -238,3 +238,27 @@ async def test_a_build_whose_self_test_found_restore_a_no_op_starts_with_the_tie
             "self-test" in row["contexts"]["conversation_off"]
             and "#26676" in row["contexts"]["conversation_off"]
         )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_ollama_chat_turns_take_part_too(serve: Serve, stream: bool) -> None:
+    """Ollama's /api/chat goes to the child as OpenAI's chat: the same turns, the same tier."""
+    async with serve(_model(parallel=1), server={"keys": KEYS}) as gw:
+        headers = {"Authorization": f"Bearer {ALICE}"}
+
+        async def turn(messages: list[dict[str, str]]) -> None:
+            body = {"model": "m", "messages": messages, "stream": stream}
+            r = await gw.client.post("/api/chat", json=body, headers=headers)
+            assert r.status_code == 200, r.text
+            lines = [json.loads(line) for line in r.text.splitlines() if line.strip()]
+            reply = "".join(line["message"]["content"] for line in lines)
+            messages.append({"role": "assistant", "content": reply})
+
+        a = _ask([{"role": "user", "content": "conversation a"}], "a1")
+        await turn(a)
+        await poll(lambda: _counters(gw)["saves"] == 1, what="the first turn saved")
+        await turn(_ask(a, "a2"))
+        assert _counters(gw)["hits"] == 1
+        await _turn(gw, _ask([{"role": "user", "content": "conversation b"}], "b1"))  # takes the slot
+        await turn(_ask(a, "a3"))
+        assert _counters(gw)["restores"] == 1 and _counters(gw)["hits"] == 2

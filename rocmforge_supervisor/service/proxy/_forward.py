@@ -441,7 +441,7 @@ class _Forwarder:
         if not model.config.keep_conversations:
             return None
         turn = None
-        if self.translator is None and self.upstream_path == "/v1/chat/completions":
+        if self.upstream_path == "/v1/chat/completions":  # OpenAI's, or Ollama's translated to it
             turn = ConversationTurn.of(model, admission()[1], self.body)
         if turn is None and model.contexts is not None:
             model.contexts.book.unknown()
@@ -463,7 +463,7 @@ class _Forwarder:
                         kept.append(chunk)
                     yield chunk
             else:
-                async for piece in self.translator.stream(_metered(upstream.aiter_raw(), meter)):
+                async for piece in self.translator.stream(_metered(upstream.aiter_raw(), meter, kept)):
                     if first:
                         self._first_chunk()
                         first = False
@@ -505,10 +505,15 @@ class _Forwarder:
         note_answer(first_byte=self._first_byte, used=used, tail=tail)
 
 
-async def _metered(chunks: AsyncIterator[bytes], meter: StreamMeter) -> AsyncIterator[bytes]:
-    """The child's chunks, each read by the meter (the request's tokens) before it is translated."""
+async def _metered(
+    chunks: AsyncIterator[bytes], meter: StreamMeter, kept: list[bytes] | None
+) -> AsyncIterator[bytes]:
+    """The child's chunks, each read by the meter (the request's tokens) before it is translated
+    (and kept for the conversation tier when it takes part)."""
     async for chunk in chunks:
         meter.feed(chunk)
+        if kept is not None:
+            kept.append(chunk)
         yield chunk
 
 
