@@ -117,7 +117,8 @@ class ConversationTurn:
         if book.off is not None:
             return self.raw
         free = [s for s in await _idle_slots(server) if s not in book.claimed]
-        if not free:  # no idle slot to restore into or save from: an ordinary request
+        if not free:  # no idle slot to restore into or save from: an ordinary request, which
+            book.unknown()  # may land in any slot once one is free
             return self.raw
         resume = self._resume_stem()
         held = next((s for s in free if resume is not None and book.holds.get(s) == resume), None)

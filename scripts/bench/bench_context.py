@@ -21,8 +21,10 @@ at an unload: its states were saved after each turn), the router's ``POST /model
 direct server stopped and started again; ``restart``: the whole process stopped with SIGTERM
 and started again on the same state directory.
 
-Usage: .venv/bin/python scripts/bench/bench_context.py [--conversations 12] [--rounds 1]
+Usage: .venv/bin/python scripts/bench/bench_context.py [--conversations 8] [--rounds 1]
        [--targets direct,router,forge,tier] [--json out.json]
+       .venv/bin/python scripts/bench/bench_context.py --soak 200 [--soak-budget 4]
+         (200 turns on forge with the tier under a budget of ~4 states: files and bytes counted)
 """
 
 from __future__ import annotations
@@ -251,6 +253,48 @@ def workload(target: Target, args: argparse.Namespace) -> dict[str, list[tuple[f
     return out
 
 
+def soak(args: argparse.Namespace, model: Path, env: dict[str, str], tmp: Path) -> None:
+    """``--soak N``: N turns over the K conversations in a seeded random order on forge with the
+    tier and a byte budget of ``--soak-budget`` states, the files and bytes under the context
+    directory counted after every turn (the budget must hold; no temporary file may stay)."""
+    import random
+
+    state = tmp / "soak-state"
+    config = forge_config(tmp, model, args, tier=True)
+    one_state = 48 * 2**20  # a 2k-token SmolLM2-135M slot is ~45 MiB
+    budget = args.soak_budget * one_state
+    config.write_text(f"[server]\ncontext_max_bytes = {budget}\n" + config.read_text())
+    target = Forge(tmp, [], config, dict(env, FORGE_STATE_DIR=str(state)), "soak")
+    rng = random.Random(35)
+    k = args.conversations
+    convs = [first_turn(i, args.min_tokens) for i in range(k)]
+    most_bytes = most_files = 0
+    seconds: list[float] = []
+    with running(target):
+        for n in range(args.soak):
+            messages = rng.choice(convs)
+            if messages[-1]["role"] == "assistant":
+                messages.append({"role": "user", "content": f"Turn {n}: and the next box?"})
+            took, _, reply = ask(target.url, messages)
+            messages.append({"role": "assistant", "content": reply})
+            seconds.append(took)
+            files = [p for p in (state / "contexts").rglob("*") if p.is_file()]
+            size = sum(p.stat().st_size for p in files if p.suffix == ".slot")
+            temps = [p for p in files if p.name.startswith("tmp-")]
+            most_bytes, most_files = max(most_bytes, size), max(most_files, len(files))
+            if size > budget or temps:
+                raise SystemExit(f"turn {n}: {size} bytes on disk (budget {budget}), temporary files {temps}")
+        row = httpx.get(f"{target.url}/api/models", timeout=30).json()["models"][0]["contexts"]
+    print(
+        f"soak: {args.soak} turns over {k} conversations, budget {budget} bytes ({args.soak_budget} states): "
+        f"at most {most_bytes} bytes and {most_files} files on disk; turn p50 {pct(seconds, 0.5):.2f} s, "
+        f"p95 {pct(seconds, 0.95):.2f} s; tier counters "
+        + ", ".join(
+            f"{k.removeprefix('conversation_')} {v}" for k, v in row.items() if k.startswith("conversation_")
+        )
+    )
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
@@ -290,6 +334,12 @@ def main() -> None:
     ap.add_argument("--cache-ram", type=int, default=64, help="llama-server's --cache-ram, MiB")
     ap.add_argument("--targets", default="direct,router,forge,tier")
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--soak", type=int, default=0, help="instead: N turns on forge + tier, the budget checked"
+    )
+    ap.add_argument(
+        "--soak-budget", type=int, default=4, help="the soak's context_max_bytes, in ~2k-token states"
+    )
     args = ap.parse_args()
     settings = ForgeSettings()
     binary = locate_llama_server(settings).path
@@ -300,6 +350,9 @@ def main() -> None:
         off = Forge(tmp, [], forge_config(tmp, model, args, tier=False), env, "forge")
         tier_env = dict(env, FORGE_STATE_DIR=str(tmp / "tier-state"))
         on = Forge(tmp, [], forge_config(tmp, model, args, tier=True), tier_env, "tier")
+        if args.soak:
+            soak(args, model, env, tmp)
+            return
         with running(off):  # forge's child's command line, for the direct and router runs
             child = llama_children(off.proc.pid)[MODEL] if off.proc else []
         targets: dict[str, Target] = {
