@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.responses import JSONResponse
 
@@ -73,52 +75,45 @@ _ANTHROPIC_TYPES = {
 }
 
 
-def status_for(exc: ForgeError) -> tuple[int, str, str | None]:
+_Status = tuple[int, str, str | None]
+
+#: (HTTP status, OpenAI error type, OpenAI error code) by error class, tried in this order (a
+#: subclass before its base); the last three from the error itself where it carries them.
+_STATUS: tuple[
+    tuple[type[BaseException] | tuple[type[BaseException], ...], Callable[[Any], _Status]], ...
+] = (
+    (Unauthorized, lambda e: (401, "authentication_error", "invalid_api_key")),
+    (KeyForbidden, lambda e: (403, "permission_error", e.code)),
+    (Forbidden, lambda e: (403, "permission_error", "forbidden_origin")),
+    (RateLimited, lambda e: (429, "rate_limit_error", "rate_limited")),
+    (PayloadTooLarge, lambda e: (413, "invalid_request_error", "request_too_large")),
+    (UnsupportedMediaType, lambda e: (415, "invalid_request_error", "unsupported_media_type")),
+    (ModelNotFound, lambda e: (404, "invalid_request_error", "model_not_found")),
+    (QueueFull, lambda e: (429, "rate_limit_error", "queue_full")),
+    (ConfigError, lambda e: (400, "invalid_request_error", "invalid_config")),
+    (UsageError, lambda e: (400, "invalid_request_error", None)),
+    (ContextExceeded, lambda e: (400, "invalid_request_error", "context_length_exceeded")),
+    (RequestRejected, lambda e: (e.status_code or 400, e.error_type or "invalid_request_error", None)),
+    # Failed for good (the breaker stays open until `forge load NAME` or a reload): no 503, which
+    # says "in a moment" and which every SDK retries. The server failed, not the request, so a
+    # 5xx (and in the 5xx alerts), with X-Should-Retry: false (error_response).
+    (ModelFailed, lambda e: (500, "server_error", e.kind or "model_failed")),
+    # A rule forbids the load (pinned, swap = never, a group): waiting will not change it.
+    (ResidencyConflict, lambda e: (409, "invalid_request_error", "residency_conflict")),
+    (PlacementError, lambda e: (503, "insufficient_resources", "does_not_fit")),
+    (ModelLoading, lambda e: (503, "unavailable_error", "model_loading")),
+    (InstanceError, lambda e: (503, "unavailable_error", e.reason)),
+    ((ServiceError, ServerUnavailable), lambda e: (503, "unavailable_error", None)),
+    (StreamError, lambda e: (502, "server_error", "upstream_broken")),
+    (ServerError, lambda e: (e.status_code or 500, "server_error", None)),
+)
+
+
+def status_for(exc: ForgeError) -> _Status:
     """(HTTP status, OpenAI error type, OpenAI error code) for a typed error."""
-    if isinstance(exc, Unauthorized):
-        return 401, "authentication_error", "invalid_api_key"
-    if isinstance(exc, KeyForbidden):
-        return 403, "permission_error", exc.code
-    if isinstance(exc, Forbidden):
-        return 403, "permission_error", "forbidden_origin"
-    if isinstance(exc, RateLimited):
-        return 429, "rate_limit_error", "rate_limited"
-    if isinstance(exc, PayloadTooLarge):
-        return 413, "invalid_request_error", "request_too_large"
-    if isinstance(exc, UnsupportedMediaType):
-        return 415, "invalid_request_error", "unsupported_media_type"
-    if isinstance(exc, ModelNotFound):
-        return 404, "invalid_request_error", "model_not_found"
-    if isinstance(exc, QueueFull):
-        return 429, "rate_limit_error", "queue_full"
-    if isinstance(exc, ConfigError):
-        return 400, "invalid_request_error", "invalid_config"
-    if isinstance(exc, UsageError):
-        return 400, "invalid_request_error", None
-    if isinstance(exc, ContextExceeded):
-        return 400, "invalid_request_error", "context_length_exceeded"
-    if isinstance(exc, RequestRejected):
-        return exc.status_code or 400, exc.error_type or "invalid_request_error", None
-    if isinstance(exc, ModelFailed):
-        # Failed for good (the breaker stays open until `forge load NAME` or a reload): no 503,
-        # which says "in a moment" and which every SDK retries. The server failed, not the
-        # request, so a 5xx (and in the 5xx alerts), with X-Should-Retry: false (error_response).
-        return 500, "server_error", exc.kind or "model_failed"
-    if isinstance(exc, ResidencyConflict):
-        # A rule forbids the load (pinned, swap = never, a group): waiting will not change it.
-        return 409, "invalid_request_error", "residency_conflict"
-    if isinstance(exc, PlacementError):
-        return 503, "insufficient_resources", "does_not_fit"
-    if isinstance(exc, ModelLoading):
-        return 503, "unavailable_error", "model_loading"
-    if isinstance(exc, InstanceError):
-        return 503, "unavailable_error", exc.reason
-    if isinstance(exc, (ServiceError, ServerUnavailable)):
-        return 503, "unavailable_error", None
-    if isinstance(exc, StreamError):
-        return 502, "server_error", "upstream_broken"
-    if isinstance(exc, ServerError):
-        return exc.status_code or 500, "server_error", None
+    for cls, answer in _STATUS:
+        if isinstance(exc, cls):
+            return answer(exc)
     return 502, "server_error", None
 
 

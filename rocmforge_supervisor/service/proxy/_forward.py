@@ -194,50 +194,19 @@ async def open_upstream(
     loaded: Callable[[], None] | None = None,
     sending: Callable[[], None] | None = None,
     prepare: Callable[[], Awaitable[bytes]] | None = None,
-) -> AsyncIterator[httpx.Response]:
-    """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
-    streaming response to one request; both released on exit. Also the Ollama API's way in.
-    ``loaded`` is called once the model is ready (the wait for a slot begins), ``sending`` once
-    the slot is ours, just before the request goes to the child."""
-    async with _slot(st, name, path, loaded, sending) as upstream:
-        if prepare is not None:  # the conversation tier: a restore, the body's ``id_slot``
-            body = await prepare()
-        response = await asend(
-            st.upstream,
-            upstream,
-            method,
-            path,
-            content=body,
-            headers=_request_headers(upstream, content_type, rid),
-        )
-        try:
-            yield response
-        finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
-
-
-@asynccontextmanager
-async def _open_stream(
-    st: GatewayState,
-    name: str,
-    method: str,
-    path: str,
-    body: bytes,
-    rid: str | None,
-    *,
-    content_type: str,
-    loaded: Callable[[], None],
-    prepare: Callable[[], Awaitable[bytes]] | None = None,
+    stream: bool = False,
 ) -> AsyncIterator[httpx.Response | StreamResponse]:
-    """:func:`open_upstream` for a streamed request: through the relay's own client
-    (``_upstream_http``, measured faster per chunk) where it can carry it, httpx otherwise."""
-    async with _slot(st, name, path, loaded, None) as upstream:
+    """A slot at model ``name`` (waiting for its load up to ``load_wait``) and its child's
+    streaming response to one request; both released on exit. ``loaded`` is called once the
+    model is ready (the wait for a slot begins), ``sending`` once the slot is ours, just before
+    the request goes to the child. ``stream``: a streamed request, sent through the relay's own
+    client (``_upstream_http``, measured faster per chunk) where it can carry it."""
+    async with _slot(st, name, path, loaded, sending) as upstream:
         if prepare is not None:  # the conversation tier: a restore, the body's ``id_slot``
             body = await prepare()
         headers = _request_headers(upstream, content_type, rid)
         response: httpx.Response | StreamResponse
-        if supports(upstream, path):
+        if stream and supports(upstream, path):
             response = await st.streams.send(upstream, method, path, content=body, headers=headers)
         else:
             response = await asend(st.upstream, upstream, method, path, content=body, headers=headers)
@@ -357,21 +326,13 @@ class _Forwarder:
         turn = self._conversation()
         if turn is not None:
             stack.callback(turn.release)
-        opening = (
-            _open_stream(
-                *request,
-                content_type=self.content_type,
-                loaded=loaded,
-                prepare=turn.prepare if turn is not None else None,
-            )
-            if self.stream and sending is None
-            else open_upstream(
-                *request,
-                content_type=self.content_type,
-                loaded=loaded,
-                sending=sending,
-                prepare=turn.prepare if turn is not None else None,
-            )
+        opening = open_upstream(
+            *request,
+            content_type=self.content_type,
+            loaded=loaded,
+            sending=sending,
+            prepare=turn.prepare if turn is not None else None,
+            stream=self.stream and sending is None,
         )
         try:
             upstream: httpx.Response | StreamResponse = await stack.enter_async_context(opening)
