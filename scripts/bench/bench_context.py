@@ -312,6 +312,12 @@ def summary(results: dict[str, dict[str, list[tuple[float, int]]]]) -> str:
             lines.append(f"| {phase}, {label} | " + " | ".join(cells) + " |")
         cells = [f"{statistics.mean(c for _, c in results[n][phase]):.0f}" for n in names]
         lines.append(f"| {phase}, tokens computed (mean) | " + " | ".join(cells) + " |")
+        if phase != "first":  # against the same target's cold first turns: the box's load cancels
+            cells = [
+                f"{statistics.median(s for s, _ in results[n][phase]) / statistics.median(s for s, _ in results[n]['first']):.3f}"
+                for n in names
+            ]
+            lines.append(f"| {phase}, p50 / first turns' p50 | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -347,12 +353,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-context-") as t:
         tmp = Path(t)
         env = dict(os.environ, FORGE_STATE_DIR=str(tmp / "state"), FORGE_LLAMA_SERVER=str(binary))
-        off = Forge(tmp, [], forge_config(tmp, model, args, tier=False), env, "forge")
-        tier_env = dict(env, FORGE_STATE_DIR=str(tmp / "tier-state"))
-        on = Forge(tmp, [], forge_config(tmp, model, args, tier=True), tier_env, "tier")
         if args.soak:
             soak(args, model, env, tmp)
             return
+        off = Forge(tmp, [], forge_config(tmp, model, args, tier=False), env, "forge")
+        tier_env = dict(env, FORGE_STATE_DIR=str(tmp / "tier-state"))
+        on = Forge(tmp, [], forge_config(tmp, model, args, tier=True), tier_env, "tier")
         with running(off):  # forge's child's command line, for the direct and router runs
             child = llama_children(off.proc.pid)[MODEL] if off.proc else []
         targets: dict[str, Target] = {
