@@ -121,6 +121,36 @@ def test_each_response_format_through_the_openai_sdk(
         assert isinstance(text, str)  # the weightless test model transcribes nothing
 
 
+def test_a_transcription_is_one_request_like_any_other(svc: Service, whisper_parts: dict[str, Any]) -> None:
+    """Through the one forwarder and its one response: counted in forge_requests_total, a row in
+    the activity log, the request id echoed, each format's content type."""
+    metric = 'forge_requests_total{endpoint="/v1/audio/transcriptions",model="stt",status="200"}'
+
+    def count(text: str) -> float:
+        line = next((x for x in text.splitlines() if x.startswith(metric)), None)
+        return float(line.split()[-1]) if line else 0.0
+
+    with svc.client() as c:
+        before = count(c.get("/metrics").text)
+        for fmt, kind in (("text", "text/plain"), ("vtt", "text/vtt"), ("json", "application/json")):
+            r = c.post(
+                "/v1/audio/transcriptions",
+                data={"model": "stt", "response_format": fmt},
+                files={"file": ("fox.wav", whisper_parts["wav"].read_bytes())},
+                headers={"X-Request-ID": f"audio-{fmt}"},
+            )
+            assert r.status_code == 200, r.text
+            assert r.headers["content-type"].startswith(kind) and r.headers["x-request-id"] == f"audio-{fmt}"
+        assert count(c.get("/metrics").text) == before + 3
+
+        def row() -> dict[str, Any] | None:
+            rows = c.get("/api/activity", params={"limit": 50}).json()["activity"]
+            return next((r for r in rows if r["request_id"] == "audio-vtt"), None)
+
+        found: dict[str, Any] = wait_for(row, timeout=30, what="the transcription's activity row")
+    assert found["route"] == "/v1/audio/transcriptions" and found["status"] == 200, found
+
+
 def test_translations_ask_whisper_to_translate(svc: Service, whisper_parts: dict[str, Any]) -> None:
     """(The SDK's translations.create is deprecated, and warnings are errors here: plain HTTP.)"""
     with svc.client() as c:
@@ -368,13 +398,10 @@ def test_verbose_json_renders_openai_shapes() -> None:
         "text": " Hello there.",
         "segments": [{"id": 0, "text": " Hello there.", "start": 0.0, "end": 3.5, "tokens": [1, 2]}],
     }
-    assert json.loads(bytes(render(result, "json").body)) == {"text": "Hello there."}
-    assert bytes(render(result, "srt").body).decode() == "1\n00:00:00,000 --> 00:00:03,500\nHello there.\n"
-    assert (
-        bytes(render(result, "vtt").body).decode()
-        == "WEBVTT\n\n00:00:00.000 --> 00:00:03.500\nHello there.\n"
-    )
-    verbose = json.loads(bytes(render(result, "verbose_json").body))
+    assert json.loads(render(result, "json")) == {"text": "Hello there."}
+    assert render(result, "srt").decode() == "1\n00:00:00,000 --> 00:00:03,500\nHello there.\n"
+    assert render(result, "vtt").decode() == "WEBVTT\n\n00:00:00.000 --> 00:00:03.500\nHello there.\n"
+    verbose = json.loads(render(result, "verbose_json"))
     assert verbose["segments"][0]["end"] == 3.5 and verbose["text"] == "Hello there."
 
 
@@ -392,10 +419,10 @@ def test_the_text_is_one_line_as_openai_gives_it() -> None:
         ],
     }
     one_line = "The quick brown fox jumps over the lazy dog."
-    assert json.loads(bytes(render(result, "json").body)) == {"text": one_line}
-    assert bytes(render(result, "text").body).decode() == one_line + "\n"
-    assert json.loads(bytes(render(result, "verbose_json").body))["text"] == one_line
-    assert bytes(render(result, "srt").body).decode().count("-->") == 3
+    assert json.loads(render(result, "json")) == {"text": one_line}
+    assert render(result, "text").decode() == one_line + "\n"
+    assert json.loads(render(result, "verbose_json"))["text"] == one_line
+    assert render(result, "srt").decode().count("-->") == 3
 
 
 def test_an_hf_file_reference_resolves_from_the_hub_cache(tmp_path: Path) -> None:

@@ -25,8 +25,15 @@ class Translator(Protocol):
         """``content-type`` of a streamed answer (``application/x-ndjson`` for Ollama)."""
         ...
 
+    @property
+    def whole_type(self) -> str:
+        """``content-type`` of a whole answer (``application/json``; an audio transcription's
+        depends on its ``response_format``)."""
+        ...
+
     def whole(self, content: bytes) -> bytes:
-        """A whole 200 answer (llama-server's JSON) as the dialect's body (JSON)."""
+        """A whole 200 answer (the child's JSON) as the dialect's body. Raises a ``ForgeError``
+        when the child's answer is not what the dialect can translate."""
         ...
 
     def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

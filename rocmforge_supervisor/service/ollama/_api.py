@@ -302,6 +302,7 @@ class _OllamaAnswer:
     started: float
     generate: bool
     stream_type: str = "application/x-ndjson"
+    whole_type: str = "application/json"
 
     def whole(self, content: bytes) -> bytes:
         data = json.loads(content)

@@ -26,26 +26,22 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from ..._errors import InvalidRequest, PayloadTooLarge, ServerError
-from ..core._routes import ForwardRoute
-from ..edge._errors_http import error_response
-from ._relay import Opened
 from ._upload import read_upload
 
 __all__ = [
     "FORMATS",
+    "AudioAnswer",
     "AudioForm",
     "is_translation",
     "parse_form",
-    "relay",
     "render",
     "sniff_audio",
     "to_inference",
@@ -192,7 +188,15 @@ def _segments(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def render(result: dict[str, Any], fmt: str, task: str = "transcribe") -> Response:
+#: The ``content-type`` of each ``response_format`` (the JSON ones: ``application/json``).
+_MEDIA = {
+    "text": "text/plain; charset=utf-8",
+    "srt": "text/plain; charset=utf-8",
+    "vtt": "text/vtt; charset=utf-8",
+}
+
+
+def render(result: dict[str, Any], fmt: str, task: str = "transcribe") -> bytes:
     """whisper-server's ``verbose_json`` as OpenAI answers ``response_format=fmt``. ``task`` is the
     route's: an English-only model asked to translate transcribes (its audio is English already),
     and whisper-server then says ``transcribe``."""
@@ -200,21 +204,21 @@ def render(result: dict[str, Any], fmt: str, task: str = "transcribe") -> Respon
     # whisper-server ends each segment with a line break, mid-sentence; OpenAI's text is one line.
     text = " ".join(str(result.get("text") or "").split())
     if fmt == "json":
-        return JSONResponse({"text": text})
+        return _json({"text": text})
     if fmt == "text":
-        return Response(text + "\n", media_type="text/plain; charset=utf-8")
+        return (text + "\n").encode()
     if fmt == "srt":
         blocks = [
             f"{n}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n"
             for n, s in enumerate(segments, 1)
         ]
-        return Response("\n".join(blocks), media_type="text/plain; charset=utf-8")
+        return "\n".join(blocks).encode()
     if fmt == "vtt":
         cues = [
             f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text'].strip()}\n" for s in segments
         ]
-        return Response("WEBVTT\n\n" + "\n".join(cues), media_type="text/vtt; charset=utf-8")
-    return JSONResponse(
+        return ("WEBVTT\n\n" + "\n".join(cues)).encode()
+    return _json(
         {
             "task": task,
             "language": str(result.get("language") or ""),
@@ -225,24 +229,36 @@ def render(result: dict[str, Any], fmt: str, task: str = "transcribe") -> Respon
     )
 
 
-async def relay(opened: Opened, form: AudioForm, route: ForwardRoute, rid: str | None) -> Response:
-    """The child's answer to the client: rendered when it is a transcription, else the error as
-    the forwarder already shaped it (a 503 for a child that went away)."""
-    try:
-        body = opened.content if opened.chunks is None else b"".join([c async for c in opened.chunks])
-    finally:
-        with anyio.CancelScope(shield=True):
-            await opened.close()
-    if opened.status != 200:
-        return Response(body, status_code=opened.status, headers=opened.headers)
-    try:
-        result = json.loads(body)
-        if not isinstance(result, dict):
-            raise ValueError("not an object")
-    except ValueError:
-        exc = ServerError("whisper-server answered something that is not its verbose_json", status_code=502)
-        return error_response(exc, rid, route.dialect)
-    resp = render(result, form.response_format, "translate" if is_translation(route.path) else "transcribe")
-    if rid:
-        resp.headers["X-Request-ID"] = rid
-    return resp
+def _json(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class AudioAnswer:
+    """The audio routes' translator (:class:`~..core._dialect.Translator`): whisper-server's
+    ``verbose_json`` rendered as the client asked (``response_format``), so a transcription goes
+    through the one forwarder and its one response like every other request."""
+
+    response_format: str
+    route_path: str
+    stream_type: str = "text/plain; charset=utf-8"  # whisper-server does not stream
+
+    @property
+    def whole_type(self) -> str:
+        return _MEDIA.get(self.response_format, "application/json")
+
+    def whole(self, content: bytes) -> bytes:
+        try:
+            result = json.loads(content)
+            if not isinstance(result, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            raise ServerError(
+                "whisper-server answered something that is not its verbose_json", status_code=502
+            ) from None
+        return render(
+            result, self.response_format, "translate" if is_translation(self.route_path) else "transcribe"
+        )
+
+    async def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        yield self.whole(b"".join([c async for c in chunks]))

@@ -54,7 +54,7 @@ from ..core._upstream_http import StreamResponse, supports
 from ..core._usage import StreamMeter, Used, used_in
 from ..edge._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
 from ..edge._middleware import read_body
-from ._audio import is_translation, parse_form, relay, to_inference
+from ._audio import AudioAnswer, is_translation, parse_form, to_inference
 from ._listing import check_media, check_tools, model_list
 from ._relay import Opened, RelayResponse
 from ._rerank import refuse_wrong_kind
@@ -370,7 +370,9 @@ class _Forwarder:
             else:
                 self._count(str(status), b"", None)
             if self.translator is not None and status == 200:
-                return Opened(200, {"content-type": "application/json"}, self.translator.whole(content))
+                return Opened(
+                    200, {"content-type": self.translator.whole_type}, self.translator.whole(content)
+                )
             return Opened(status, headers, content)
         meter = StreamMeter(self.upstream_path)
         if self.translator is not None:
@@ -538,14 +540,25 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         except ForgeError as exc:
             st.metrics.errors.labels("-", type(exc).__name__).inc()
             return error_response(exc, rid, dialect)
-        if whisper:  # a whole answer, rendered in its response_format: no relay
-            try:
-                return await _whisper(st, route, request, name, body, rid, received)
-            except ForgeError as exc:  # the forwarder counted its own; the form's are a 4xx
-                return error_response(exc, rid, dialect)
+        translator: Translator | None = None
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        if whisper:  # the form in whisper-server's terms; its answer rendered by the translator
+            try:
+                form = await parse_form(request, body, st.server.audio_max_bytes)
+            except ForgeError as exc:
+                return error_response(exc, rid, dialect)
+            body, content_type = to_inference(form, translate=is_translation(route.path))
+            path, translator = "/inference", AudioAnswer(form.response_format, route.path)
         fwd = _Forwarder(
-            st, route, name, rid, received, (path, body, content_type), retry=not stream, stream=stream
+            st,
+            route,
+            name,
+            rid,
+            received,
+            (path, body, content_type),
+            retry=not stream,
+            stream=stream,
+            translator=translator,
         )
         fwd.asked = served.asked
         return RelayResponse(
@@ -559,25 +572,6 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
 
     forward.__name__ = f"forward_{route.path.strip('/').replace('/', '_').replace('-', '_')}"
     return forward
-
-
-async def _whisper(
-    st: GatewayState,
-    route: ForwardRoute,
-    request: Request,
-    name: str,
-    body: bytes,
-    rid: str | None,
-    received: float,
-) -> Response:
-    """A whisper model's audio request: checked and translated (``_audio``), then sent through
-    the forwarder like any other (the queue, the load wait, a child's death as a clean 503) and
-    rendered back in the asked ``response_format``. Errors are raised as ``ForgeError`` up to
-    the endpoint's one ``error_response``."""
-    form = await parse_form(request, body, st.server.audio_max_bytes)
-    inference, content_type = to_inference(form, translate=is_translation(route.path))
-    fwd = _Forwarder(st, route, name, rid, received, ("/inference", inference, content_type), retry=True)
-    return await relay(await fwd.open(lambda: None), form, route, rid)
 
 
 def routes() -> list[BaseRoute]:
