@@ -262,3 +262,16 @@ async def test_ollama_chat_turns_take_part_too(serve: Serve, stream: bool) -> No
         await _turn(gw, _ask([{"role": "user", "content": "conversation b"}], "b1"))  # takes the slot
         await turn(_ask(a, "a3"))
         assert _counters(gw)["restores"] == 1 and _counters(gw)["hits"] == 2
+
+
+async def test_a_damaged_state_is_deleted_with_an_event_and_the_turn_computes_cold(serve: Serve) -> None:
+    async with serve(_model(parallel=1), server={"keys": KEYS}) as gw:
+        a = _ask([{"role": "user", "content": "conversation a"}], "a1")
+        await _turn(gw, a)
+        await _turn(gw, _ask([{"role": "user", "content": "conversation b"}], "b1"))  # takes the slot
+        for slot in _slot_dir(gw).glob("conv-*.slot"):
+            slot.write_bytes(slot.read_bytes()[:100])  # truncated: the manifest's size no longer holds
+        await _turn(gw, _ask(a, "a2"))  # answered, without a restore (the child computes it)
+        assert _counters(gw)["restores"] == 0 and _counters(gw)["hits"] == 1
+        deleted = [e for e in gw.sup.events.history("m") if e.kind == EventKind.CONTEXT_DELETED]
+        assert any("truncated" in str(e.data.get("reason")) for e in deleted), deleted
