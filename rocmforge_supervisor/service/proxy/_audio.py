@@ -262,3 +262,14 @@ class AudioAnswer:
 
     async def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield self.whole(b"".join([c async for c in chunks]))
+
+
+async def audio_request(
+    request: Request, body: bytes, route_path: str, limit: int
+) -> tuple[str, bytes, str, AudioAnswer]:
+    """The audio dialect's request in: the client's form as whisper-server's ``/inference`` path,
+    body and content type, with the translator that renders its answer, so the forwarder meets
+    audio as one more (path, body, translator) like the other dialects."""
+    form = await parse_form(request, body, limit)
+    inference, content_type = to_inference(form, translate=is_translation(route_path))
+    return "/inference", inference, content_type, AudioAnswer(form.response_format, route_path)

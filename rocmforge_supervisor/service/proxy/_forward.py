@@ -54,7 +54,7 @@ from ..core._upstream_http import StreamResponse, supports
 from ..core._usage import StreamMeter, Used, used_in
 from ..edge._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
 from ..edge._middleware import read_body
-from ._audio import AudioAnswer, is_translation, parse_form, to_inference
+from ._audio import audio_request, is_translation
 from ._listing import check_media, check_tools, model_list
 from ._relay import Opened, RelayResponse
 from ._rerank import refuse_wrong_kind
@@ -542,13 +542,13 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
             return error_response(exc, rid, dialect)
         translator: Translator | None = None
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        if whisper:  # the form in whisper-server's terms; its answer rendered by the translator
+        if whisper:  # the audio adapter: the form as whisper-server's /inference, its answer rendered
             try:
-                form = await parse_form(request, body, st.server.audio_max_bytes)
+                path, body, content_type, translator = await audio_request(
+                    request, body, route.path, st.server.audio_max_bytes
+                )
             except ForgeError as exc:
                 return error_response(exc, rid, dialect)
-            body, content_type = to_inference(form, translate=is_translation(route.path))
-            path, translator = "/inference", AudioAnswer(form.response_format, route.path)
         fwd = _Forwarder(
             st,
             route,
