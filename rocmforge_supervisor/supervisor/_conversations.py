@@ -46,6 +46,7 @@ log = logging.getLogger("rocmforge.supervisor")
 #: about what a save and a restore do on a small model, and every save is a file write.
 SAVE_MIN_TOKENS = 512
 _STEM = "conv-"
+_ANYONE = "\x00anyone"  # an owner no key name can be: a slot forge knows nothing of
 
 
 def _plain(messages: object) -> list[dict[str, Any]] | None:
@@ -129,16 +130,31 @@ class ConversationTurn:
         book.holds.pop(slot, None)  # whatever it held is being replaced
         self.slot = slot
         counters = self.keeper.conversations
+        foreign = self.key is not None and book.owners.get(slot, _ANYONE) != self.key
+        book.owners[slot] = self.key
         if held is not None:
             counters.hits += 1  # served from the slot's own KV: nothing to restore
-        elif resume is not None:
+            return json.dumps({**self.body, "id_slot": slot}).encode()
+        if resume is not None:
             entry = await anyio.to_thread.run_sync(self.keeper.store.entry, self.keeper.name, resume)
             if entry is None:
                 counters.misses += 1
             else:
                 counters.hits += 1
                 await self._restore(entry)
+        if foreign and not self.restored:
+            await self._erase(slot)
         return json.dumps({**self.body, "id_slot": slot}).encode()
+
+    async def _erase(self, slot: int) -> None:
+        """The slot may hold another key's conversation: emptied first, so that llama-server's
+        prefix reuse cannot answer this key faster for knowing another's prompt."""
+        server = self.model.server
+        assert server is not None
+        try:
+            await server.slot_action(slot, "erase")
+        except InstanceError as exc:
+            self._warn(f"{exc.message}; the slot was not emptied for another key's turn")
 
     def _resume_stem(self) -> str | None:
         """The saved state this turn continues from: the conversation minus its new user message

@@ -68,6 +68,8 @@ class SlotBook:
 
     pid: int = 0
     holds: dict[int, str] = field(default_factory=dict)  # slot -> state stem, oldest first
+    #: slot -> the API key name whose turn last used it; a slot missing here may hold anyone's.
+    owners: dict[int, str | None] = field(default_factory=dict)
     claimed: set[int] = field(default_factory=set)
     off: str | None = None
 
@@ -76,11 +78,13 @@ class SlotBook:
         if pid != self.pid:
             self.pid = pid
             self.holds.clear()
+            self.owners.clear()
             self.claimed.clear()
 
     def unknown(self) -> None:
         """A request outside the tier went to the child: any slot may now hold something else."""
         self.holds.clear()
+        self.owners.clear()
 
 
 @dataclass

@@ -104,8 +104,10 @@ def test_next_turn_after_unload_or_restart_restores_from_disk_and_matches_cold(
         assert int(warm["timings"]["prompt_n"]) < 100, warm["timings"]  # the prefix was not computed
         assert _text(warm) == _text(cold), (_text(warm), _text(cold))
 
-        # Bob sends Alice's conversation word for word: his key's hash differs, nothing is found.
-        _chat(svc, BOB, second)
+        # Bob sends Alice's conversation word for word: his key's hash differs, nothing is found,
+        # and the slot that holds Alice's turn is emptied first: the child computes all of it.
+        bob_answer = _chat(svc, BOB, second)
+        assert int(bob_answer["timings"]["cache_n"]) < 20, bob_answer["timings"]
         bob = _conv(svc)
         assert bob["misses"] == counters["misses"] + 1 and bob["hits"] == 2 and bob["restores"] == 1, bob
         with svc.client() as c:

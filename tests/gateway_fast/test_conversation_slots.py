@@ -118,9 +118,10 @@ async def test_another_keys_turn_never_finds_the_state(serve: Serve) -> None:
         a = _ask([{"role": "user", "content": "shared words"}], "q1")
         await _turn(gw, a, key=ALICE)
         bob = [dict(m) for m in a]  # the same messages, byte for byte
-        await _turn(gw, _ask(bob, "q2"), key=BOB)
+        answer = await _turn(gw, _ask(bob, "q2"), key=BOB)
         c = _counters(gw)
         assert c["misses"] == 1 and c["hits"] == 0 and c["restores"] == 0
+        assert _reused(answer) == 0  # the slot held alice's turn: emptied before bob's
         # Alice's own next turn finds her state (bob's turn took the one slot): restored.
         await _turn(gw, _ask(a, "q2"), key=ALICE)
         assert _counters(gw)["restores"] == 1
