@@ -560,6 +560,18 @@ class ModelConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _conversations_need_context(self) -> ModelConfig:
+        """The tier saves into the context directory through the child's ``--slot-save-path``,
+        which only ``keep_context`` gives it: without it the key would do nothing, silently."""
+        if self.keep_conversations and not self.keep_context:
+            raise custom(
+                "keep_conversations",
+                "keep_conversations = true needs keep_context = true (the conversations are kept "
+                "through its saved slots): add keep_context = true, or remove keep_conversations",
+            )
+        return self
+
+    @model_validator(mode="after")
     def _speculative_keys(self) -> ModelConfig:
         problem = speculative_problem(self)
         if problem is not None:
