@@ -172,9 +172,18 @@ class ContextSummary:
     tokens: int = 0
     bytes: int = 0
     newest: float | None = None
+    conversations: int = 0  # of ``count``: the per-conversation tier's states (``conv-``)
+    conversation_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"count": self.count, "tokens": self.tokens, "bytes": self.bytes, "newest": self.newest}
+        return {
+            "count": self.count,
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+            "newest": self.newest,
+            "conversation_states": self.conversations,
+            "conversation_state_bytes": self.conversation_bytes,
+        }
 
 
 @dataclass
@@ -345,6 +354,8 @@ class ContextStore:
             tokens=sum(e.tokens for e in good),
             bytes=sum(e.bytes for e in good),
             newest=max((e.saved_at for e in good), default=None),
+            conversations=sum(1 for e in good if e.stem.startswith("conv-")),
+            conversation_bytes=sum(e.bytes for e in good if e.stem.startswith("conv-")),
         )
         return summary
 

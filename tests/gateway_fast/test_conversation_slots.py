@@ -169,6 +169,11 @@ async def test_the_byte_budget_holds_over_a_200_turn_soak(serve: Serve) -> None:
         listing = await gw.client.get("/api/models", headers={"Authorization": f"Bearer {ALICE}"})
         row = next(m for m in listing.json()["models"] if m["name"] == "m")
         assert row["contexts"]["bytes"] <= budget
+        on_disk = sorted(folder.glob("conv-*.slot"))
+        assert row["contexts"]["conversation_states"] == len(on_disk) > 0
+        assert row["contexts"]["conversation_state_bytes"] == sum(p.stat().st_size for p in on_disk)
+        metrics = (await gw.client.get("/metrics", headers={"Authorization": f"Bearer {ALICE}"})).text
+        assert f'forge_conversation_states{{model="m"}} {float(len(on_disk))}' in metrics
         assert row["contexts"]["conversation_saves"] == 200
         assert row["contexts"]["conversation_restores"] == c["restores"]
 

@@ -139,6 +139,16 @@ _CONTEXT_GAUGES = (
     ("forge_context_stored", "saved KV-cache slots on disk", "count"),
     ("forge_context_stored_tokens", "tokens in the saved KV-cache slots on disk", "tokens"),
     ("forge_context_stored_bytes", "bytes of the saved KV-cache slots on disk", "bytes"),
+    (
+        "forge_conversation_states",
+        "conversation states on disk (of forge_context_stored)",
+        "conversation_states",
+    ),
+    (
+        "forge_conversation_state_bytes",
+        "bytes of the conversation states on disk",
+        "conversation_state_bytes",
+    ),
 )
 
 
