@@ -6,15 +6,19 @@ messages up to and including the reply just produced); the next turn of the same
 sends those messages plus a new user message, so hashing its messages minus the last one finds
 the save. The key name is in the hash: a state saved for one key is never found for another.
 
-The child's own RAM prompt cache serves a conversation that never left it; a restore is only
-needed when the child that saved the state is gone (unloaded, restarted, a new service). Forge
-tracks which child (pid) saved each state during this run; a state whose child is still the
-running one is a hit served from the child's memory, not restored. Files live in the model's
-``--slot-save-path`` directory as ``conv-<hash>`` entries of :class:`~._context_store.ContextStore`
-(the same manifests, 0600 files and LRU byte budget as the planned-stop saves).
+Forge sends every such turn to a slot it picks (``id_slot``) and keeps a book of what each slot
+holds (:class:`~._keep_context.SlotBook`): the slot that still holds the conversation's last turn
+serves it as it is; otherwise the saved state is restored into a free slot first, whatever lost
+it (another conversation took the slot, the RAM cache let it go, the child was unloaded or
+restarted, a new service). With API keys, a slot that may hold another key's conversation is
+emptied before a turn that restores nothing. A restored turn the child did not reuse (llama.cpp
+#26676) turns the tier off. Files live in the model's ``--slot-save-path`` directory as
+``conv-<hash>`` entries of :class:`~._context_store.ContextStore` (the same manifests, 0600 files
+and LRU byte budget as the planned-stop saves).
 
-Only ``/v1/chat/completions`` (streamed or not) with plain ``role``/``content`` messages take part:
-anything else (tools, images, other routes and dialects) is passed through untouched, and voids
+Only ``/v1/chat/completions`` (streamed or not; Ollama's chat reaches the child as one) with plain
+``role``/``content`` messages take part: anything else (tools, images, other routes, Anthropic's
+``/v1/messages``, whose converter in llama-server drops ``id_slot``) is passed through untouched, and voids
 what forge knew of the child's slots (it may have taken any). Every failure is a warning event and a
 cold request: this is an optimisation, never a reason for a request to fail.
 """
