@@ -189,11 +189,15 @@ class ConversationTurn:
         self.restored = int(answer.get("n_restored") or 0)
         self.keeper.conversations.restores += 1
         await anyio.to_thread.run_sync(keeper.store.touch, entry)
-        keeper._events.publish(
-            keeper.name,
-            EventKind.CONTEXT_RESTORED,
+        self._moved(EventKind.CONTEXT_RESTORED, self.restored, entry)
+
+    def _moved(self, kind: EventKind, tokens: int, entry: SavedContext) -> None:
+        """A conversation's state went to its file or came back: the planned stop's event shape."""
+        self.keeper._events.publish(
+            self.keeper.name,
+            kind,
             slot=self.slot,
-            tokens=self.restored,
+            tokens=tokens,
             bytes=entry.bytes,
             file=entry.filename,
             conversation=True,
@@ -206,16 +210,24 @@ class ConversationTurn:
     async def finish(self, content: bytes) -> None:
         """After a 200: the restore check, then which state the slot now holds, saved to disk
         when the turn was long enough (the state the turn continued from is then superseded)."""
+        try:
+            answer = json.loads(content)
+        except ValueError:
+            return
+        if isinstance(answer, dict):
+            await self._finished(answer)
+
+    async def _finished(self, answer: dict[str, Any]) -> None:
+        """:meth:`finish` on the parsed answer (a whole one, or a stream's events put together)."""
         server = self.model.server
         if server is None or self.slot is None or self.model.plan is None:
             return
         try:
-            answer = json.loads(content)
             message = answer["choices"][0]["message"]
             usage = answer.get("usage") or {}
             total = int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
             reused = _reused(answer)
-        except (ValueError, KeyError, IndexError, TypeError):
+        except (KeyError, IndexError, TypeError, ValueError):
             return
         if not isinstance(message.get("content"), str):
             return
@@ -252,8 +264,9 @@ class ConversationTurn:
         if not usage and timings:  # without stream_options.include_usage: the child's own counts
             prompt = int(timings.get("prompt_n", 0)) + int(timings.get("cache_n", 0))
             usage = {"prompt_tokens": prompt, "completion_tokens": int(timings.get("predicted_n", 0))}
-        answer = {"choices": [{"message": {"content": "".join(content)}}], **whole, "usage": usage}
-        await self.finish(json.dumps(answer).encode())
+        await self._finished(
+            {"choices": [{"message": {"content": "".join(content)}}], **whole, "usage": usage}
+        )
 
     def _restore_checked(self, reused: int | None) -> bool:
         """A restore the child did not reuse (it computed the prompt from 0: llama.cpp #26676 at
@@ -303,15 +316,7 @@ class ConversationTurn:
         c = keeper.conversations
         c.saves += 1
         c.saved_bytes += entry.bytes
-        keeper._events.publish(
-            keeper.name,
-            EventKind.CONTEXT_SAVED,
-            slot=slot,
-            tokens=tokens,
-            bytes=entry.bytes,
-            file=entry.filename,
-            conversation=True,
-        )
+        self._moved(EventKind.CONTEXT_SAVED, tokens, entry)
         keeper._apply_budget()
         await keeper.refresh()
 

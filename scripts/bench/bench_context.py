@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,16 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gateway import free_port, llama_children, machine_load, router_args, wait_http
+from bench_gateway import (
+    free_port,
+    llama_children,
+    machine_load,
+    pct,
+    router_args,
+    stop,
+    wait_http,
+    without,
+)
 
 from rocmforge_supervisor.binaries import locate_llama_server
 from rocmforge_supervisor.config import ForgeSettings
@@ -90,13 +98,8 @@ class Target:
 
     def stop(self) -> None:
         p, self.proc = self.proc, None
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(120)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        if p is not None:
+            stop(p, timeout=120)
 
     def _spawn(self, args: list[str], env: dict[str, str] | None = None, *, url_line: bool = False) -> None:
         log = (self.tmp / f"{self.name}.log").open("a")
@@ -117,7 +120,7 @@ class Direct(Target):
 
     def start(self) -> None:
         port = free_port()
-        args = _without(self.child, "--slot-save-path", "--api-key-file")
+        args = without(self.child, "--slot-save-path", "--api-key-file")
         args[args.index("--port") + 1] = str(port)
         self._spawn(args)
         self.url = f"http://127.0.0.1:{port}"
@@ -135,7 +138,7 @@ class Router(Target):
         if not link.exists():
             link.symlink_to(self.child[self.child.index("--model") + 1])
         port = free_port()
-        child = _without(self.child, "--slot-save-path")
+        child = without(self.child, "--slot-save-path")
         self._spawn(router_args(child, models, port))
         self.url = f"http://127.0.0.1:{port}"
         assert self.proc is not None
@@ -168,17 +171,6 @@ class Forge(Target):
 
     def unload(self) -> None:
         httpx.post(f"{self.url}/api/models/{MODEL}/unload", timeout=300).raise_for_status()
-
-
-def _without(args: list[str], *flags: str) -> list[str]:
-    out, i = [], 0
-    while i < len(args):
-        if args[i] in flags:
-            i += 2
-            continue
-        out.append(args[i])
-        i += 1
-    return out
 
 
 def forge_config(tmp: Path, model: Path, args: argparse.Namespace, *, tier: bool) -> Path:
@@ -293,11 +285,6 @@ def soak(args: argparse.Namespace, model: Path, env: dict[str, str], tmp: Path) 
             f"{k.removeprefix('conversation_')} {v}" for k, v in row.items() if k.startswith("conversation_")
         )
     )
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def summary(results: dict[str, dict[str, list[tuple[float, int]]]]) -> str:

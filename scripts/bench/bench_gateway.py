@@ -135,13 +135,18 @@ def proc(
         try:
             yield p
         finally:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop(p)
+
+
+def stop(p: subprocess.Popen[Any], timeout: float = 60) -> None:
+    """SIGTERM, a bounded wait, then SIGKILL."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def llama_children(pid: int) -> dict[str, list[str]]:
@@ -161,18 +166,23 @@ def twin_args(child: list[str], port: int, key_file: Path) -> list[str]:
     return args
 
 
-def router_args(child: list[str], models_dir: Path, port: int) -> list[str]:
-    """The router with the child's flags (merged into every child it spawns), minus per-instance ones."""
-    drop = {"-m", "--model", "--port", "--host", "--api-key-file", "--alias", "-a", "--log-file"}
-    args, rest, i = [child[0]], child[1:], 0
-    while i < len(rest):
-        if rest[i] in drop:
+def without(args: list[str], *flags: str) -> list[str]:
+    """``args`` minus each of ``flags`` and the value after it."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in flags:
             i += 2
             continue
-        args.append(rest[i])
+        out.append(args[i])
         i += 1
+    return out
+
+
+def router_args(child: list[str], models_dir: Path, port: int) -> list[str]:
+    """The router with the child's flags (merged into every child it spawns), minus per-instance ones."""
+    drop = ("-m", "--model", "--port", "--host", "--api-key-file", "--alias", "-a", "--log-file")
     return [
-        *args,
+        *without(child, *drop),
         "--models-dir",
         str(models_dir),
         "--host",

@@ -52,15 +52,17 @@ def _text(answer: dict[str, Any]) -> str:
     return str(answer["choices"][0]["message"]["content"])
 
 
-def _config(d: Path, model_path: Path, keep: bool) -> Path:
+def _config(d: Path, model_path: Path, keep: bool, *, parallel: int = 1, **model: object) -> Path:
+    """Model ``m`` (``ctx_size`` 4096 unless given) with the tier on or off, the two keys."""
     d.mkdir()
-    model = model_section(
-        "m", model_path, ctx_size=4096, parallel=1, keep_context=keep, keep_conversations=keep
+    model.setdefault("ctx_size", 4096)
+    section = model_section(
+        "m", model_path, parallel=parallel, keep_context=keep, keep_conversations=keep, **model
     )
     return write_config(
         d / "forge.toml",
         f'[server]\napi_key = "{ADMIN}"\n{KEYS}\n[supervisor]\nhealth_interval = 30\nstop_timeout = 20\n'
-        + model,
+        + section,
     )
 
 
@@ -152,17 +154,7 @@ def test_a_streamed_turn_whose_slot_another_conversation_took_comes_back_from_di
     other = [{"role": "system", "content": "Count things."}, {"role": "user", "content": "One two three?"}]
 
     def config(d: Path, keep: bool) -> Path:
-        d.mkdir()
-        model = model_section(
-            "m",
-            smollm2_path,
-            ctx_size=4096,
-            parallel=1,
-            keep_context=keep,
-            keep_conversations=keep,
-            args=["--cache-ram", "0"],
-        )
-        return write_config(d / "forge.toml", f'[server]\napi_key = "{ADMIN}"\n{KEYS}\n' + model)
+        return _config(d, smollm2_path, keep, args=["--cache-ram", "0"])
 
     with running_service(
         config(tmp_path / "cold", False), tmp_path / "cold" / "s", llama_server_bin, api_key=ADMIN
@@ -201,20 +193,7 @@ def test_four_conversations_at_once_each_resume_their_own_state(
         for i in range(4)
     ]
     d = tmp_path / "kept"
-    d.mkdir()
-    cfg = write_config(
-        d / "forge.toml",
-        f'[server]\napi_key = "{ADMIN}"\n{KEYS}\n'
-        + model_section(
-            "m",
-            smollm2_path,
-            ctx_size=8192,
-            parallel=2,
-            keep_context=True,
-            keep_conversations=True,
-            args=["--cache-ram", "0"],
-        ),
-    )
+    cfg = _config(d, smollm2_path, True, parallel=2, ctx_size=8192, args=["--cache-ram", "0"])
     with running_service(cfg, d / "s", llama_server_bin, api_key=ADMIN) as svc:
         seconds = []
         for messages in firsts:
