@@ -5,9 +5,16 @@ model becomes known; nothing here knows HTTP. A key is found by constant-time co
 every configured key; from then on only its *name* travels (logs, errors, the activity log).
 """
 
-from ._keys import ADMIN_KEY_NAME, Key, KeyRing
+from ._keys import (
+    ADMIN_KEY_NAME,
+    PRIORITY_CLASSES,
+    PRIORITY_HEADER,
+    Key,
+    KeyRing,
+    PriorityClass,
+    request_class,
+)
 from ._limits import Limiter
-from ._priority import PRIORITY_CLASSES, PRIORITY_HEADER, PriorityClass, request_class
 
 __all__ = [
     "ADMIN_KEY_NAME",

@@ -18,11 +18,9 @@ from functools import partial
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._errors import RequestRejected, ServerError
 from . import ollama
@@ -31,7 +29,7 @@ from .control import _api as _control
 from .core._routes import dialect_for_path
 from .core._state import GatewayState, request_id
 from .edge._errors_http import error_response
-from .edge._middleware import RequestContext
+from .edge._middleware import LiveCors, RequestContext
 from .proxy import _batch_api
 from .proxy import _forward as _proxy
 from .proxy._listing import ModelFacts
@@ -67,7 +65,7 @@ def create_app(
     ]  # the status page at / and its data
     # CORS outermost, so that a preflight is answered before auth (browsers send no key on it).
     middleware = [
-        Middleware(_LiveCors, state=state),
+        Middleware(LiveCors, state=state),
         Middleware(RequestContext, state=state, public_paths=_page.PAGE_PATHS),
     ]
     handlers = {HTTPException: _http_error, Exception: _internal_error}
@@ -77,29 +75,6 @@ def create_app(
     # under the attribute's old name: it is not Ollama's (that API gets them through its backend).
     app.state.ollama = facts
     return app
-
-
-class _LiveCors:
-    """Starlette's CORS middleware for ``server.cors_origins`` as the running config says: rebuilt
-    when a reload changes the list (the list is compared by identity: a reload swaps the section),
-    absent while the list is empty."""
-
-    def __init__(self, app: ASGIApp, state: GatewayState) -> None:
-        self.app = app
-        self.state = state
-        self._origins: list[str] | None = None
-        self._cors: ASGIApp = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        origins = self.state.server.cors_origins
-        if origins is not self._origins:
-            self._origins = origins
-            self._cors = (
-                CORSMiddleware(self.app, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
-                if origins
-                else self.app
-            )
-        await self._cors(scope, receive, send)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

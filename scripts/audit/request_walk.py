@@ -1,6 +1,15 @@
-"""Which of forge's modules one request walks through, in order of first entry, and which modules
-are called into again from another module after the walk had left them (issue 32's "files a
-streamed chat crosses"). Only the request's own task counts (the one uvicorn or starlette called the gateway in).
+"""Which of forge's modules one request walks through, in order of first entry, and whether the
+walk re-enters one (issue 32's "files a streamed chat crosses", "no re-entry of the same module").
+Only the request's own task counts (the one uvicorn or starlette called the gateway in), and the
+tasks it starts in the gateway (the relay's keep-alive and disconnect watch).
+
+**Re-entered** is a call into a module that is still on the walk's stack, from another module: a
+module called back by what it called, directly or through a callback it handed down (the relay
+calling the middleware's ``send`` wrapper, a route calling back into the middleware for the body,
+a dialect pulling the forwarder's iterator). That is the walk going back up a layer. A module
+the walk *returns to* after it had left (the forwarder asking ``_recording`` at the start and at
+the end of the request; a context manager's exit) is listed apart: every request that opens
+something and closes it later does that.
 
 Runs the gateway in-process against the FAKE llama-server (tests/support/fake_llama_server.py),
 sends one warm-up request, then traces the next one with ``sys.setprofile`` (every Python call
@@ -16,6 +25,7 @@ import asyncio
 import inspect
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -34,9 +44,29 @@ PKG = str(ROOT / "rocmforge_supervisor")
 _SUSPENDABLE = inspect.CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 
 
-async def walk(dialect: str, stream: bool) -> tuple[list[str], list[str]]:
-    order: list[str] = []
-    reentered: list[str] = []
+@dataclass
+class Walk:
+    order: list[str] = field(default_factory=list)  # modules, in order of first entry
+    reentered: list[str] = field(default_factory=list)  # "module:function <- caller:function"
+    returned: list[str] = field(default_factory=list)  # modules called into again after leaving
+
+
+def _rel(frame: FrameType | None) -> str | None:
+    if frame is None or not frame.f_code.co_filename.startswith(PKG):
+        return None
+    return frame.f_code.co_filename[len(PKG) + 1 :]
+
+
+def _ours(frame: FrameType | None, rel: str | None = None) -> FrameType | None:
+    """The nearest frame from ``frame`` up that is forge's (of module ``rel`` when given)."""
+    while frame is not None and (_rel(frame) is None or (rel is not None and _rel(frame) != rel)):
+        frame = frame.f_back
+    return frame
+
+
+async def walk(dialect: str, stream: bool) -> Walk:
+    w = Walk()
+    order, reentered, returned = w.order, w.reentered, w.returned
     last: str | None = None
 
     request_tasks: set[int] = set()
@@ -69,16 +99,15 @@ async def walk(dialect: str, stream: bool) -> tuple[list[str], list[str]]:
             suspendable[id(frame)] = frame
         if rel not in order:
             order.append(rel)
-        elif (
-            not resumed
-            and rel != last
-            and rel not in reentered
-            and last is not None
-            and frame.f_back is not None
-        ):
-            caller = frame.f_back.f_code.co_filename  # a call into a module already left
-            if caller.startswith(PKG) and caller[len(PKG) + 1 :] != rel:
-                reentered.append(rel)
+        elif not resumed and rel != last:
+            caller_frame = _ours(frame.f_back)  # through the framework's frames (a send wrapper)
+            caller_rel = _rel(caller_frame)
+            if caller_frame is not None and caller_rel is not None and caller_rel != rel:
+                if rel not in returned:  # a call into a module the walk had left
+                    returned.append(rel)
+                if _ours(caller_frame.f_back, rel) is not None:  # still on the stack: back up
+                    where = f"{caller_rel}:{caller_frame.f_code.co_name}"
+                    reentered.append(f"{rel}:{frame.f_code.co_name} <- {where}")
         last = rel
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,17 +128,18 @@ async def walk(dialect: str, stream: bool) -> tuple[list[str], list[str]]:
             finally:
                 sys.setprofile(None)
             r.raise_for_status()
-    return order, reentered
+    return w
 
 
 def main() -> None:
     dialect = next((a for a in sys.argv[1:] if a in DIALECTS), "openai")
     stream = "--stream" in sys.argv
-    order, reentered = anyio.run(walk, dialect, stream)
-    print(f"{dialect} {'streamed' if stream else 'whole'}: {len(order)} modules")
-    for rel in order:
+    w = anyio.run(walk, dialect, stream)
+    print(f"{dialect} {'streamed' if stream else 'whole'}: {len(w.order)} modules")
+    for rel in w.order:
         print("  " + rel)
-    print(f"entered again after leaving: {', '.join(reentered) or 'none'}")
+    print(f"re-entered (called back while on the walk's stack): {', '.join(w.reentered) or 'none'}")
+    print(f"returned to after leaving: {', '.join(w.returned) or 'none'}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """A request's admission class: the key's ``priority``, ``X-Priority`` honoured only downward for
-a key that is not an admin (``access._priority``)."""
+a key that is not an admin (``access._keys``)."""
 
 from __future__ import annotations
 

@@ -21,9 +21,8 @@ from ...config import MODEL_NAME
 from ...process import IDLE_LINE_RE, without_idle
 from ...supervisor import ModelStatus
 from ..core._recording import request_key
-from ..core._state import GatewayState, request_id, state_of
+from ..core._state import GatewayState, read_body, request_id, state_of
 from ..edge._errors_http import error_response
-from ..edge._middleware import read_body
 from ..proxy._listing import visible_models
 from ..proxy._validate import parse_object
 from ._live import LiveStream

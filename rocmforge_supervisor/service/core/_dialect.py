@@ -8,7 +8,7 @@ converters plugged into its one proxy path are the model).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,9 +36,22 @@ class Translator(Protocol):
         when the child's answer is not what the dialect can translate."""
         ...
 
-    def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """The child's SSE, as the raw chunks arrive, into the dialect's stream: each piece is
-        sent as soon as it is complete. An error event of the child becomes the dialect's."""
+    def feed(self, chunk: bytes) -> bytes:
+        """The dialect's stream pieces that ``chunk`` of the child's SSE completes (b"" while it
+        completes none), sent as soon as they are. An error event of the child becomes the
+        dialect's. Pushed by the forwarder as the chunks arrive, so a dialect's stream is one call
+        per chunk down from the relay, not an iterator the dialect pulls back up through it."""
+        ...
+
+    def end(self) -> bytes:
+        """What the dialect's stream ends with once the child's has ended (Ollama's last
+        ``done`` line; a whole transcription): b"" when nothing."""
+        ...
+
+    @property
+    def over(self) -> bool:
+        """The dialect's answer is complete (after an error, or a native ``done``): the rest of
+        the child's stream is not read and :meth:`end` is not called."""
         ...
 
 

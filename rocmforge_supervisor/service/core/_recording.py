@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from starlette.types import Message, Receive, Send
+
 from ...activity import ActivityStore, Record
 from ._usage import Used
 
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Draft",
     "Recorder",
+    "Wire",
     "admission",
     "admit_model",
     "current",
@@ -40,6 +43,7 @@ __all__ = [
     "note_status",
     "open_store",
     "request_key",
+    "with_id",
 ]
 
 _FINISH = re.compile(rb'"(?:finish_reason|stop_reason|done_reason)"\s*:\s*"([A-Za-z_]+)"')
@@ -128,6 +132,60 @@ def note_error(kind: str) -> None:
     d = _draft()
     if d is not None and d.record.error is None:
         d.record.error = kind
+
+
+class Wire:
+    """The ``send`` and ``receive`` a request's app is given: the request id on the response's
+    head and, for a model request (``draft``), its status, the bytes captured and whether the last
+    byte went out, for :meth:`Recorder.finish`. Here, below the routes, not as closures of the
+    middleware: the relay calls :meth:`send` for every chunk, and a call back up into the edge
+    would be the walk re-entering it (issue 32)."""
+
+    __slots__ = ("_send", "completed", "draft", "recorder", "rid_header", "source", "status")
+
+    def __init__(
+        self,
+        send: Send,
+        receive: Receive,
+        rid_header: tuple[bytes, bytes],
+        recorder: Recorder | None = None,
+        draft: Draft | None = None,
+    ) -> None:
+        self._send = send
+        #: Where :meth:`receive` reads from (the middleware's checks may put a replay in front).
+        self.source = receive
+        self.rid_header = rid_header
+        self.recorder = recorder
+        self.draft = draft
+        self.status = 0
+        self.completed = False
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = message["status"]
+            message["headers"] = with_id(message.get("headers", []), self.rid_header)
+        elif kind == "http.response.body" and self.draft is not None and self.draft.capture:
+            assert self.recorder is not None
+            self.recorder.keep_response(self.draft, message.get("body", b""))
+        await self._send(message)
+        if kind == "http.response.body" and not message.get("more_body", False):
+            self.completed = True  # the last byte went out
+
+    async def receive(self) -> Message:
+        """The request's body, kept as it is read (only while it is captured)."""
+        message = await self.source()
+        if message["type"] == "http.request" and self.draft is not None and self.recorder is not None:
+            self.recorder.keep_request(self.draft, message.get("body", b""))
+        return message
+
+
+def with_id(headers: list[tuple[bytes, bytes]], rid_header: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    """The response's headers with the request id once: a response that already says it (an
+    error rendered with it, a relayed answer) keeps its own; read once per response, not per chunk."""
+    if any(k.lower() == b"x-request-id" for k, _ in headers):
+        return list(headers)
+    return [*headers, rid_header]
 
 
 class Recorder:

@@ -9,6 +9,7 @@ import anyio
 import httpx
 from starlette.requests import Request
 
+from ..._errors import PayloadTooLarge
 from ...access import KeyRing, Limiter
 from ...activity import ActivityStore
 from ...batches import BatchRunner, BatchStore
@@ -19,7 +20,7 @@ from ._metrics import Metrics
 from ._recording import Recorder
 from ._upstream_http import StreamPool
 
-__all__ = ["AUDIO_PATHS", "GatewayState", "body_limit", "request_id", "state_of"]
+__all__ = ["AUDIO_PATHS", "GatewayState", "body_limit", "read_body", "request_id", "state_of", "too_large"]
 
 
 class GatewayState:
@@ -109,3 +110,27 @@ def body_limit(st: GatewayState, path: str) -> int:
     if path == "/v1/files":  # a batch's input file (``proxy._batch_api``)
         return max(st.server.max_body_bytes, st.server.batch_max_bytes + _FORM_OVERHEAD)
     return st.server.max_body_bytes
+
+
+def too_large(limit: int, path: str = "") -> PayloadTooLarge:
+    """The 413 of a body over ``limit`` on ``path`` (an audio upload's names its file field)."""
+    if path in AUDIO_PATHS:
+        return PayloadTooLarge(
+            f"file: the upload is over {limit} bytes",
+            param="file",
+            hint="send a smaller audio file (server.audio_max_bytes sets the limit)",
+        )
+    return PayloadTooLarge(f"request body over {limit} bytes", hint="send a smaller request")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, counted while read (a chunked body has no Content-Length to check up front;
+    the middleware checks a declared one against the same limit)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit, request.url.path)
+        chunks.append(chunk)
+    return b"".join(chunks)

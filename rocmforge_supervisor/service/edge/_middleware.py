@@ -1,11 +1,12 @@
-"""The gateway's edge checks, as one plain ASGI middleware (no per-request task or body copy).
+"""The gateway's edge: CORS as the running config says (:class:`LiveCors`), then its checks, as one
+plain ASGI middleware (no per-request task or body copy).
 
 Request id (``X-Request-ID``, made up when absent), bearer auth (which key, admin for the control
 routes; the key's limits count once the route knows the request's model: ``_recording``), the
 CSRF Origin check, the declared body size and the body's media type; and the activity record of
 every model request, written here once when its response ends (``_recording``). Each check *raises* a typed error (``Unauthorized``,
 ``Forbidden``, ``PayloadTooLarge``, ``UnsupportedMediaType``); ``_errors_http`` alone turns it
-into a response. A body without a ``Content-Length`` (chunked) is counted by :func:`read_body`
+into a response. A body without a ``Content-Length`` (chunked) is counted by ``_state.read_body``
 and gets the same 413.
 
 **Media type (415).** The JSON routes parse the body whatever its ``Content-Type`` says, so
@@ -28,18 +29,18 @@ import re
 import secrets
 from urllib.parse import urlsplit
 
-from starlette.requests import Request
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..._errors import Forbidden, ForgeError, PayloadTooLarge, Unauthorized, UnsupportedMediaType
+from ..._errors import Forbidden, ForgeError, Unauthorized, UnsupportedMediaType
 from ...config import is_loopback
 from ..core import _recording
 from ..core._logging import request_id_var
 from ..core._routes import MODEL_PATHS, OLLAMA_MODEL_USE, auth_hint, dialect_for_path, takes_json
-from ..core._state import AUDIO_PATHS, GatewayState, body_limit
+from ..core._state import GatewayState, body_limit, too_large
 from ._errors_http import error_response
 
-__all__ = ["RequestContext", "read_body", "same_origin"]
+__all__ = ["LiveCors", "RequestContext", "same_origin"]
 
 # Probes (a Kubernetes kubelet, a load balancer) cannot send the key: /ready answers status only.
 # The app adds the status page's files (they hold no data): ``RequestContext(public_paths=…)``.
@@ -75,6 +76,29 @@ def same_origin(scope: Scope, origin: str, *, keyed: bool) -> bool:
     return True
 
 
+class LiveCors:
+    """Starlette's CORS middleware for ``server.cors_origins`` as the running config says: rebuilt
+    when a reload changes the list (the list is compared by identity: a reload swaps the section),
+    absent while the list is empty."""
+
+    def __init__(self, app: ASGIApp, state: GatewayState) -> None:
+        self.app = app
+        self.state = state
+        self._origins: list[str] | None = None
+        self._cors: ASGIApp = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        origins = self.state.server.cors_origins
+        if origins is not self._origins:
+            self._origins = origins
+            self._cors = (
+                CORSMiddleware(self.app, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
+                if origins
+                else self.app
+            )
+        await self._cors(scope, receive, send)
+
+
 class RequestContext:
     """Request id on every response; auth, Origin and size checked before any route runs."""
 
@@ -92,18 +116,13 @@ class RequestContext:
         scope.setdefault("state", {})["request_id"] = rid
         request_id_var.set(rid)
         rid_header = (b"x-request-id", rid.encode())
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = _with_id(message.get("headers", []), rid_header)
-            await send(message)
-
         recorder = self.state.recorder
         recorder.follow(self.state.supervisor.config)
         if scope["path"] not in MODEL_PATHS:
-            checked = await self._checked(scope, headers, None, receive, send_with_id)
+            wire = _recording.Wire(send, receive, rid_header)
+            checked = await self._checked(scope, headers, None, receive, wire.send)
             if checked is not None:
-                await self.app(scope, checked, send_with_id)
+                await self.app(scope, checked, wire.send)
             return
         await self._recorded(scope, receive, send, headers, rid, rid_header)
 
@@ -117,38 +136,19 @@ class RequestContext:
         rid_header: tuple[bytes, bytes],
     ) -> None:
         """A model request: the same checks, with its activity record opened here and written
-        when the response has ended (or failed, or the client left: ``completed`` says which).
+        when the response has ended (or failed, or the client left: the :class:`Wire` says which).
         One wrapper of ``send`` (the request id too): it runs for every chunk of every stream."""
         recorder = self.state.recorder
         draft = recorder.begin(scope, rid)
-        status = 0
-        completed = False
-
-        async def send_recorded(message: Message) -> None:
-            nonlocal status, completed
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = _with_id(message.get("headers", []), rid_header)
-            elif message["type"] == "http.response.body" and draft.capture:
-                recorder.keep_response(draft, message.get("body", b""))
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                completed = True  # the last byte went out
-
-        async def receive_recorded() -> Message:
-            message = await receive()
-            if message["type"] == "http.request":
-                recorder.keep_request(draft, message.get("body", b""))
-            return message
-
+        wire = _recording.Wire(send, receive, rid_header, recorder, draft)
         try:
-            checked = await self._checked(scope, headers, draft, receive, send_recorded)
+            checked = await self._checked(scope, headers, draft, receive, wire.send)
             if checked is None:
                 return
-            receive = checked  # what receive_recorded reads from too
-            await self.app(scope, receive_recorded if draft.capture else receive, send_recorded)
+            wire.source = checked  # what the capture reads from too
+            await self.app(scope, wire.receive if draft.capture else checked, wire.send)
         finally:
-            recorder.finish(draft, status, completed=completed)
+            recorder.finish(draft, wire.status, completed=wire.completed)
             _recording.current.set(None)
 
     async def _checked(
@@ -202,7 +202,7 @@ class RequestContext:
         length = headers.get(b"content-length")
         limit = body_limit(self.state, path)
         if length is not None and length.isdigit() and int(length) > limit:
-            raise _too_large(limit, path)
+            raise too_large(limit, path)
         # The key's limits count a model request once its model is known and allowed
         # (``_recording.admit_model``): a request refused here or there costs no budget.
 
@@ -253,35 +253,3 @@ async def _peek_first_byte(receive: Receive) -> tuple[bytes, Receive]:
         return seen.pop(0) if seen else await receive()
 
     return first, replay
-
-
-def _too_large(limit: int, path: str = "") -> PayloadTooLarge:
-    if path in AUDIO_PATHS:
-        return PayloadTooLarge(
-            f"file: the upload is over {limit} bytes",
-            param="file",
-            hint="send a smaller audio file (server.audio_max_bytes sets the limit)",
-        )
-    return PayloadTooLarge(f"request body over {limit} bytes", hint="send a smaller request")
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, counted while read (a chunked body has no Content-Length to check up front)."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit, request.url.path)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _with_id(
-    headers: list[tuple[bytes, bytes]], rid_header: tuple[bytes, bytes]
-) -> list[tuple[bytes, bytes]]:
-    """The response's headers with the request id once: a response that already says it (an
-    error rendered with it, a relayed answer) keeps its own; read once per response, not per chunk."""
-    if any(k.lower() == b"x-request-id" for k, _ in headers):
-        return list(headers)
-    return [*headers, rid_header]

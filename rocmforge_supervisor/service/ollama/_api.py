@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -293,16 +293,21 @@ def _send(
     )
 
 
-@dataclass(frozen=True)
 class _OllamaAnswer:
-    """llama-server's answer in Ollama's shape: a JSON object, or NDJSON lines as they complete."""
+    """llama-server's answer in Ollama's shape: a JSON object, or NDJSON lines as they complete.
+    One per request: a stream's decoder and its gathered tool calls live here between chunks."""
 
-    name: str
-    target: Target
-    started: float
-    generate: bool
-    stream_type: str = "application/x-ndjson"
-    whole_type: str = "application/json"
+    stream_type = "application/x-ndjson"
+    whole_type = "application/json"
+
+    def __init__(self, name: str, target: Target, started: float, generate: bool) -> None:
+        self.name = name
+        self.target = target
+        self.started = started
+        self.generate = generate
+        self.over = False
+        self._decoder = SSEDecoder()
+        self._chat = ChatStream(name, started, generate=generate)
 
     def whole(self, content: bytes) -> bytes:
         data = json.loads(content)
@@ -327,33 +332,32 @@ class _OllamaAnswer:
         # As starlette's JSONResponse wrote it before (Ollama's own answers are compact too).
         return json.dumps(reply, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
-    async def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        async for obj in self._objects(chunks):
-            yield json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+    def feed(self, chunk: bytes) -> bytes:
+        lines = b""
+        for ev in self._decoder.feed(chunk):
+            if self.over:
+                break
+            if not ev.data or ev.data == "[DONE]":
+                continue
+            data = json.loads(ev.data)
+            if "error" in data:
+                err = data["error"]
+                lines += _line({"error": err.get("message") if isinstance(err, dict) else str(err)})
+                self.over = True
+            elif self.target.kind == "native":
+                piece = native_piece(data, self.name, self.started)
+                lines += _line(piece)
+                self.over = bool(piece["done"])
+            else:
+                lines += b"".join(_line(obj) for obj in self._chat.feed(data))
+        return lines
 
-    async def _objects(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
-        name, target, started = self.name, self.target, self.started
-        decoder = SSEDecoder()
-        chat = ChatStream(name, started, generate=self.generate)
-        async for chunk in chunks:
-            for ev in decoder.feed(chunk):
-                if not ev.data or ev.data == "[DONE]":
-                    continue
-                data = json.loads(ev.data)
-                if "error" in data:
-                    err = data["error"]
-                    yield {"error": err.get("message") if isinstance(err, dict) else str(err)}
-                    return
-                if target.kind == "native":
-                    piece = native_piece(data, name, started)
-                    yield piece
-                    if piece["done"]:
-                        return
-                    continue
-                for line in chat.feed(data):
-                    yield line
-        if target.kind != "native":
-            yield chat.finish()
+    def end(self) -> bytes:
+        return b"" if self.target.kind == "native" else _line(self._chat.finish())
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 def routes(b: OllamaBackend) -> list[BaseRoute]:

@@ -26,8 +26,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -260,8 +259,16 @@ class AudioAnswer:
             result, self.response_format, "translate" if is_translation(self.route_path) else "transcribe"
         )
 
-    async def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        yield self.whole(b"".join([c async for c in chunks]))
+    # whisper-server does not stream: a "stream" is the whole answer at its end.
+    over: bool = False
+    _body: bytearray = field(default_factory=bytearray, compare=False, repr=False)
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._body.extend(chunk)
+        return b""
+
+    def end(self) -> bytes:
+        return self.whole(bytes(self._body))
 
 
 async def audio_request(

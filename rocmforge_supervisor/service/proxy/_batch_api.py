@@ -27,9 +27,8 @@ from ..._errors import ForgeError, InvalidRequest, PayloadTooLarge, RequestRejec
 from ...access import PRIORITY_HEADER, Key
 from ...batches import ENDPOINTS, WINDOWS, BatchStore, Send, parse_input
 from ..core._recording import request_key
-from ..core._state import GatewayState, body_limit, request_id, state_of
+from ..core._state import GatewayState, body_limit, read_body, request_id, state_of
 from ..edge._errors_http import error_response
-from ..edge._middleware import read_body
 from ._upload import read_upload
 
 __all__ = ["asgi_sender", "routes"]

@@ -49,11 +49,10 @@ from ..core._recording import (
     request_key,
 )
 from ..core._routes import FORWARDED, Dialect, ForwardRoute, model_from_request
-from ..core._state import GatewayState, body_limit, request_id, state_of
+from ..core._state import GatewayState, body_limit, read_body, request_id, state_of
 from ..core._upstream_http import StreamResponse, supports
 from ..core._usage import StreamMeter, Used, used_in
 from ..edge._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
-from ..edge._middleware import read_body
 from ._audio import audio_request, is_translation
 from ._listing import check_media, check_tools, model_list
 from ._relay import Opened, RelayResponse
@@ -416,7 +415,8 @@ class _Forwarder:
         first = True
         marker = _END_MARKERS.get(self.upstream_path)
         try:
-            if self.translator is None:  # the hot path: the child's bytes as they come
+            translator = self.translator
+            if translator is None:  # the hot path: the child's bytes as they come
                 async for chunk in upstream.aiter_raw():
                     if first:
                         self._first_chunk()
@@ -426,7 +426,7 @@ class _Forwarder:
                         kept.append(chunk)
                     yield chunk
             else:
-                async for piece in self.translator.stream(_metered(upstream.aiter_raw(), meter, kept)):
+                async for piece in _translated(upstream.aiter_raw(), translator, meter, kept):
                     if first:
                         self._first_chunk()
                         first = False
@@ -468,16 +468,24 @@ class _Forwarder:
         note_answer(first_byte=self._first_byte, used=used, tail=tail)
 
 
-async def _metered(
-    chunks: AsyncIterator[bytes], meter: StreamMeter, kept: list[bytes] | None
+async def _translated(
+    chunks: AsyncIterator[bytes], translator: Translator, meter: StreamMeter, kept: list[bytes] | None
 ) -> AsyncIterator[bytes]:
-    """The child's chunks, each read by the meter (the request's tokens) before it is translated
-    (and kept for the conversation tier when it takes part)."""
+    """The child's chunks in the dialect's shape, each read by the meter (the request's tokens)
+    and kept for the conversation tier before it is translated. The translator is pushed each
+    chunk (``Translator.feed``), so it never pulls on anything of the forwarder's."""
     async for chunk in chunks:
         meter.feed(chunk)
         if kept is not None:
             kept.append(chunk)
-        yield chunk
+        piece = translator.feed(chunk)
+        if piece:
+            yield piece
+        if translator.over:
+            return
+    piece = translator.end()
+    if piece:
+        yield piece
 
 
 def forward_translated(st: GatewayState, req: DialectRequest) -> RelayResponse:
