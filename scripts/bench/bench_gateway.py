@@ -516,6 +516,12 @@ def main() -> None:
         help="llama-server compute threads (default 1: on a small shared box, ggml's spinning thread "
         "barrier turns any other load into 10x swings of every path; 0 = llama-server's default)",
     )
+    ap.add_argument(
+        "--kv-separate",
+        action="store_true",
+        help="each slot its own KV cache (kv_unified = false): the children's command line as forge "
+        "wrote it before round 4 made one shared cache its default, for an A/B against older commits",
+    )
     args = ap.parse_args()
     global SHARED
     SHARED = args.shared_client
@@ -541,6 +547,8 @@ def run(args: argparse.Namespace, binary: Path, model: Path, tmp: Path) -> None:
     n_ceil = max(args.ceiling, default=0)
     cfg = tmp / "forge.toml"
     threads = f'args = ["--threads", "{args.threads}"]\n' if args.threads else ""
+    if args.kv_separate:  # the children as forge started them before one shared KV cache
+        threads += "kv_unified = false\n"
     text = f"""
 [server]
 keep_alive_streams = {str(args.keep_alive_streams).lower()}
