@@ -40,7 +40,6 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "parse_device_list",
                 "probe_binary",
                 "selftest_of",
-                "selftest_of",
             ),
             "._plan": (
                 "ACCELS",

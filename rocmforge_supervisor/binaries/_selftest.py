@@ -212,16 +212,17 @@ def run_selftest(
     started = time.monotonic()
     model = write_selftest_gguf(workdir)
     fingerprint, isa = _isa()
-    attempts, restores = [], []
+    attempts: list[Attempt] = []
+    restore = ""  # the restore check of the passing start
     for args in ((), *WORKAROUNDS):
-        attempt, restore = _attempt(binary, model, args, env, timeout, workdir)
+        attempt, checked = _attempt(binary, model, args, env, timeout, workdir)
         attempts.append(attempt)
-        restores.append(restore)
+        if attempt.ok:
+            restore = checked
         if attempt.ok or attempts[0].returncode not in _CPU_FAULTS:
             break
     passing = next((a for a in attempts if a.ok), None)
     first = attempts[0]
-    restore = next((r for a, r in zip(attempts, restores, strict=True) if a.ok), "")
     if passing is not None and passing is first:
         detail = f"served {_N_PREDICT} tokens" + (f" ({', '.join(first.buffers)})" if first.buffers else "")
     elif passing is not None:

@@ -240,7 +240,10 @@ class AudioAnswer:
 
     response_format: str
     route_path: str
-    stream_type: str = "text/plain; charset=utf-8"  # whisper-server does not stream
+    stream_type: str = "text/plain; charset=utf-8"
+    # whisper-server does not stream: a "stream" is the whole answer at its end (``end``).
+    over: bool = False
+    _body: bytearray = field(default_factory=bytearray, compare=False, repr=False)
 
     @property
     def whole_type(self) -> str:
@@ -258,10 +261,6 @@ class AudioAnswer:
         return render(
             result, self.response_format, "translate" if is_translation(self.route_path) else "transcribe"
         )
-
-    # whisper-server does not stream: a "stream" is the whole answer at its end.
-    over: bool = False
-    _body: bytearray = field(default_factory=bytearray, compare=False, repr=False)
 
     def feed(self, chunk: bytes) -> bytes:
         self._body.extend(chunk)

@@ -66,10 +66,11 @@ log = logging.getLogger("rocmforge.gateway")
 
 _PASS_HEADERS = ("content-type",)
 
-#: What the last event of a complete stream contains, per route: a stream that ends without it
-#: was cut (the child died), and the client is told so with an error event.
 #: The longest a streamed turn's save may hold its slot after the answer (a slow disk).
 _TURN_SAVE_TIMEOUT = 30.0
+
+#: What the last event of a complete stream contains, per route: a stream that ends without it
+#: was cut (the child died), and the client is told so with an error event.
 _END_MARKERS: dict[str, bytes] = {
     "/v1/chat/completions": b"[DONE]",
     "/chat/completions": b"[DONE]",
