@@ -79,7 +79,7 @@ _BUILT_IN = {"ConfigMap", "StatefulSet", "Service", "Deployment", "ServiceAccoun
 
 
 def _with_component(d: Path, component: Path) -> list[dict[str, Any]]:
-    """The base with ``component``, the way the README tells users to add it."""
+    """The base with ``component``, the way docs/deploy.md tells users to add it."""
     (d / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
         f"resources: [{os.path.relpath(KDIR / 'base', d)}]\n"

@@ -54,7 +54,7 @@ def _forge_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _with_worker_component(tmp_path: Path) -> Path:
-    """An overlay the way the README tells users to add the optional RPC workers."""
+    """An overlay the way docs/deploy.md tells users to add the optional RPC workers."""
     (tmp_path / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
         f"resources: [{os.path.relpath(KDIR / 'overlays' / 'amd', tmp_path)}]\n"
@@ -88,7 +88,7 @@ def test_worker_component_is_valid_and_fenced(tmp_path: Path) -> None:
 
 
 def test_every_containerfile_has_its_overlay() -> None:
-    """The README offers Containerfile.cpu/.rocm/.cuda: each has an overlay running its image."""
+    """docs/deploy.md offers Containerfile.cpu/.rocm/.cuda: each has an overlay running its image."""
     backends = sorted(p.suffix[1:] for p in (ROOT / "deploy" / "containers").glob("Containerfile.*"))
     assert backends == ["cpu", "cuda", "rocm"]
     for backend in backends:

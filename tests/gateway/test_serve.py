@@ -189,7 +189,7 @@ def test_a_child_killed_each_time_it_comes_up_fails_with_its_own_cause(
 
 
 def _health_detection_bound(interval: float, failures: int) -> float:
-    """The documented bound (README, "Hung children"): no answer for ``interval × failures``."""
+    """The documented bound (docs/supervision.md, "Hung children"): no answer for ``interval × failures``."""
     return failures * interval
 
 
