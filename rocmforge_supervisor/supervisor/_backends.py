@@ -6,6 +6,13 @@ gateway decides which routes a model answers, by reading its entry; nothing else
 A new kind of server is one entry here, its launch pipeline (a ``plan`` function taking the
 narrow :class:`~._host.PlacementHost`), its :class:`~..process.ServerProgram` in ``process/`` and its
 keys in ``config/_backends.py`` (a test keeps the names of the two tables the same).
+
+Every ``plan`` places its model the same way: under the placement lock, through
+:func:`~._evicting.place_here` and the one pure :func:`~._placement.place` (idle models evicted
+for room, the residency rules, the refusals). A GGUF model sends a ``PlacementRequest``; a model of
+a size it is given (whisper, a command) a ``SizedRequest`` through :func:`~._sized_plan.plan_sized`,
+so a new backend of that shape only resolves what it runs. tests/supervisor/test_residency_matrix.py
+runs every rule for every entry of this table.
 """
 
 from __future__ import annotations

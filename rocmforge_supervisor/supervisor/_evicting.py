@@ -1,7 +1,9 @@
 """Carrying out what placement and the residency rules decided: unloading the chosen models.
 
-Every backend's launch pipeline runs these under the supervisor's placement lock, so that an
-``evict`` event always names the model it made room for and the rule that chose it.
+Every backend's launch pipeline places its model through :func:`place_here`, under the
+supervisor's placement lock: the fresh inventory, what the other models hold, the rules and the
+clock go to the one pure :func:`~._placement.place`, and the models it chose are unloaded, so
+that an ``evict`` event always names the model it made room for and the rule that chose it.
 """
 
 from __future__ import annotations
@@ -12,17 +14,15 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .._errors import PlacementError
 from ..hardware import Inventory
 from ._events import EventKind
 from ._host import PlacementHost
-from ._placement import LoadedModel, PlacementDecision
-from ._residency import group_evictions
+from ._placement import LoadedModel, PlacementDecision, PlacementPolicy, PlacementRequest, SizedRequest, place
 
 if TYPE_CHECKING:
     from ._managed import ManagedModel
 
-__all__ = ["evict", "evict_by_group", "loaded_others"]
+__all__ = ["evict", "loaded_others", "place_here"]
 
 #: After an eviction: how long to wait for the driver to hand the memory back (Ollama waits 5 s).
 _RELEASE_TIMEOUT = 5.0
@@ -52,13 +52,28 @@ async def evict(host: PlacementHost, decision: PlacementDecision, *, for_model: 
     return await host.refresh_inventory()
 
 
-async def evict_by_group(host: PlacementHost, m: ManagedModel) -> None:
-    """For a backend whose size forge does not place by (whisper, a command): its group's rules
-    alone (``max_loaded``, ``exclusive``). Raises like :func:`~._residency.group_evictions`."""
-    chosen = group_evictions(m.name, loaded_others(host, m), host.groups, time.monotonic())
-    if chosen and m.warming:
-        raise PlacementError(f"{m.name} would unload {', '.join(e.name for _, e in chosen)}")
-    await _unload(host, {e.name: e.rule for _, e in chosen}, m.name)
+async def place_here(
+    host: PlacementHost, m: ManagedModel, request: PlacementRequest | SizedRequest
+) -> tuple[PlacementDecision, Inventory]:
+    """Where ``m`` goes now, with the models it displaces unloaded; the caller holds the placement
+    lock. A warm start (the default, loaded without a request) never unloads another model.
+    Raises what :func:`~._placement.place` raises: :class:`~.._errors.ResidencyConflict` (a rule
+    forbids it), :class:`~.._errors.ResidencyBusy` (its group's members are busy),
+    :class:`~.._errors.PlacementError` (it does not fit)."""
+    inventory = await host.refresh_inventory()
+    loaded = loaded_others(host, m)
+    # Read from the measurements file: off the event loop.
+    contexts = await anyio.to_thread.run_sync(host.device_contexts.for_devices, inventory.devices)
+    policy = PlacementPolicy(
+        allow_evict=not m.warming,
+        device_context=contexts,
+        groups=dict(host.groups),
+        now=time.monotonic(),
+    )
+    decision = place(inventory, request, loaded, policy)
+    if decision.evict:
+        inventory = await evict(host, decision, for_model=m.name)
+    return decision, inventory
 
 
 def _free_by_device(inventory: Inventory) -> dict[str, int]:

@@ -70,6 +70,7 @@ __all__ = [
     "build_plan",
     "decide",
     "decide_on_workers",
+    "placement_request",
     "resolve",
 ]
 
@@ -247,23 +248,13 @@ def _resolve_draft(spec: ModelSpec, model_path: Path, settings: ForgeSettings) -
     return ResolvedDraft(path, inspect_gguf(path), declares_spec_type(path))
 
 
-def decide(
-    spec: ModelSpec,
-    name: str,
-    model: ResolvedModel,
-    inventory: Inventory,
-    loaded: Sequence[LoadedModel] = (),
-    *,
-    allow_evict: bool = False,
-    binary_args: Sequence[str] = (),
-    device_context: Mapping[str, int] | None = None,
-    groups: Mapping[str, GroupRule] | None = None,
-    now: float | None = None,
-) -> PlacementDecision:
-    """Step 2 (pure): where it goes, and which idle models must make room. ``binary_args``: the
-    flags every child of the binary gets (the self-test's ``--no-repack``): they change its size.
-    ``device_context``: the per-process device context measured per GPU key (``_device_context``)."""
-    request = PlacementRequest(
+def placement_request(
+    spec: ModelSpec, name: str, model: ResolvedModel, binary_args: Sequence[str] = ()
+) -> PlacementRequest:
+    """What placement sizes: the model, its load settings, and every flag the child gets that
+    changes its size. ``binary_args``: the flags every child of the binary gets (the self-test's
+    ``--no-repack``)."""
+    return PlacementRequest(
         name=name,
         info=model.info,
         gpu=spec.gpu,
@@ -284,10 +275,29 @@ def decide(
         draft_on_gpu=spec.draft_gpu != "cpu",
         adapter_bytes=model.adapter_bytes,
     )
+
+
+def decide(
+    spec: ModelSpec,
+    name: str,
+    model: ResolvedModel,
+    inventory: Inventory,
+    loaded: Sequence[LoadedModel] = (),
+    *,
+    allow_evict: bool = False,
+    binary_args: Sequence[str] = (),
+    device_context: Mapping[str, int] | None = None,
+    groups: Mapping[str, GroupRule] | None = None,
+    now: float | None = None,
+) -> PlacementDecision:
+    """Step 2 (pure): where it goes, and which idle models must make room. ``binary_args``: the
+    flags every child of the binary gets (the self-test's ``--no-repack``): they change its size.
+    ``device_context``: the per-process device context measured per GPU key (``_device_context``).
+    The supervisor places through :func:`~._evicting.place_here` with the same request."""
     policy = PlacementPolicy(
         allow_evict=allow_evict, device_context=dict(device_context or {}), groups=dict(groups or {}), now=now
     )
-    return place(inventory, request, loaded, policy)
+    return place(inventory, placement_request(spec, name, model, binary_args), loaded, policy)
 
 
 def decide_on_workers(

@@ -1,12 +1,11 @@
 """The launch pipeline of a llama-server model, run by the supervisor under its placement lock:
-resolve (the GGUF, blocking: off the loop), decide here (evicting idle models when it must) or on
-RPC workers, build the plan (:mod:`._launch` holds the three steps; this module carries them out
+resolve (the GGUF, blocking: off the loop), decide here (:func:`~._evicting.place_here`, as
+every backend does: evicting idle models when it must) or on RPC workers, build the plan (:mod:`._launch` holds the three steps; this module carries them out
 with the supervisor's state, through the narrow :class:`~._host.PlacementHost`).
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,9 +13,17 @@ import anyio
 
 from .._errors import PlacementError, ResidencyBusy, ResidencyConflict
 from ..hardware import Inventory, discover_workers
-from ._evicting import evict, loaded_others
+from ._evicting import place_here
 from ._host import PlacementHost
-from ._launch import LaunchPlan, ModelSpec, ResolvedModel, build_plan, decide, decide_on_workers, resolve
+from ._launch import (
+    LaunchPlan,
+    ModelSpec,
+    ResolvedModel,
+    build_plan,
+    decide_on_workers,
+    placement_request,
+    resolve,
+)
 from ._placement import PlacementDecision
 
 if TYPE_CHECKING:
@@ -59,33 +66,18 @@ async def _decide(
 ) -> tuple[PlacementDecision, Inventory]:
     """Here (evicting idle models if it must), or on RPC workers when the spec says so or
     (``auto``) when it does not fit here."""
-    inventory = await host.refresh_inventory()
     if spec.workers in ("only", "all"):
+        inventory = await host.refresh_inventory()
         return await _decide_on_workers(host, m, spec, model), inventory
-    loaded = loaded_others(host, m)
-    contexts = await anyio.to_thread.run_sync(host.device_contexts.for_devices, inventory.devices)
     try:
-        decision = decide(
-            spec,
-            m.name,
-            model,
-            inventory,
-            loaded,
-            allow_evict=not m.warming,  # the warm default never unloads another model to get in
-            binary_args=host.binary_args,
-            device_context=contexts,
-            groups=host.groups,
-            now=time.monotonic(),
-        )
+        return await place_here(host, m, placement_request(spec, m.name, model, host.binary_args))
     except (ResidencyConflict, ResidencyBusy):
         raise  # the rules decided, not the memory: RPC workers would not change it
     except PlacementError:
         if spec.workers == "never" or m.warming:
             raise
+        inventory = await host.refresh_inventory()
         return await _decide_on_workers(host, m, spec, model), inventory
-    if decision.evict:
-        inventory = await evict(host, decision, for_model=m.name)
-    return decision, inventory
 
 
 async def _decide_on_workers(

@@ -4,6 +4,11 @@ Nothing here touches a process, a file or a clock: the supervisor gathers the fa
 :func:`place`, then carries the decision out (unload ``evict``, wait for the memory, spawn with
 ``devices``, ``n_gpu_layers``, ``tensor_split``).
 
+Every backend is placed here. A GGUF model (:class:`PlacementRequest`, llama-server) climbs the
+ladder below; a model of a given size (:class:`SizedRequest`: a whisper model, a command's
+``memory``) takes the devices its ``gpu`` names (``auto``: the GPU with the most free memory that
+holds it, else the CPU). Evictions, the residency rules and the refusals are the same for both.
+
 The ladder: one GPU with the whole model; else a tensor split over the
 fewest GPUs (of one vendor) that hold it; else, when the policy allows, a partial offload (as
 many layers as fit); the CPU when there is no GPU (or when the policy allows falling back to
@@ -20,8 +25,8 @@ never more than the total minus everything our children hold (Ollama's rule).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal, Protocol
 
 from .._errors import PlacementError, ResidencyConflict
 from .._units import format_bytes
@@ -32,11 +37,12 @@ from ._placement_types import (
     PlacementDecision,
     PlacementPolicy,
     PlacementRequest,
+    SizedRequest,
     describe_device,
     free_memory,
 )
-from ._planner import Layout, Planner
-from ._refusal import refusal
+from ._planner import Layout, Planner, SizedPlanner
+from ._refusal import refusal, sized_refusal
 from ._residency import eviction_order, group_evictions
 
 __all__ = [
@@ -44,6 +50,7 @@ __all__ = [
     "PlacementDecision",
     "PlacementPolicy",
     "PlacementRequest",
+    "SizedRequest",
     "free_memory",
     "place",
 ]
@@ -108,36 +115,107 @@ def _chosen(inventory: Inventory, gpu: GpuChoice) -> list[Device] | Literal["aut
 # -- the decision ----------------------------------------------------------------------------------
 
 
+class _Fit(Protocol):
+    """What :func:`place` asks of one request's planner; the rest of the decision is the same for
+    every backend."""
+
+    def attempt(self, free: Mapping[str, int]) -> Layout | None:
+        """The layout that fits in ``free``, or None."""
+        ...
+
+    def need(self, layout: Layout) -> dict[str, int]:
+        """Per device: what must be free for ``layout``."""
+        ...
+
+    def refusal(self, others: Sequence[LoadedModel]) -> PlacementError:
+        """Why it fits nowhere, even with every evictable model gone."""
+        ...
+
+    def reason(self, layout: Layout) -> str:
+        """Why it went there, in words (``forge load`` and ``forge ps`` show it)."""
+        ...
+
+
+class _Ladder:
+    """A GGUF model: one GPU, a split, a partial offload or the CPU (:class:`Planner`)."""
+
+    def __init__(self, inventory: Inventory, request: PlacementRequest, policy: PlacementPolicy) -> None:
+        self.inventory, self.request, self.policy = inventory, request, policy
+        self.planner = Planner(inventory, request, policy)
+        self.choice = _chosen(inventory, request.gpu)
+
+    def attempt(self, free: Mapping[str, int]) -> Layout | None:
+        if self.choice == "auto":
+            return self.planner.auto(free)
+        if self.choice == "cpu":
+            return self.planner.cpu(free)
+        return self.planner.explicit(self.choice, free)
+
+    def need(self, layout: Layout) -> dict[str, int]:
+        return self.planner.need(layout)
+
+    def refusal(self, others: Sequence[LoadedModel]) -> PlacementError:
+        return refusal(self.inventory, self.request, others, self.policy, self.planner, self.choice)
+
+    def reason(self, layout: Layout) -> str:
+        return _reason(self.inventory, layout)
+
+
+class _Sized:
+    """A model of a given size on the devices its ``gpu`` names (:class:`SizedPlanner`)."""
+
+    def __init__(self, inventory: Inventory, request: SizedRequest, policy: PlacementPolicy) -> None:
+        self.inventory, self.request, self.policy = inventory, request, policy
+        self.planner = SizedPlanner(inventory, request, _chosen(inventory, request.gpu))
+
+    def attempt(self, free: Mapping[str, int]) -> Layout | None:
+        return self.planner.attempt(free)
+
+    def need(self, layout: Layout) -> dict[str, int]:
+        return self.planner.need(layout)
+
+    def refusal(self, others: Sequence[LoadedModel]) -> PlacementError:
+        return sized_refusal(self.inventory, self.request, others, self.policy, self.planner)
+
+    def reason(self, layout: Layout) -> str:
+        r = self.request
+        devices = layout.gpus or ("cpu",)
+        each = " per device" if len(devices) > 1 else ""
+        size = [f"{format_bytes(r.need_bytes)}{each}"] if r.need_bytes else []
+        said = ", ".join([*size, *([r.size_note] if r.size_note else [])])
+        return f"{r.what} on {', '.join(devices)}" + (f" ({said})" if said else "")
+
+
+def _fit_for(inventory: Inventory, request: PlacementRequest | SizedRequest, policy: PlacementPolicy) -> _Fit:
+    if isinstance(request, SizedRequest):
+        return _Sized(inventory, request, policy)
+    return _Ladder(inventory, request.effective(), policy)
+
+
 def place(
     inventory: Inventory,
-    request: PlacementRequest,
+    request: PlacementRequest | SizedRequest,
     loaded: Sequence[LoadedModel],
     policy: PlacementPolicy | None = None,
 ) -> PlacementDecision:
-    """Decide where ``request`` goes and what must be unloaded first; or raise PlacementError."""
+    """Decide where ``request`` goes and what must be unloaded first; or raise PlacementError
+    (:class:`ResidencyConflict` when only the rules stand in the way)."""
     policy = policy or PlacementPolicy()
-    request = request.effective()
-    planner = Planner(inventory, request, policy)
-    choice = _chosen(inventory, request.gpu)
-    others = [m for m in loaded if m.name != request.name]
-
-    def attempt(free: Mapping[str, int]) -> Layout | None:
-        if choice == "auto":
-            return planner.auto(free)
-        if choice == "cpu":
-            return planner.cpu(free)
-        return planner.explicit(choice, free)
+    fit = _fit_for(inventory, request, policy)
+    name = request.name
+    others = [m for m in loaded if m.name != name]
+    attempt = fit.attempt
 
     now = policy.now if policy.now is not None else max((m.last_used for m in others), default=0.0)
-    rules = group_evictions(request.name, others, policy.groups, now)
-    forced, why = _forced_evictions(request, others, policy, now)
+    rules = group_evictions(name, others, policy.groups, now)
+    forced, why = _forced_evictions(name, others, policy, now)
     for m, ev in rules:
         if m not in forced:
             forced.append(m)
             why[m.name] = ev.rule
     if forced and not policy.allow_evict:
         raise PlacementError(
-            f"{request.name} would unload {', '.join(m.name for m in forced)} ({why[forced[0].name]})",
+            f"{name} would unload {', '.join(m.name for m in forced)} ({why[forced[0].name]})",
             hint="load it when they are unloaded",
         )
     idle = eviction_order([m for m in others if m.in_flight == 0 and m not in forced], now)
@@ -158,18 +236,17 @@ def place(
                     evicted, layout = trial, spared
     if layout is None:
         if policy.allow_evict:
-            _refuse_for_protected(inventory, request, others, evicted, planner, attempt)
-        raise refusal(inventory, request, others, policy, planner, choice)
+            _refuse_for_protected(inventory, name, others, evicted, fit)
+        raise fit.refusal(others)
 
-    need = planner.need(layout)
     return PlacementDecision(
         devices=layout.gpus or ("cpu",),
         n_gpu_layers=layout.n_gpu_layers,
         tensor_split=list(layout.split) if layout.split and len(layout.gpus) > 1 else None,
         evict=[m.name for m in evicted],
         estimate=layout.estimate,
-        need_bytes=need,
-        reason=_reason(inventory, layout),
+        need_bytes=fit.need(layout),
+        reason=fit.reason(layout),
         evict_rules={m.name: why.get(m.name, _MEMORY_RULE) for m in evicted},
     )
 
@@ -180,17 +257,17 @@ _MEMORY_RULE = "memory: the idle model with the highest idle seconds / evict_cos
 
 def _refuse_for_protected(
     inventory: Inventory,
-    request: PlacementRequest,
+    name: str,
     others: Sequence[LoadedModel],
     evicted: Sequence[LoadedModel],
-    planner: Planner,
-    attempt: Callable[[Mapping[str, int]], Layout | None],
+    fit: _Fit,
 ) -> None:
     """When only models the rules keep (pinned, never-swap) stand in the way: a
     :class:`ResidencyConflict` naming them and the memory missing — waiting cannot fix it."""
     protected = [m for m in others if m.residency.protected and m not in evicted]
     if not protected:
         return
+    attempt = fit.attempt
     gone = [*evicted, *protected]
     layout = attempt(free_memory(inventory, [x for x in others if x not in gone], gone))
     if layout is None:
@@ -203,7 +280,7 @@ def _refuse_for_protected(
         if attempt(free_memory(inventory, [x for x in others if x not in trial], trial)) is not None:
             break
     free = free_memory(inventory, [x for x in others if x not in evicted], evicted)
-    need = planner.need(layout)
+    need = fit.need(layout)
     short = {k: v - free.get(k, 0) for k, v in need.items() if v > free.get(k, 0)}
     missing = "; ".join(
         f"{format_bytes(v)} more on {describe_device(inventory.by_key(k))} "
@@ -218,14 +295,14 @@ def _refuse_for_protected(
     undo = "pinned = false" if first.residency.pinned else 'swap = "auto"'
     verb = "stays" if len(holders) == 1 else "stay"
     raise ResidencyConflict(
-        f"{request.name} does not fit while {held} {verb} loaded by rule: it needs {missing}",
+        f"{name} does not fit while {held} {verb} loaded by rule: it needs {missing}",
         rule=rule,
         hint=f"unload {first.name} yourself (`forge unload {first.name}`), or set {undo} on it",
     )
 
 
 def _forced_evictions(
-    request: PlacementRequest, others: Sequence[LoadedModel], policy: PlacementPolicy, now: float
+    name: str, others: Sequence[LoadedModel], policy: PlacementPolicy, now: float
 ) -> tuple[list[LoadedModel], dict[str, str]]:
     """The idle models that must go whatever the memory says: the policy's cap on loaded models."""
     if policy.max_loaded is None or len(others) < policy.max_loaded:
@@ -234,7 +311,7 @@ def _forced_evictions(
     idle = eviction_order([m for m in others if m.in_flight == 0], now)
     if not policy.allow_evict or len(idle) < excess:
         raise PlacementError(
-            f"{request.name} cannot be loaded: {len(others)} models are loaded (at most "
+            f"{name} cannot be loaded: {len(others)} models are loaded (at most "
             f"{policy.max_loaded}) and {'eviction is off' if not policy.allow_evict else 'too few are idle'}",
             hint="unload a model, or raise the limit of loaded models",
         )

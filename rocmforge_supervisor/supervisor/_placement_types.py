@@ -20,6 +20,7 @@ __all__ = [
     "PlacementDecision",
     "PlacementPolicy",
     "PlacementRequest",
+    "SizedRequest",
     "WorkerShare",
     "describe_device",
     "free_memory",
@@ -74,6 +75,40 @@ class PlacementRequest:
         """This request with the size-changing flags of ``extra_args`` applied (they win, as
         they come last on the child's command line)."""
         return _apply_args(self)
+
+
+@dataclass(frozen=True)
+class SizedRequest:
+    """A model placed by a size it is given whole, not estimated layer by layer from a GGUF: a
+    whisper model (its file plus whisper.cpp's state), a ``backend = "command"`` model (its
+    ``memory``). It needs the same bytes on each device it goes to and has no layers to split or
+    offload; everything else (evictions, the residency rules, the refusals) is placed as a
+    :class:`PlacementRequest` is, by the same :func:`~._placement.place`."""
+
+    name: str
+    what: str
+    """How a message names its kind: ``whisper model``, ``command model``."""
+    gpu: GpuChoice = "auto"
+    """As for any model; ``auto``: the GPU with the most free memory that holds it, else the CPU."""
+    weights_bytes: int = 0
+    compute_bytes: int = 0
+    """Beside the weights (whisper.cpp's state): counted as the estimate's compute buffers."""
+    gpu_layers: int = 0
+    """The layers it reports once on a GPU (whisper's blocks; a command's are unknown: 0)."""
+    flash_attn: bool = False
+    one_device: bool = False
+    """An explicit GPU list places it on the first GPU only (a whisper model loads whole on one);
+    otherwise on every GPU of the list, with the same bytes on each."""
+    size_note: str = ""
+    """Where the size comes from, for the decision's reason and a refusal: ``its memory, as
+    configured``."""
+    advice: str = ""
+    """What makes it smaller, for a refusal's hint."""
+
+    @property
+    def need_bytes(self) -> int:
+        """Per device it is placed on: what must be free."""
+        return self.weights_bytes + self.compute_bytes
 
 
 @dataclass(frozen=True)

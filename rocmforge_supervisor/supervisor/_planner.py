@@ -1,15 +1,22 @@
-"""The placement planner: a request's candidate layouts, estimated and checked against free memory."""
+"""The placement planners: a request's candidate layouts, estimated and checked against free memory.
+
+:class:`Planner` walks a GGUF model's ladder (one GPU, a split, a partial offload, the CPU) with
+the memory estimate; :class:`SizedPlanner` places a model of a given size (whisper, a command)
+on the devices its ``gpu`` names. Both answer the same two questions for :func:`~._placement.place`
+(what fits in this free memory; what it needs free), which does the rest once for every backend.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from ..hardware import Device, Inventory
-from ..models import MemoryEstimate, estimate_memory
-from ._placement_types import PlacementPolicy, PlacementRequest
+from ..models import DeviceEstimate, MemoryEstimate, estimate_memory
+from ._placement_types import PlacementPolicy, PlacementRequest, SizedRequest
 
-__all__ = ["Layout", "Planner"]
+__all__ = ["Layout", "Planner", "SizedPlanner"]
 
 _GIB = 1024**3
 
@@ -202,3 +209,56 @@ class Planner:
     def partial_group(self, chosen: Sequence[Device], free: Mapping[str, int]) -> Layout | None:
         lay = self.partial(chosen, free)
         return lay if lay is not None and len(lay.gpus) == len(chosen) else None
+
+
+class SizedPlanner:
+    """A :class:`~._placement_types.SizedRequest`'s layouts: its bytes on each device of one
+    option, the options in the order tried (``auto``: each usable GPU, the most free first, then
+    the CPU; ``cpu``; the GPUs ``gpu`` names). No reserve or margin is added: the size is the
+    user's figure (a command's ``memory``) or whisper.cpp's own accounting, not an estimate."""
+
+    def __init__(
+        self, inventory: Inventory, request: SizedRequest, choice: Sequence[Device] | Literal["auto", "cpu"]
+    ) -> None:
+        self.inv = inventory
+        self.req = request
+        self.choice = choice
+
+    def options(self, free: Mapping[str, int]) -> list[tuple[Device, ...]]:
+        if self.choice == "cpu":
+            return [(self.inv.cpu,)]
+        if self.choice == "auto":
+            gpus = sorted(
+                (d for d in self.inv.gpus if d.usable), key=lambda d: free.get(d.key, 0), reverse=True
+            )
+            return [*((d,) for d in gpus), (self.inv.cpu,)]
+        chosen = tuple(self.choice)
+        return [chosen[:1] if self.req.one_device else chosen]
+
+    def layout(self, devices: Sequence[Device]) -> Layout:
+        r = self.req
+        gpus = tuple(d.key for d in devices if d.vendor != "cpu")
+        estimate = MemoryEstimate(
+            devices=tuple(
+                DeviceEstimate(device=d.key, weights_bytes=r.weights_bytes, compute_bytes=r.compute_bytes)
+                for d in devices
+            ),
+            n_gpu_layers=r.gpu_layers if gpus else 0,
+            ctx_size=0,
+            parallel=1,
+            kv_unified=False,
+            cache_type_k="f16",
+            cache_type_v="f16",
+            flash_attn=r.flash_attn,
+        )
+        return Layout(gpus, estimate.n_gpu_layers, None, estimate, r.what)
+
+    def need(self, layout: Layout) -> dict[str, int]:
+        return {k: self.req.need_bytes for k in layout.gpus or ("cpu",)}
+
+    def attempt(self, free: Mapping[str, int]) -> Layout | None:
+        """The first option with the request's bytes free on each of its devices."""
+        for devices in self.options(free):
+            if all(free.get(d.key, 0) >= self.req.need_bytes for d in devices):
+                return self.layout(devices)
+        return None

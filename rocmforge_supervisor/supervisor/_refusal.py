@@ -1,4 +1,8 @@
-"""Why a model does not fit, and what to change: the text of a placement refusal."""
+"""Why a model does not fit, and what to change: the text of a placement refusal.
+
+One refusal per kind of planner (a GGUF's ladder, a model of a given size), with the same account
+of the other models: which are busy, which are kept by their rules, which eviction would not touch.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,17 @@ from typing import Literal
 from .._errors import PlacementError
 from .._units import format_bytes
 from ..hardware import Device, Inventory
-from ._placement_types import LoadedModel, PlacementPolicy, PlacementRequest, describe_device, free_memory
-from ._planner import Layout, Planner
+from ._placement_types import (
+    LoadedModel,
+    PlacementPolicy,
+    PlacementRequest,
+    SizedRequest,
+    describe_device,
+    free_memory,
+)
+from ._planner import Layout, Planner, SizedPlanner
 
-__all__ = ["refusal"]
+__all__ = ["refusal", "sized_refusal"]
 
 # -- refusal ---------------------------------------------------------------------------------------
 
@@ -24,12 +35,10 @@ def refusal(
     planner: Planner,
     choice: list[Device] | Literal["auto", "cpu"],
 ) -> PlacementError:
-    kept_by_rule = [m for m in others if m.residency.protected]
-    idle = [m for m in others if m.in_flight == 0 and not m.residency.protected]
-    busy = [m for m in others if m.in_flight > 0 and not m.residency.protected]
-    evictable = idle if policy.allow_evict else []
-    kept = [*busy, *kept_by_rule, *(idle if not policy.allow_evict else [])]
-    free = free_memory(inventory, kept, evictable)
+    """A GGUF model that fits no layout even with every evictable model gone: its size on the best
+    target, split into its parts, what each device has free, and the settings that would fit."""
+    others_now = _Others(others, policy)
+    free = others_now.free(inventory)
     if choice == "cpu" or (choice == "auto" and not inventory.gpus) or request.n_gpu_layers == 0:
         targets: list[Device] = []
     elif choice == "auto":
@@ -69,18 +78,73 @@ def refusal(
         f"{r.name} ({r.info.file_type}, ctx {est.ctx_size}{slots}) does not fit: it needs "
         f"{format_bytes(need_dev)} on {where} ({parts}); free: {'; '.join(frees)}"
     )
-    if busy:
-        message += f"; busy, not evicted: {', '.join(m.name for m in busy)}"
-    if kept_by_rule:
-        message += "; kept by their rules: " + ", ".join(
-            f"{m.name} ({m.residency.rule})" for m in kept_by_rule
-        )
-    if idle and not policy.allow_evict:
-        message += f"; eviction is off, idle: {', '.join(m.name for m in idle)}"
+    message += others_now.notes()
     hint = _advice(request, planner, free, best, lay)
-    if idle and not policy.allow_evict:
+    if others_now.unevicted_idle:
         hint = f"unload an idle model, or {hint}"
     return PlacementError(message, hint=hint)
+
+
+def sized_refusal(
+    inventory: Inventory,
+    request: SizedRequest,
+    others: Sequence[LoadedModel],
+    policy: PlacementPolicy,
+    planner: SizedPlanner,
+) -> PlacementError:
+    """A model of a given size that fits no option even with every evictable model gone: what it
+    needs per device, what each device it may use has free of its total, and who holds the rest."""
+    others_now = _Others(others, policy)
+    free = others_now.free(inventory)
+    devices = dict.fromkeys(d for option in planner.options(free) for d in option)
+    frees = "; ".join(
+        f"{describe_device(d)} {format_bytes(free.get(d.key, 0))} of {format_bytes(d.vram_total_bytes)}"
+        for d in devices
+    )
+    note = f" ({request.size_note})" if request.size_note else ""
+    each = "" if request.one_device else " per device"
+    message = (
+        f"{request.name} ({request.what}) does not fit: it needs {format_bytes(request.need_bytes)}"
+        f"{each}{note}; free: {frees}{others_now.notes()}"
+    )
+    hint = request.advice or "choose a smaller model"
+    if others_now.busy or others_now.kept_by_rule or others_now.unevicted_idle:
+        hint = f"unload another model (`forge unload NAME`), or {hint}"
+    return PlacementError(message, hint=hint)
+
+
+class _Others:
+    """The other loaded models as a refusal tells them: busy, kept by their rules, idle."""
+
+    def __init__(self, others: Sequence[LoadedModel], policy: PlacementPolicy) -> None:
+        self.kept_by_rule = [m for m in others if m.residency.protected]
+        self.idle = [m for m in others if m.in_flight == 0 and not m.residency.protected]
+        self.busy = [m for m in others if m.in_flight > 0 and not m.residency.protected]
+        self.allow_evict = policy.allow_evict
+
+    @property
+    def unevicted_idle(self) -> list[LoadedModel]:
+        """Idle models that stay only because this placement may not evict (the warm default)."""
+        return [] if self.allow_evict else self.idle
+
+    def free(self, inventory: Inventory) -> dict[str, int]:
+        """Free memory per device as if every model eviction may unload were gone."""
+        evictable = self.idle if self.allow_evict else []
+        kept = [*self.busy, *self.kept_by_rule, *self.unevicted_idle]
+        return free_memory(inventory, kept, evictable)
+
+    def notes(self) -> str:
+        """``; busy, not evicted: …; kept by their rules: …; eviction is off, idle: …``."""
+        out = ""
+        if self.busy:
+            out += f"; busy, not evicted: {', '.join(m.name for m in self.busy)}"
+        if self.kept_by_rule:
+            out += "; kept by their rules: " + ", ".join(
+                f"{m.name} ({m.residency.rule})" for m in self.kept_by_rule
+            )
+        if self.unevicted_idle:
+            out += f"; eviction is off, idle: {', '.join(m.name for m in self.unevicted_idle)}"
+        return out
 
 
 def _advice(

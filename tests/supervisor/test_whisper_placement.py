@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from rocmforge_supervisor._errors import PlacementError
+from rocmforge_supervisor.config import GpuChoice
 from rocmforge_supervisor.hardware._types import Inventory
 from rocmforge_supervisor.models import inspect_whisper, whisper_state_bytes
 from rocmforge_supervisor.models._gguf import GGUFInfo
-from rocmforge_supervisor.supervisor._placement import LoadedModel
-from rocmforge_supervisor.supervisor._whisper import decide_whisper
+from rocmforge_supervisor.supervisor._placement import LoadedModel, PlacementDecision, place
+from rocmforge_supervisor.supervisor._whisper import whisper_request
 from tests.models.conftest import GIB
 from tests.supervisor.test_placement import KFD, amd, cpu, one_7900xtx
 
@@ -26,6 +27,19 @@ def _whisper_file(path: Path, size: int = 150_000_000) -> GGUFInfo:
         f.write(header)
         f.truncate(size)
     return inspect_whisper(path)
+
+
+def decide_whisper(
+    name: str,
+    info: GGUFInfo,
+    gpu: GpuChoice,
+    inventory: Inventory,
+    loaded: list[LoadedModel],
+    *,
+    gpu_capable: bool,
+) -> PlacementDecision:
+    """The one placement every backend goes through, with a whisper model's request."""
+    return place(inventory, whisper_request(name, info, gpu, gpu_capable=gpu_capable), loaded)
 
 
 def test_the_header_describes_the_model(tmp_path: Path) -> None:
@@ -55,8 +69,19 @@ def test_a_cpu_build_or_gpu_cpu_stays_on_the_cpu(tmp_path: Path) -> None:
 def test_a_full_gpu_sends_it_to_the_cpu_and_nothing_free_is_refused(tmp_path: Path) -> None:
     info = _whisper_file(tmp_path / "m.bin")
     big = LoadedModel("llm", {"amd:0": int(23.4 * GIB)}, ("amd:0",), counted=False)
-    assert decide_whisper("stt", info, "auto", one_7900xtx(), [big], gpu_capable=True).devices == ("cpu",)
+    # Where another device holds it, nothing is evicted for it: the idle model stays.
+    d = decide_whisper("stt", info, "auto", one_7900xtx(), [big], gpu_capable=True)
+    assert d.devices == ("cpu",) and d.evict == []
     tiny_ram = Inventory((amd(0, "RX 7900 XTX", 24, 23.9), cpu(total_gib=4, used_gib=3.99)), KFD)
     with pytest.raises(PlacementError) as err:
         decide_whisper("stt", info, "auto", tiny_ram, [], gpu_capable=True)
-    assert "needs about" in err.value.message and "cpu" in err.value.message
+    assert "stt (whisper model) does not fit" in err.value.message and "cpu" in err.value.message
+    assert "smaller whisper model" in str(err.value)
+
+
+def test_an_idle_model_is_evicted_when_no_device_holds_it(tmp_path: Path) -> None:
+    info = _whisper_file(tmp_path / "m.bin")
+    tiny_ram = Inventory((amd(0, "RX 7900 XTX", 24, 0.5), cpu(total_gib=4, used_gib=3.99)), KFD)
+    big = LoadedModel("llm", {"amd:0": int(23.4 * GIB)}, ("amd:0",), counted=False)
+    d = decide_whisper("stt", info, "auto", tiny_ram, [big], gpu_capable=True)
+    assert d.devices == ("amd:0",) and d.evict == ["llm"]
