@@ -23,15 +23,29 @@ pytestmark = pytest.mark.anyio
 MakeConfig = Callable[..., ForgeConfig]
 
 
+@pytest.mark.parametrize("amx", [False, True], ids=["no-amx", "amx"])
 async def test_sigill_while_loading_fails_at_once_with_the_fix(
-    make_config: MakeConfig, fake_bin: Path
+    make_config: MakeConfig, fake_bin: Path, monkeypatch: pytest.MonkeyPatch, amx: bool
 ) -> None:
+    """The advice depends on the CPU: a rebuild where the build lacks an instruction, the
+    ``--no-repack`` flag where an AMX CPU's ggml kernels are the cause (the child ran without it).
+    Both CPUs are simulated, so the test means the same on every machine."""
+    from rocmforge_supervisor.supervisor import _launch, _managed
+
+    flags = frozenset({"avx2", *(["amx_int8", "amx_tile"] if amx else [])})
+    monkeypatch.setattr(_launch, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(_managed, "cpu_flags", lambda: flags)
     async with running(make_config({"m": {"args": ["--fake-die", "SIGILL"]}}), fake_bin) as sup:
         with pytest.raises(ServiceError, match="killed by SIGILL") as info:
             await sup.load("m")
         m = sup.get("m")
-        assert m.failure_kind == "illegal_instruction" and m.restarts == 0  # a restart cannot help
-        assert "lacks an instruction" in info.value.message and "forge build --portable" in info.value.message
+        assert m.restarts == 0  # a restart cannot help
+        if amx:
+            assert m.failure_kind == "amx_fault"
+            assert "--no-repack" in info.value.message and "forge build --portable" not in info.value.message
+        else:
+            assert m.failure_kind == "illegal_instruction"
+            assert "lacks an instruction" in info.value.message and "forge build --portable" in info.value.message
         assert m.status().state == ModelState.FAILED
 
 
