@@ -2,7 +2,8 @@
 
 Reads run on a worker thread, after the store's writer has committed what was queued before
 (a client that just got its answer finds its row). A key that is not an admin sees only its own
-key's rows and never captured bodies; an admin key (or a service without keys) sees everything.
+key's rows, of the models it may see (``core._visibility``), and never captured bodies; an admin
+key (or a service without keys) sees everything.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..._errors import ForgeError, InvalidRequest, KeyForbidden, ModelNotFound, 
 from ...activity import USAGE_GROUPS, ActivityStore
 from ..core._recording import request_key
 from ..core._state import request_id, state_of
+from ..core._visibility import model_scope
 from ..edge._errors_http import error_response
 
 __all__ = ["parse_since", "routes"]
@@ -103,6 +105,8 @@ def _own_rows_only(request: Request) -> str | None:
 async def api_activity(request: Request) -> Response:
     """
     summary: The activity log, newest first (no bodies); filter by model, key, status.
+    description: A key that is not an admin gets its own rows, of the models it may use (asking
+      for another model is a 403).
     parameters:
       - {name: model, in: query, schema: {type: string}}
       - {name: key, in: query, description: an API key's name, schema: {type: string}}
@@ -120,10 +124,14 @@ async def api_activity(request: Request) -> Response:
         key = q.get("key") or None
         if own is not None:
             key = own
+        seen = model_scope(request.scope, state_of(request).supervisor)
+        model = q.get("model") or None
+        if model is not None:
+            seen.check(model)  # a model outside a scoped key's models: the model routes' 403
         rows = await _read(
             store,
             lambda: store.rows(
-                model=q.get("model") or None,
+                model=model,
                 key=key,
                 status=_int_param(request, "status", None, 100, 599),
                 after=_int_param(request, "after", None, 0, 2**62),
@@ -132,7 +140,7 @@ async def api_activity(request: Request) -> Response:
         )
     except ForgeError as exc:
         return error_response(exc, request_id(request))
-    return JSONResponse({"activity": rows})
+    return JSONResponse({"activity": [r for r in rows if r["model"] is None or seen.sees(r["model"])]})
 
 
 async def api_activity_row(request: Request) -> Response:
@@ -140,7 +148,8 @@ async def api_activity_row(request: Request) -> Response:
     summary: One request of the activity log, with its captured request and response bodies.
     responses:
       200: {description: '{id, …, request_body, response_body}'}
-      403: {description: a key that is not an admin asked for captured bodies, or another key's row}
+      403: {description: "a key that is not an admin asked for captured bodies, another key's row, or a
+        row of a model it may not use"}
       404: {description: no such row (kept rows are bounded by age and count)}
     """
     ident = int(request.path_params["ident"])
@@ -156,6 +165,8 @@ async def api_activity_row(request: Request) -> Response:
         if key is not None and not key.admin:
             if row["key"] != key.name:
                 key.check_admin(f"read activity row {ident} of another key")
+            if row["model"] is not None:
+                model_scope(request.scope, state_of(request).supervisor).check(row["model"])
             if row["request_body"] is not None or row["response_body"] is not None:
                 raise KeyForbidden(
                     f"the API key {key.name!r} may not read captured bodies: they need an admin key",

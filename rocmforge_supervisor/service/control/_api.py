@@ -19,11 +19,11 @@ from starlette.routing import BaseRoute, Route
 from ..._errors import ForgeError, InvalidRequest, ModelNotFound, ServiceError, UsageError
 from ...config import MODEL_NAME
 from ...process import IDLE_LINE_RE, without_idle
-from ...supervisor import ModelStatus
+from ...supervisor import Event, ModelStatus
 from ..core._recording import request_key
 from ..core._state import GatewayState, read_body, request_id, state_of
+from ..core._visibility import ModelScope, model_scope
 from ..edge._errors_http import error_response
-from ..proxy._listing import visible_models
 from ..proxy._validate import parse_object
 from ._live import LiveStream
 
@@ -72,17 +72,15 @@ async def api_models(request: Request) -> Response:
       200: {description: "{models: [{name, state, pid, port, devices, restarts, last_error, uptime, memory, …}],
         key: {name, admin}} — a non-admin key's models only; key is null without keys"}
     """
-    rows = state_of(request).supervisor.status()
-    # A key that may use only a variant or adapter (``X:json``) still sees the model serving it.
-    served = {s.name: [s.name, *s.variants, *s.adapters] for s in rows}
-    allowed = set(
-        visible_models(request.scope, [n for names in served.values() for n in names], control=True)
-    )
-    shown = {name for name, names in served.items() if allowed.intersection(names)}
+    supervisor = state_of(request).supervisor
+    # A key that may use only a variant or adapter (``X:json``) still sees the model serving it;
+    # what a shown model's row says of the others (an error naming a holder) is redacted.
+    seen = model_scope(request.scope, supervisor)
+    rows = [seen.filtered(s.to_json()) for s in supervisor.status() if seen.sees(s.name)]
     key = request_key(request.scope)
     # The page shows the controls (load, unload, reload, config reload) to admin keys only.
     who = None if key is None else {"name": key.name, "admin": key.admin}
-    return JSONResponse({"models": [s.to_json() for s in rows if s.name in shown], "key": who})
+    return JSONResponse({"models": rows, "key": who})
 
 
 async def api_load(request: Request) -> Response:
@@ -176,6 +174,8 @@ async def api_reload(request: Request) -> Response:
 async def api_events(request: Request) -> Response:
     """
     summary: Server-sent events of model state changes (load progress, crashes, restarts).
+    description: A key scoped to some models gets their events and the service's ("*"), with
+      other models' names left out.
     responses:
       200: {description: "text/event-stream of {seq, time, model, kind, state, data}"}
     """
@@ -191,11 +191,33 @@ async def api_events(request: Request) -> Response:
                 if scope.cancelled_caught:
                     yield b": ping\n\n"
                     continue
-                yield f"event: {ev.kind}\ndata: {json.dumps(ev.to_json())}\n\n".encode()
+                shown = _event_as_seen(model_scope(request.scope, st.supervisor), ev)
+                if shown is not None:
+                    yield f"event: {ev.kind}\ndata: {json.dumps(shown)}\n\n".encode()
 
     return LiveStream(
         events(), st.closing, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
+
+
+def _event_as_seen(seen: ModelScope, ev: Event) -> dict[str, Any] | None:
+    """The event as the caller may see it: None for another model's; the service's own (``*``:
+    ready, config) with the names of models it may not see left out of its data. Read with the
+    models as they are now (a reload may add or remove some), so the scope is taken per event."""
+    if seen.everything:
+        return ev.to_json()
+    if ev.model != "*" and not seen.sees(ev.model):
+        return None
+    shown = ev.to_json()
+    data = shown["data"]
+    # The service's events name models in lists (ready: preloaded; config: added, removed, …). A
+    # removed model is no longer configured, so these are judged name by name, not as known names.
+    if isinstance(data.get("preloaded"), list):
+        data["preloaded"] = [n for n in data["preloaded"] if seen.sees(n)]
+    if isinstance(data.get("changes"), dict):
+        data["changes"] = {k: [n for n in v if seen.sees(n)] for k, v in data["changes"].items()}
+    shown["data"] = seen.filtered(data)
+    return shown
 
 
 _LOG_WINDOW = 8 << 20
@@ -219,10 +241,12 @@ async def api_logs(request: Request) -> Response:
       (?all=1 shows every line as written).
     responses:
       200: {description: text/plain}
+      403: {description: the key may not use this model}
     """
     st = state_of(request)
     try:
         m = st.supervisor.view(request.path_params["name"])
+        model_scope(request.scope, st.supervisor).check(m.name)  # a scoped key: its models' logs only
     except ForgeError as exc:
         return error_response(exc, request_id(request))
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 import httpx
 from starlette.applications import Starlette
@@ -16,6 +18,7 @@ from ..core._metrics import DeviceRow
 from ..core._pool_metrics import sample_model
 from ..core._recording import request_key
 from ..core._state import GatewayState, state_of
+from ..core._visibility import model_scope
 
 __all__ = ["MetricsPort", "routes"]
 
@@ -67,12 +70,15 @@ async def _ready(request: Request) -> Response:
 async def _metrics(request: Request) -> Response:
     """The exposition; of the per-key families, what the caller may see: an admin key (or a
     service without keys) every key's series, another key its own, and an anonymous caller of a
-    keyed service (``metrics_public``) none — other keys' names and usage are not public."""
+    keyed service (``metrics_public``) none — other keys' names and usage are not public. A key
+    scoped to some models sees only their model-labelled series (the operator's anonymous
+    scraper on a public ``/metrics`` sees every model, as it always did)."""
     st = state_of(request)
     key = request_key(request.scope)
     if key is None:  # "": no key is named "" (the schema's pattern)
         return await _exposition(st, "" if st.recorder.keys else None)
-    return await _exposition(st, None if key.admin else key.name)
+    seen = model_scope(request.scope, st.supervisor)
+    return await _exposition(st, None if key.admin else key.name, None if seen.everything else seen.sees)
 
 
 async def _every_key_metrics(request: Request) -> Response:
@@ -80,7 +86,9 @@ async def _every_key_metrics(request: Request) -> Response:
     return await _exposition(state_of(request), None)
 
 
-async def _exposition(st: GatewayState, own: str | None) -> Response:
+async def _exposition(
+    st: GatewayState, own: str | None, sees: Callable[[str], bool] | None = None
+) -> Response:
     st.metrics.observe_loads(st.supervisor.events.history())
     st.metrics.set_devices(await anyio.to_thread.run_sync(_devices, st))
     st.metrics.child_texts.clear()
@@ -104,7 +112,9 @@ async def _exposition(st: GatewayState, own: str | None) -> Response:
             for v in views
         ]
     )
-    return Response(st.metrics.render(only_key=own), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(
+        st.metrics.render(only_key=own, sees=sees), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )
 
 
 async def _slots(st: GatewayState, out: dict[str, object], name: str, child: ChildEndpoint) -> None:

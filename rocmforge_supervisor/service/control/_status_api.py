@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Route
 from ...hardware import Device, Inventory, refresh_usage
 from ...supervisor import ChildEndpoint, Supervisor
 from ..core._state import state_of
+from ..core._visibility import model_scope
 
 __all__ = ["ThroughputSampler", "held_by_models", "routes"]
 
@@ -163,6 +164,8 @@ def _sampler(request: Request) -> ThroughputSampler:
 async def api_devices(request: Request) -> Response:
     """
     summary: Every device with total / used / free memory and what our children hold on it.
+    description: A key scoped to some models sees only theirs among the holders (and in ours_bytes);
+      the others' memory counts as used by others.
     responses:
       200: {description: "{devices: [{key, name, usable, skip_reason, total_bytes, used_bytes, free_bytes, ours_bytes, models}], notes}"}
       503: {description: the service is still detecting devices}
@@ -171,19 +174,30 @@ async def api_devices(request: Request) -> Response:
     if supervisor.inventory is None:
         return JSONResponse({"devices": [], "notes": ["still detecting devices"]}, status_code=503)
     inventory = await anyio.to_thread.run_sync(refresh_usage, supervisor.inventory, supervisor.settings)
-    return JSONResponse(devices_json(inventory, held_by_models(supervisor)))
+    seen = model_scope(request.scope, supervisor)
+    held = {
+        device: {model: n for model, n in models.items() if seen.sees(model)}
+        for device, models in held_by_models(supervisor).items()
+    }
+    return JSONResponse(devices_json(inventory, held))
 
 
 async def api_throughput(request: Request) -> Response:
     """
     summary: Live tokens/s per model, from the child's /slots (tokens decoded since the last sample).
+    description: A key scoped to some models gets theirs only.
     responses:
       200: {description: "{models: {name: {tokens_per_second, busy_slots, slots, draft_tokens, draft_accepted, draft_acceptance}}}"}
     """
     st = state_of(request)
-    rates = await _sampler(request).sample(st.supervisor)
+    rates = await _sampler(request).sample(st.supervisor)  # every model: one sampler for all pages
+    seen = model_scope(request.scope, st.supervisor)
     return JSONResponse(
-        {"models": {name: {**r, **st.metrics.drafts.rate(name)} for name, r in rates.items()}}
+        {
+            "models": {
+                name: {**r, **st.metrics.drafts.rate(name)} for name, r in rates.items() if seen.sees(name)
+            }
+        }
     )
 
 

@@ -263,32 +263,49 @@ class Metrics:
         """The inference-routing gauges' inputs, read at scrape time (see ``_pool_metrics``)."""
         self._collector.pool = samples
 
-    def render(self, *, only_key: str | None = None) -> bytes:
+    def render(self, *, only_key: str | None = None, sees: Callable[[str], bool] | None = None) -> bytes:
         """The exposition text. ``only_key``: of the per-key families (``forge_key_*``), only that
         key's series — what a key that is not an admin may see, as in the activity API (its own
-        rows, its own usage); ``""``: none of them (an anonymous caller of a keyed service). The
-        other families name no key and are the same for every caller."""
-        if only_key is None:
+        rows, its own usage); ``""``: none of them (an anonymous caller of a keyed service).
+        ``sees``: only the series of the models it accepts (a key scoped to some models learns
+        nothing of the others); the pod-wide sums stay, they name no model."""
+        if only_key is None and sees is None:
             return generate_latest(self.registry)
-        return generate_latest(_OneKey(self.registry, only_key))
+        return generate_latest(_AsSeen(self.registry, only_key, sees))
 
 
 #: The families labelled by API key name (their ``Metric.name``: without ``_total``).
 _KEY_FAMILIES = frozenset({"forge_key_requests", "forge_key_tokens"})
+#: The families whose ``name`` label is a served model name (``X:Y``), not a device's.
+_SERVED_NAME_FAMILIES = frozenset({"forge_served_name_requests"})
 
 
-class _OneKey(Collector):
-    """The registry as one key sees it: every family, the per-key ones cut to that key's series."""
+class _AsSeen(Collector):
+    """The registry as one caller sees it: the per-key families cut to its key's series, and
+    every model-labelled series cut to the models it may see."""
 
-    def __init__(self, registry: CollectorRegistry, key: str) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, key: str | None, sees: Callable[[str], bool] | None
+    ) -> None:
         self._registry = registry
         self._key = key
+        self._sees = sees
 
     def collect(self) -> Iterable[Metric]:
         for metric in self._registry.collect():  # fresh objects on each collect: ours to trim
-            if metric.name in _KEY_FAMILIES:
+            if self._key is not None and metric.name in _KEY_FAMILIES:
                 metric.samples = [s for s in metric.samples if s.labels.get("key") == self._key]
+            if self._sees is not None:
+                metric.samples = [s for s in metric.samples if self._shown(metric.name, s.labels)]
             yield metric
+
+    def _shown(self, family: str, labels: dict[str, str]) -> bool:
+        assert self._sees is not None
+        model = labels.get("model")
+        if model is not None and not self._sees(model):
+            return False
+        name = labels.get("name") if family in _SERVED_NAME_FAMILIES else None
+        return name is None or self._sees(name)
 
 
 def _queues(rows: list[ModelStatus]) -> Iterator[Metric]:

@@ -49,6 +49,7 @@ from ..._errors import (
 )
 from ..core import _recording
 from ..core._routes import Dialect
+from ..core._visibility import redacted
 
 __all__ = [
     "UpstreamModel",
@@ -152,7 +153,7 @@ def error_response(
     status, err_type, code = status_for(exc)
     _recording.note_error(type(exc).__name__)
     headers = dict(headers or {})
-    body = shape_error(dialect, status, str(exc), err_type, code, getattr(exc, "param", None))
+    body = shape_error(dialect, status, _message(exc), err_type, code, getattr(exc, "param", None))
     if isinstance(exc, QueueFull | RateLimited):
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))
     if isinstance(exc, ModelLoading):
@@ -171,16 +172,24 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def _message(exc: ForgeError) -> str:
+    """The error's line as the request's key may read it: a key scoped to some models is not
+    told the others' names (a 404's "known models", a placement's holders). A 403 for its model
+    keeps the name the request sent itself."""
+    return str(exc) if isinstance(exc, KeyForbidden) else redacted(str(exc))
+
+
 def sse_error_chunk(exc: ForgeError, dialect: Dialect = "openai") -> bytes:
     """Once a stream has started, an error can only be an event: the shape llama-server sends —
     ``data: {"error":…}`` for OpenAI routes, ``event: error`` + Anthropic's body for /v1/messages."""
     status, err_type, _ = status_for(exc)
+    message = _message(exc)
     if dialect == "ollama":  # an NDJSON stream: its error is a line of its own, as Ollama's
-        return json.dumps({"error": str(exc)}, separators=(",", ":")).encode() + b"\n"
+        return json.dumps({"error": message}, separators=(",", ":")).encode() + b"\n"
     if dialect == "anthropic":
-        body = shape_error("anthropic", status, str(exc), err_type)
+        body = shape_error("anthropic", status, message, err_type)
         return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
-    payload = {"error": {"code": status, "message": str(exc), "type": err_type}}
+    payload = {"error": {"code": status, "message": message, "type": err_type}}
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 

@@ -38,6 +38,7 @@ from ..core import _recording
 from ..core._logging import request_id_var
 from ..core._routes import MODEL_PATHS, OLLAMA_MODEL_USE, auth_hint, dialect_for_path, takes_json
 from ..core._state import GatewayState, body_limit, too_large
+from ..core._visibility import ModelScope, request_scope
 from ._errors_http import error_response
 
 __all__ = ["LiveCors", "RequestContext", "same_origin"]
@@ -115,6 +116,7 @@ class RequestContext:
         rid = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or secrets.token_hex(8)
         scope.setdefault("state", {})["request_id"] = rid
         request_id_var.set(rid)
+        request_scope.set(None)  # until a key is identified (``_check``)
         rid_header = (b"x-request-id", rid.encode())
         recorder = self.state.recorder
         recorder.follow(self.state.supervisor.config)
@@ -187,6 +189,8 @@ class RequestContext:
             if key is not None:
                 scope.setdefault("state", {})["key"] = key
                 self.state.recorder.identified(draft, key)
+                # What its errors may name (``_errors_http``): a scoped key, its models only.
+                request_scope.set(None if key.admin else ModelScope(key, self.state.supervisor))
                 if _needs_admin(method, path):
                     key.check_admin(f"{method} {path}")
         if draft is not None:  # a model request: its admission class (400/403 for a bad header)

@@ -27,6 +27,7 @@ from ...models import ProjectorInfo, resolve_projector_path
 from ...supervisor import Supervisor
 from ..core._names import served_names
 from ..core._recording import request_key
+from ..core._visibility import may_see
 from ._media import refuse_unusable_media
 from ._model_card import ModelCard, capabilities, card_for, projector_for
 from ._rerank import reranks
@@ -175,12 +176,11 @@ def check_media(supervisor: Supervisor, name: str, body: dict[str, Any], *, allo
 
 def visible_models(scope: Any, names: Iterable[str], *, control: bool = False) -> list[str]:
     """The models a request's key may use, of ``names``: what every listing shows it (``/v1/models``,
-    Ollama's ``/api/tags``, the control API's ``/api/models`` and so the page). A key scoped to one
-    model was offered every model, and each choice but one was then a 403. A service without keys
-    shows all; the control listing (``control``) shows an admin key all, since it may load and
-    unload any."""
+    Ollama's ``/api/tags`` and ``/api/ps``). A key scoped to one model was offered every model, and
+    each choice but one was then a 403. The rule is :func:`~..core._visibility.may_see`'s, one name
+    at a time (the control API and every observing route apply it per model: ``ModelScope``)."""
     key = request_key(scope)
-    return [n for n in names if key is None or key.may_use(n) or (control and key.admin)]
+    return [n for n in names if may_see(key, (n,), control=control)]
 
 
 async def model_list(facts: ModelFacts, created: float, scope: Any = None) -> list[dict[str, Any]]:
