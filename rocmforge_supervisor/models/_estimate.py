@@ -425,11 +425,13 @@ def estimate_memory(
         weights[dev] = weights.get(dev, 0) + adapter_bytes * n // max(n_layer, 1)
     out_dev = placement[n_layer]
     weights[out_dev] = weights.get(out_dev, 0) + info.output_bytes
-    if out_dev == "cpu" and repack:
-        weights[out_dev] += info.output_repack_bytes
+    if out_dev == "cpu":
+        # A tied head on the CPU is the embedding's own mapped file bytes, repacked or not: with
+        # ``--no-repack`` (every child on an AMX CPU) nothing is added here at all.
+        if repack:
+            weights[out_dev] += info.output_repack_bytes
     elif info.output_tied:
-        # A tied head is the embedding loaded again on the output layer's GPU; on the CPU both
-        # are the same mapped file bytes.
+        # A tied head is the embedding loaded again on the output layer's GPU.
         weights[out_dev] += info.embedding_bytes
 
     n_tokens = min(n_ubatch, n_ctx)

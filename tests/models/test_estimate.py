@@ -69,6 +69,22 @@ def test_quantized_cache(gemma: GGUFInfo) -> None:
         estimate_memory(gemma, n_gpu_layers=0, ctx_size=4096, parallel=1, cache_type_k="q3")
 
 
+@pytest.mark.parametrize("model", ["gemma", "smollm2", "tiny"])
+@pytest.mark.parametrize("repack", [True, False], ids=["repack", "no-repack"])
+def test_weights_on_the_cpu_are_the_file_plus_the_repacked_copy(
+    model: str, repack: bool, gemma_path: Path, smollm2_path: Path, tiny_gguf: Path
+) -> None:
+    """On the CPU the weights are the mapped file's tensors, plus the CPU_REPACK copy of the
+    repackable ones unless ``--no-repack`` (every child on an AMX CPU). A tied output head adds
+    nothing there either way: it is the embedding's own mapped bytes. (The estimate once counted
+    the embedding a second time with ``--no-repack``: +170 MiB, +72 %, for gemma-3-270m.)"""
+    info = inspect_gguf({"gemma": gemma_path, "smollm2": smollm2_path, "tiny": tiny_gguf}[model])
+    est = estimate_memory(info, n_gpu_layers=0, ctx_size=2048, parallel=1, repack=repack)
+    copy = sum(info.layer_repack_bytes) + info.output_repack_bytes if repack else 0
+    assert est.weights_bytes == info.tensor_bytes + copy
+    assert est.device("cpu").weights_bytes == est.weights_bytes
+
+
 def test_full_offload_keeps_the_embedding_on_the_cpu(gemma: GGUFInfo) -> None:
     est = estimate_memory(gemma, n_gpu_layers=None, ctx_size=4096, parallel=1, devices=("amd:0",))
     assert est.n_gpu_layers == 19  # 18 blocks + the output layer
