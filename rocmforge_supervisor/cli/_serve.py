@@ -590,10 +590,13 @@ def _missing_model_files(cfg: ForgeConfig) -> list[str]:
     """Notes, not errors, for local paths that do not exist yet: a volume may bring them before
     the first load (a Kubernetes PVC), but a typo is better seen now than at the first request."""
     from ..models import embedded_models  # start-up time: only --check-config needs the catalog
+    from ..supervisor import backend_of
 
     notes = []
     for name, m in cfg.models.items():
         ref = m.path
+        if not backend_of(m).reads_path:  # a command's ${MODEL}: whatever its server makes of it
+            continue
         if ref in embedded_models() or ref.startswith("hf:") or Path(ref).expanduser().exists():
             continue
         notes.append(f"note: models.{name}: no file at {ref} yet (it must exist when the model loads)")

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     )
     from ._settings import ForgeSettings, get_settings
     from ._values import GpuChoice, GpuLayers, GpuRef, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
+    from ._variants import unknown_served_name
 else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
@@ -74,6 +75,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "parse_gpu",
                 "parse_gpu_layers",
             ),
+            "._variants": ("unknown_served_name",),
         },
     )
 
@@ -103,4 +105,5 @@ __all__ = [
     "load_config",
     "parse_gpu",
     "parse_gpu_layers",
+    "unknown_served_name",
 ]

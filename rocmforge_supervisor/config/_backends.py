@@ -31,6 +31,8 @@ __all__ = [
     "check_command",
     "key_problem",
     "owned_flag",
+    "path_problem",
+    "placeholders",
 ]
 
 BackendName = Literal["llama", "whisper", "command"]
@@ -65,18 +67,26 @@ def owned_flag(backend: BackendName, arg: str) -> bool:
     return is_owned_flag(arg)
 
 
+def placeholders(cmd: Sequence[str]) -> set[str]:
+    """The ``${NAME}`` placeholders a command line uses (a malformed one: none of its argument)."""
+    names: set[str] = set()
+    for arg in cmd:
+        template = string.Template(arg)
+        if template.is_valid():
+            names.update(template.get_identifiers())
+    return names
+
+
 def check_command(
     cmd: Sequence[str], health: str | None, ready_log: str | None, routes: Sequence[str]
 ) -> str | None:
     """What is wrong with a command's keys, as one sentence with the fix; None when nothing."""
     if not cmd:
         return 'a backend = "command" model needs cmd = ["/path/to/server", "--port", "${PORT}", ...]'
-    names: set[str] = set()
     for arg in cmd:
-        template = string.Template(arg)
-        if not template.is_valid():
+        if not string.Template(arg).is_valid():
             return f"cmd argument {arg!r} has a malformed placeholder: use ${{PORT}}, ${{HOST}}, ${{MODEL}}, ${{NAME}} ($$ for a $)"
-        names.update(template.get_identifiers())
+    names = placeholders(cmd)
     unknown = sorted(names - set(PLACEHOLDERS))
     if unknown:
         return f"cmd uses ${{{unknown[0]}}}, which forge does not fill in: the placeholders are " + ", ".join(
@@ -133,3 +143,28 @@ def key_problem(model: ModelConfig) -> tuple[str, str] | None:
         return None
     problem = check_command(model.cmd, model.health, model.ready_log, model.command_routes)
     return ("command", problem) if problem is not None else None
+
+
+#: What ``path`` is, per backend, for the error when it is missing.
+_PATH_IS = {
+    "llama": 'a GGUF file, an embedded model\'s name ("smollm2-135m") or "hf:org/repo:QUANT"',
+    "whisper": 'a whisper.cpp model file ("ggml-tiny.en.bin", see forge pull --whisper) or "hf:org/repo:FILE"',
+}
+
+
+def path_problem(model: ModelConfig) -> tuple[str, str] | None:
+    """(kind, message) for a model without the ``path`` its server needs: every llama and whisper
+    model, and a command whose ``cmd`` passes ``${MODEL}``; None when it has one or needs none."""
+    if model.path:
+        return None
+    if model.backend != "command":
+        return (
+            "path_required",
+            f"Field required: a {model.backend} model needs path = {_PATH_IS[model.backend]}",
+        )
+    if "MODEL" in placeholders(model.cmd):
+        return "path_required", (
+            'Field required: cmd passes ${MODEL}, which stands for path: add path = "..." (what the command loads: '
+            "a hub id, a folder or a file), or take ${MODEL} out of cmd"
+        )
+    return None

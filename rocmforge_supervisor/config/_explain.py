@@ -39,6 +39,7 @@ _CUSTOM_KINDS = frozenset(
         "duplicate_key",
         "tls_cert",
         "tls_key",
+        "path_required",
     }
 )
 #: Errors raised by a section's model validator, and the key they are about.
@@ -48,6 +49,7 @@ _VALIDATOR_FIELD = {
     "duplicate_key": "keys",
     "tls_cert": "tls_cert",
     "tls_key": "tls_key",
+    "path_required": "path",
 }
 
 
@@ -108,7 +110,7 @@ def _describe(
         if guess:
             reason += f" — did you mean {guess[0]!r}?"
         verb = "remove it or fix the spelling"
-    elif kind == "missing":
+    elif kind in ("missing", "path_required"):
         verb = "add it"
     elif kind in ("model_type", "model_attributes_type", "dict_type"):
         reason = "Input should be a table (a [section] or {key = value} in TOML)"

@@ -210,7 +210,14 @@ def _resolve_relative(data: dict[str, Any], base: Path) -> dict[str, Any]:
     if isinstance(models, dict):
         fixed: dict[str, Any] = {}
         for name, model in models.items():
-            if isinstance(model, dict) and looks_like_path(model.get("path")):
+            # A command's path is what its ${MODEL} stands for, passed as written (a hub id
+            # "org/repo" is no file): only ./, ../ and ~ are read as next to the file there.
+            command = isinstance(model, dict) and model.get("backend") == "command"
+            if (
+                isinstance(model, dict)
+                and looks_like_path(model.get("path"))
+                and (not command or str(model["path"]).startswith(("~", ".")))
+            ):
                 model = {**model, "path": fix(model["path"])}
             if (
                 isinstance(model, dict)

@@ -28,7 +28,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag, resolve_kv_unified
-from ._backends import DEFAULT_COMMAND_ROUTES, ONE_AT_A_TIME, BackendName, key_problem
+from ._backends import DEFAULT_COMMAND_ROUTES, ONE_AT_A_TIME, BackendName, key_problem, path_problem
 from ._explain import custom, translate
 from ._names import is_loopback
 from ._settings import ForgeSettings
@@ -428,8 +428,9 @@ class AdapterConfig(_Section):
 class ModelConfig(_Section):
     """``[models.NAME]``: one model the service can serve under ``NAME``."""
 
-    path: str = Field(min_length=1)
-    """A GGUF path, an embedded default's name (``gemma-3-270m``) or ``hf:org/repo:QUANT``."""
+    path: str = Field(default="", min_length=1)
+    """A GGUF path, an embedded default's name (``gemma-3-270m``) or ``hf:org/repo:QUANT``; for
+    ``backend = "command"`` what ``${MODEL}`` stands for (empty when ``cmd`` does not use it)."""
     backend: BackendName = "llama"
     """The server that runs it: ``llama`` (llama-server), ``whisper`` (whisper.cpp's
     whisper-server, for a whisper GGML model: speech to text on ``/v1/audio/transcriptions`` and
@@ -608,7 +609,7 @@ class ModelConfig(_Section):
     def _backend_keys(self) -> ModelConfig:
         """A key that means nothing to the model's server would be silently ignored: refused by
         name (the rules per backend are ``config/_backends.py``'s)."""
-        problem = key_problem(self)
+        problem = key_problem(self) or path_problem(self)
         if problem is not None:
             raise custom(*problem)
         return self

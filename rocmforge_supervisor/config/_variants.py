@@ -9,15 +9,21 @@ level (``X:Y:NAME``). ``latest`` is refused as a name: Ollama clients send ``X:l
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from .._argv import LORA_FLAGS, normalise_flag
+from .._errors import ModelNotFound
 from ._names import MODEL_NAME
 
 if TYPE_CHECKING:
     from ._schema import ModelConfig
 
-__all__ = ["served_names_problem"]
+__all__ = ["served_names_problem", "unknown_served_name"]
+
+#: The fields that bound an answer's length (the gateway writes one in each route's own terms).
+_LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
 
 
 def served_names_problem(model: ModelConfig) -> tuple[str, str] | None:
@@ -52,6 +58,13 @@ def served_names_problem(model: ModelConfig) -> tuple[str, str] | None:
             f'rename one (a variant can apply the adapter with adapter = "{both[0]}")'
         )
     for name, variant in model.variants.items():
+        for table, rules in (("force", variant.force), ("defaults", variant.defaults)):
+            lengths = [k for k in _LENGTHS if k in rules]
+            if len(lengths) > 1:
+                return "variant_length", (
+                    f"variant {name!r} sets the answer's length twice in {table} ({', '.join(lengths)}): "
+                    "keep one (it is written in each route's own field: max_tokens, n_predict…)"
+                )
         if variant.adapter is not None and variant.adapter not in model.adapters:
             known = ", ".join(sorted(model.adapters)) or "none"
             return "variant_adapter", (
@@ -59,3 +72,37 @@ def served_names_problem(model: ModelConfig) -> tuple[str, str] | None:
                 f"model (adapters: {known})"
             )
     return None
+
+
+def _did_you_mean(asked: str, names: list[str]) -> str:
+    guess = difflib.get_close_matches(asked, names, n=1, cutoff=0.6)
+    return f" — did you mean {guess[0]!r}?" if guess else ""
+
+
+def unknown_served_name(asked: str, models: Mapping[str, ModelConfig]) -> ModelNotFound:
+    """The 404 for a name that is no model, variant or adapter: the closest served name ("did you
+    mean 'x:terse'?") and, for ``X:Y`` of a configured ``X``, the names ``X`` is served under."""
+    parent, colon, sub = asked.partition(":")
+    config = models.get(parent) if colon else None
+    if config is None:
+        names = [n for m, c in models.items() for n in (m, *(f"{m}:{v}" for v in (*c.variants, *c.adapters)))]
+        known = ", ".join(sorted(models)) or "none configured"
+        return ModelNotFound(
+            f"model {asked!r} is not configured" + _did_you_mean(asked, names), hint=f"known models: {known}"
+        )
+    own = [f"{parent}:{n}" for n in (*config.variants, *config.adapters)]
+    if not own:
+        return ModelNotFound(
+            f"model {asked!r} is not configured: {parent} has no variants or adapters",
+            hint=f"serve {parent} itself, or add [models.{parent}.variants.{sub}] to the config",
+        )
+    listed = "; ".join(
+        f"{kind}: {', '.join(f'{parent}:{n}' for n in names)}"
+        for kind, names in (("variants", config.variants), ("adapters", config.adapters))
+        if names
+    )
+    return ModelNotFound(
+        f"model {asked!r} is not configured: {parent} has no variant or adapter {sub!r}"
+        + _did_you_mean(asked, own),
+        hint=f"{parent}'s {listed}",
+    )

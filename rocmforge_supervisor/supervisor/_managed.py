@@ -142,6 +142,8 @@ class ManagedModel:
         self.warming = False
         #: The residency rule that refused the last start (409 to the requests that waited on it).
         self.refused: ResidencyConflict | None = None
+        #: Why the warm default last stayed unloaded (its error's type and rule): logged once.
+        self._warm_cause: tuple[str, str | None] | None = None
 
     # -- configuration that may change in place on reload --------------------------------------
 
@@ -431,6 +433,7 @@ class ManagedModel:
             self.last_crash = self.last_error
         self.last_error, self.failure_kind = None, None
         self.warming = False  # loaded: its restarts place it like any start
+        self._warm_cause = None
         self.load_seconds = server.load_seconds
         self.ready_since = self.last_used = time.monotonic()
         self._set_state(ModelState.READY, pid=server.pid, port=server.port, load_seconds=server.load_seconds)
@@ -439,8 +442,18 @@ class ManagedModel:
 
     def _gave_up_warming(self, exc: PlacementError) -> None:
         """The warm default does not fit now (or would unload another model): no failure, no
-        refusal; the supervisor tries again when memory is freed."""
-        log.debug("model %s: the warm default waits: %s", self.name, exc, extra={"model": self.name})
+        refusal; the supervisor tries again when memory is freed. Why is logged once per cause
+        (a rule, or memory), not at every try."""
+        cause = (type(exc).__name__, getattr(exc, "rule", None))
+        level = logging.DEBUG if cause == self._warm_cause else logging.INFO
+        self._warm_cause = cause
+        log.log(
+            level,
+            "model %s: the warm default stays unloaded for now: %s",
+            self.name,
+            exc,
+            extra={"model": self.name},
+        )
         return None
 
     def _start_failed(self, inner: BaseException, exc: BaseException) -> Outcome:

@@ -23,10 +23,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._errors import ModelNotFound, ModelRetired, ServiceError, UsageError
+from .._errors import ModelRetired, ServiceError, UsageError
 from ..binaries import locate_llama_server, selftest_of
 from ..client import Upstream
-from ..config import ForgeConfig, ForgeSettings, ModelConfig, WorkerConfig
+from ..config import ForgeConfig, ForgeSettings, ModelConfig, WorkerConfig, unknown_served_name
 from ..hardware import Inventory, detect, refresh_usage
 from ..process import ChildLedger, LlamaServer
 from ._admission import PriorityClass
@@ -225,8 +225,8 @@ class Supervisor:
         try:
             return self.models[name]
         except KeyError:
-            known = ", ".join(sorted(self.models)) or "none configured"
-            raise ModelNotFound(f"model {name!r} is not configured", hint=f"known models: {known}") from None
+            configs = {n: m.config for n, m in self.models.items()}
+            raise unknown_served_name(name, configs) from None
 
     def view(self, name: str) -> ModelView:
         """Model ``name`` now, read-only: what the gateway reads of a model (404 when unknown)."""

@@ -14,6 +14,15 @@ says which adapter), ``force`` (set over anything before it, so a variant's ``fo
 to plain ``X`` goes unchanged (its own ``lora`` too). A variant with ``adapter = "NAME"`` applies
 both. The keys are request fields in llama-server's terms: an Ollama request is translated first
 (``options.num_predict`` is ``max_tokens`` by then), so one variant means the same on every route.
+
+An answer's length is one setting with four spellings (:data:`LENGTHS`), and llama-server reads
+them in an order of its own (``n_predict`` before ``max_tokens``): a length in ``strip``,
+``defaults`` or ``force`` is the length, whichever spelling the variant uses, and is written in
+the route's own field (:data:`LENGTH_FIELD`: ``max_tokens`` for OpenAI's chat and completions and
+Anthropic's messages, ``n_predict`` for the native ``/completion`` and ``/infill``,
+``max_output_tokens`` for the Responses API). A forced length replaces every spelling the request
+sent; a default applies only when it sent none. Routes that generate nothing (token counts,
+embeddings, tokenize…) get no length.
 """
 
 from __future__ import annotations
@@ -24,9 +33,87 @@ from typing import Any
 
 from ...config import AdapterConfig, ModelConfig, VariantConfig
 
-__all__ = ["ServedName", "rewrite", "served_names", "split_name"]
+__all__ = [
+    "LENGTHS",
+    "LENGTH_FIELD",
+    "ServedName",
+    "length_field",
+    "lengths_read",
+    "rewrite",
+    "sends_length",
+    "served_names",
+    "split_name",
+]
 
 _LATEST = ":latest"
+
+#: Every field that bounds an answer's length, in any route's terms (llama-server reads
+#: ``n_predict``, then ``max_completion_tokens``, then ``max_tokens``; its Responses API turns
+#: ``max_output_tokens`` into ``max_tokens``).
+LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
+
+_OPENAI, _NATIVE, _RESPONSES = "max_tokens", "n_predict", "max_output_tokens"
+#: Each upstream route → the field its own API bounds an answer's length with; None for a route
+#: that generates no text. Every route of ``_routes.FORWARDED`` is here (a test keeps it so), and
+#: the paths Ollama's requests are translated to are among them.
+LENGTH_FIELD: dict[str, str | None] = {
+    "/v1/chat/completions": _OPENAI,
+    "/chat/completions": _OPENAI,
+    "/v1/completions": _OPENAI,
+    "/v1/messages": _OPENAI,  # Anthropic's max_tokens
+    "/completion": _NATIVE,
+    "/completions": _NATIVE,  # llama-server's native route, as /completion
+    "/infill": _NATIVE,
+    "/v1/responses": _RESPONSES,
+    "/responses": _RESPONSES,
+    **dict.fromkeys(
+        (
+            "/v1/chat/completions/input_tokens",
+            "/chat/completions/input_tokens",
+            "/v1/responses/input_tokens",
+            "/responses/input_tokens",
+            "/v1/messages/count_tokens",
+            "/v1/embeddings",
+            "/embeddings",
+            "/embedding",
+            "/v1/rerank",
+            "/v1/reranking",
+            "/rerank",
+            "/reranking",
+            "/tokenize",
+            "/detokenize",
+            "/apply-template",
+            "/v1/audio/transcriptions",
+            "/audio/transcriptions",
+            "/v1/audio/translations",
+            "/audio/translations",
+            "/props",
+            "/slots",
+        )
+    ),
+}
+
+
+def length_field(path: str) -> str | None:
+    """The field that bounds an answer's length on upstream route ``path`` (its query ignored);
+    None where the route generates no text. A route the table does not know is read as OpenAI's."""
+    return LENGTH_FIELD.get(path.partition("?")[0], _OPENAI)
+
+
+def lengths_read(path: str) -> tuple[str, ...]:
+    """The length fields llama-server reads on route ``path``: Anthropic's Messages API only its
+    ``max_tokens``; the Responses API all four; the others all but ``max_output_tokens``."""
+    field = length_field(path)
+    if field is None:
+        return ()
+    if path.partition("?")[0] == "/v1/messages":
+        return (field,)
+    return LENGTHS if field == _RESPONSES else tuple(k for k in LENGTHS if k != _RESPONSES)
+
+
+def sends_length(payload: Mapping[str, Any], path: str) -> bool:
+    """Whether the body bounds its answer in a field route ``path`` reads (null means unset)."""
+    return any(payload.get(k) is not None for k in lengths_read(path))
 
 
 @dataclass(frozen=True)
@@ -101,24 +188,49 @@ def _add_system(payload: dict[str, Any], system: str, anthropic: bool) -> None:
         payload["instructions"] = system
 
 
-def rewrite(payload: dict[str, Any], served: ServedName, *, anthropic: bool = False) -> bool:
-    """Apply ``served``'s rules to a request body in llama-server's terms (in place); whether
-    anything was done (then the body is serialized again)."""
+def _length_of(rules: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    """``rules`` without their length, and the length (None: they set none)."""
+    length = next((rules[k] for k in LENGTHS if k in rules), None)
+    return {k: v for k, v in rules.items() if k not in LENGTHS}, length
+
+
+def rewrite(
+    payload: dict[str, Any],
+    served: ServedName,
+    *,
+    anthropic: bool = False,
+    path: str = "/v1/chat/completions",
+) -> bool:
+    """Apply ``served``'s rules to a request body in llama-server's terms (in place), a length in
+    upstream route ``path``'s own field; whether anything was done (then the body is serialized
+    again)."""
     if served.plain:
         return False
     variant = served.variant
+    field = length_field(path)
     if variant is not None:
-        for key in variant.strip:
+        stripped = set(variant.strip)
+        if stripped & set(LENGTHS):  # the length goes in every spelling
+            stripped |= set(LENGTHS)
+        for key in stripped:
             payload.pop(key, None)
-        for key, value in variant.defaults.items():
+        defaults, length = _length_of(variant.defaults)
+        for key, value in defaults.items():
             payload.setdefault(key, value)
+        if length is not None and field is not None and not sends_length(payload, path):
+            payload[field] = length
     if served.adapter is not None:
         payload["lora"] = [
             {"id": i, "scale": a.scale if n == served.adapter else 0.0}
             for i, (n, a) in enumerate(served.adapters)
         ]
     if variant is not None:
-        payload.update(variant.force)
+        forced, length = _length_of(variant.force)
+        payload.update(forced)
+        if length is not None and field is not None:
+            for key in LENGTHS:  # the request's own, in any spelling, would be read first
+                payload.pop(key, None)
+            payload[field] = length
         if variant.system:
-            _add_system(payload, variant.system, anthropic)
+            _add_system(payload, variant.system, anthropic or path == "/v1/messages")
     return True

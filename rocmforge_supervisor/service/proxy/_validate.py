@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._errors import InvalidRequest
+from ..core._names import LENGTHS, length_field, sends_length
 
 __all__ = [
     "CHECKS",
@@ -25,6 +26,7 @@ __all__ = [
     "default_length",
     "has_parts",
     "parse_object",
+    "require_length",
 ]
 
 _INT64 = (-(2**63), 2**63 - 1)
@@ -192,6 +194,18 @@ CHECKS: dict[str, dict[str, Check]] = {
         "parallel_tool_calls": _bool,
     },
     "completion": {**_SAMPLING, "prompt": _str_or_list, "echo": _bool, "suffix": _str},
+    # Anthropic's Messages API (its max_tokens is required: see require_length)
+    "messages": {
+        "model": _str,
+        "stream": _bool,
+        "max_tokens": _integer(1, _INT32[1]),
+        "messages": _list,
+        "system": _str_or_list,
+        "stop_sequences": _stop,
+        "temperature": _number,
+        "top_p": _number,
+        "top_k": _integer(*_INT32),
+    },
     "embedding": {
         "model": _str,
         "input": _str_or_list,
@@ -239,13 +253,40 @@ def check_fields(payload: dict[str, Any], kind: str) -> BodyShape:
 
 
 #: The fields that bound an answer's length, in every request shape llama-server reads.
-LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
+LENGTH_FIELDS = LENGTHS
 
 
-def default_length(payload: dict[str, Any], default: int | None, *, field: str = "max_tokens") -> bool:
+def default_length(
+    payload: dict[str, Any], default: int | None, *, field: str = "max_tokens", path: str | None = None
+) -> bool:
     """A model's ``max_tokens`` (forge.toml) set as ``field`` in a request that bounds its answer
-    by none of :data:`LENGTH_FIELDS`: the one rule for every route and dialect. Whether it set it."""
+    by none of :data:`LENGTH_FIELDS`: the one rule for every route and dialect. With ``path`` (an
+    upstream route), in that route's own field and only where it generates text, when the body
+    has none of the fields the route reads. Whether it set it."""
+    if path is not None:
+        route_field = length_field(path)
+        if default is None or route_field is None or sends_length(payload, path):
+            return False
+        payload[route_field] = default
+        return True
     if default is None or any(payload.get(k) is not None for k in LENGTH_FIELDS):
         return False
     payload[field] = default
     return True
+
+
+#: Routes whose API requires a length, and the field: Anthropic's Messages API refuses a request
+#: without ``max_tokens`` (llama-server would run it to 4096 tokens or the end of the context).
+_REQUIRED_LENGTH = {"/v1/messages": "max_tokens"}
+
+
+def require_length(payload: dict[str, Any], path: str) -> None:
+    """A 400 in the API's own words when route ``path`` requires a length and the body, after a
+    variant's rules and the model's default, still has none."""
+    field = _REQUIRED_LENGTH.get(path)
+    if field is not None and payload.get(field) is None:
+        raise InvalidRequest(
+            f"{field}: Field required",
+            param=field,
+            hint=f'send "{field}", the most tokens the answer may have (e.g. 1024): the Messages API requires it',
+        )
