@@ -67,7 +67,7 @@ speech: ## espeak-ng from apt, only when missing
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq espeak-ng >/dev/null; }
 
 test: setup dev lint browser whisper-server speech ## the whole suite, against the real llama-server and whisper-server
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 bench: setup dev ## the benchmarks (numbers, not pass/fail): see scripts/bench/
 	$(BIN)/python scripts/bench/bench_detect.py

@@ -231,7 +231,10 @@ def run_selftest(
             f"{_N_PREDICT} tokens: every child gets {' '.join(passing.args)}"
         )
     else:
-        advice = crash_advice(first.returncode, computed=False, amx="amx_int8" in isa)
+        # On an AMX CPU the fault is ggml's AMX defect only if the workaround was not tried: a
+        # child that dies the same way with --no-repack lacks an instruction like anywhere else.
+        tried = any(a.args for a in attempts[1:])
+        advice = crash_advice(first.returncode, computed=False, amx="amx_int8" in isa and not tried)
         detail = first.outcome + (f": {advice}" if advice else "")
         if len(attempts) > 1:
             detail += f" (also with {', '.join(' '.join(a.args) for a in attempts[1:])})"
