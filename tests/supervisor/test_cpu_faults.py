@@ -45,7 +45,10 @@ async def test_sigill_while_loading_fails_at_once_with_the_fix(
             assert "--no-repack" in info.value.message and "forge build --portable" not in info.value.message
         else:
             assert m.failure_kind == "illegal_instruction"
-            assert "lacks an instruction" in info.value.message and "forge build --portable" in info.value.message
+            assert (
+                "lacks an instruction" in info.value.message
+                and "forge build --portable" in info.value.message
+            )
         assert m.status().state == ModelState.FAILED
 
 
