@@ -31,6 +31,7 @@ __all__ = ["StreamMeter", "Used", "used_in"]
 
 _DECODER = json.JSONDecoder()
 _TAIL = 4096
+_HEAD = 65536  # the most of a stream's start kept to find Anthropic's message_start in
 _NATIVE = re.compile(rb'"tokens_(predicted|evaluated)"\s*:\s*(\d+)')
 
 #: Per streamed route, what marks an event that carries one generated token (for a stream cut
@@ -119,30 +120,38 @@ class StreamMeter:
     """A stream's counts as it passes: its tail (for the last event's usage or timings), the
     events that carried a token, and the prompt where the stream says it at its start."""
 
-    __slots__ = ("_anthropic", "_marks", "events", "prompt", "tail")
+    __slots__ = ("_head", "_marks", "events", "prompt", "tail")
 
     def __init__(self, path: str) -> None:
         self._marks = _TOKEN_EVENTS.get(path, ())
-        self._anthropic = path == "/v1/messages"
         self.tail = b""
         self.events = 0
         self.prompt: Used | None = None  # Anthropic's message_start: the prompt (and its cached part)
+        #: The stream's first bytes, until Anthropic's ``message_start`` has been read from them
+        #: (None: not a ``/v1/messages`` stream, or read, or given up on).
+        self._head: bytes | None = b"" if path == "/v1/messages" else None
 
     def feed(self, chunk: bytes) -> None:
+        if self._head is not None:  # before the tail drops a long block's older part
+            self._read_start(self._head + chunk)
         self.tail = (self.tail + chunk)[-_TAIL:]
         for mark in self._marks:
             self.events += chunk.count(mark)
-        if self.prompt is None and self._anthropic:
-            self._read_start()
 
-    def _read_start(self) -> None:
-        """The prompt from ``message_start``'s usage: looked for in the tail, so that an event
-        split across chunks is read once whole (a fast stream may also bring its later events,
-        ``message_delta``'s usage among them, in the same chunk)."""
-        i = self.tail.find(b'"message_start"')
-        start = _object_at(self.tail, self.tail.find(b'"usage"', i) if i >= 0 else -1)
-        if start is not None:
-            self.prompt = _from_usage(start)
+    def _read_start(self, head: bytes) -> None:
+        """The prompt from ``message_start``'s usage, read from the stream's first bytes once that
+        event is there whole, however the chunks cut it. Not from the tail: a busy gateway reads a
+        fast stream's events many at a time, and one block of a 40-token stream is longer than the
+        tail, its first event (the only one that says the prompt) already dropped."""
+        i = head.find(b'"message_start"')
+        event = _object_at(head, head.rfind(b"data:", 0, i)) if i >= 0 else None
+        if event is None:  # not (whole) yet; a stream that never says it is not read for ever
+            self._head = head if len(head) <= _HEAD else None
+            return
+        self._head = None
+        message = event.get("message")
+        usage = message.get("usage") if isinstance(message, dict) else None
+        self.prompt = _from_usage(usage) if isinstance(usage, dict) else Used()
 
     def used(self) -> Used:
         """What the stream used: as its end said, else what it produced so far. The events never

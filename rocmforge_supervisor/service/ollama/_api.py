@@ -145,7 +145,9 @@ async def api_show(b: OllamaBackend, request: Request) -> Response:
 async def api_ps(b: OllamaBackend, request: Request) -> Response:
     out = []
     for v in b.supervisor.views():
-        if not v.ready:
+        # A key scoped to some models: theirs only (an admin key sees every loaded model).
+        names = [v.name, *served_names(v.name, v.config)]
+        if not v.ready or not visible_models(request.scope, names, control=True):
             continue
         ctx = await b.facts.served_ctx(v.name)
         out.append(ps_entry(v.name, await b.facts.card(v.name), v.status.to_json(), ctx, v.ttl))
@@ -201,13 +203,13 @@ async def _generation(
             if body.get("tools"):  # only a body that sends tools meets the tools check
                 await check_tools(b.facts, name, body)
             target = chat_target(body, name)
+        rewrite(target.payload, named, path=target.path)  # a variant's rules, an adapter's lora
         if not embed:
             # Ollama sends images as base64 only: the translated parts are checked (a text-only
             # request has none: its contents are strings).
             if has_parts(target.payload):
                 check_media(b.supervisor, name, target.payload, allow_remote=False)
-            _default_length(b, name, body, target)
-        rewrite(target.payload, named)  # a variant's rules, an adapter's lora (as on every route)
+            _default_length(b, name, body, target)  # after the variant's: the nearer default wins
         if controls:
             _keep_alive(b, name, target.keep_alive)
         empty = not embed and not (

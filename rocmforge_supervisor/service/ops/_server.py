@@ -441,6 +441,12 @@ async def _drain(
     return forced
 
 
+#: How long a connection closed at shutdown, with nothing left to send, may wait for its peer
+#: before it is aborted: a TLS close waits for the client's ``close_notify``, which a pooling
+#: client holding the connection idle never reads, so never sends (asyncio's own bound is 30 s).
+_CLOSE_GRACE = 0.5
+
+
 async def _close_connections_when_drained(uv: _Uvicorn, gateway_done: anyio.Event) -> None:
     """Drain *requests*, not connections: once uvicorn has stopped accepting and no request is in
     flight, close the connections that are left.
@@ -451,8 +457,14 @@ async def _close_connections_when_drained(uv: _Uvicorn, gateway_done: anyio.Even
     calls ``connection_made`` a turn after the accept) — stays open as long as its client likes,
     and the service would wait the whole drain period on it with nothing in flight: one way to the
     stall of issue 19, 1. uvicorn polls every 0.1 s; so does this, on its request tasks.
+
+    Over TLS a close is a handshake: the transport sends ``close_notify`` and is gone only once
+    the client answers with its own. An idle keep-alive connection in a client's pool is not read,
+    so the answer never comes; a connection still open ``_CLOSE_GRACE`` after its close, with
+    nothing left to send, is aborted (over plain HTTP the close is immediate: nothing is left).
     """
     state = uv.server_state
+    idle_since: float | None = None  # since when nothing has been in flight
     while not gateway_done.is_set():
         servers = getattr(uv, "servers", [])
         if not any(s.is_serving() for s in servers) and not state.tasks:
@@ -460,7 +472,25 @@ async def _close_connections_when_drained(uv: _Uvicorn, gateway_done: anyio.Even
                 connection.shutdown()  # idle: closed now; a response in flight: closed after it
             if not state.connections:
                 return
+            now = time.monotonic()
+            if idle_since is None:
+                idle_since = now
+            elif now - idle_since >= _CLOSE_GRACE:
+                for connection in list(state.connections):
+                    _abort_if_sent(connection)
+        else:
+            idle_since = None
         await anyio.sleep(0.05)
+
+
+def _abort_if_sent(connection: object) -> None:
+    """Abort a closing connection's transport once it has nothing left to send (the tail of a
+    response to a slow reader still goes out)."""
+    transport = getattr(connection, "transport", None)
+    if transport is None or not transport.is_closing():
+        return
+    if transport.get_write_buffer_size() == 0:
+        transport.abort()
 
 
 async def _reload_quietly(reload: Callable[[], Any]) -> None:
@@ -473,10 +503,23 @@ async def _reload_quietly(reload: Callable[[], Any]) -> None:
 
 
 def _status_line(supervisor: Supervisor) -> str:
+    """The start line and systemd's status: the preloaded models (what the start waits for), then
+    the others, which load on a request ("1 of 1 preloaded model ready; 3 more load on first
+    request")."""
     rows = supervisor.status()
-    ready = sum(1 for r in rows if r.state == ModelState.READY)
+    warm = {r.name for r in rows if supervisor.config_of(r.name).preload}
+    ready = {r.name for r in rows if r.state == ModelState.READY}
     failed = [r.name for r in rows if r.state == ModelState.FAILED]
-    line = f"{ready}/{len(rows)} models ready"
+    n = len(warm)
+    line = (
+        f"{len(warm & ready)} of {n} preloaded model{'' if n == 1 else 's'} ready"
+        if n
+        else "no model preloaded"
+    )
+    if loaded := len(ready - warm):
+        line += f"; {loaded} more loaded on request"
+    if later := sum(1 for r in rows if r.name not in warm | ready and r.state != ModelState.FAILED):
+        line += f"; {later} {'more ' if n or loaded else ''}load{'s' if later == 1 else ''} on first request"
     if failed:
         line += f"; failed: {', '.join(failed)}"
     return line

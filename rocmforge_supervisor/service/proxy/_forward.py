@@ -55,10 +55,10 @@ from ..core._usage import StreamMeter, Used, used_in
 from ..edge._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
 from ._audio import audio_request, is_translation
 from ._listing import check_media, check_tools, model_list
-from ._relay import Opened, RelayResponse
+from ._relay import CLIENT_GONE, Opened, RelayResponse
 from ._rerank import refuse_wrong_kind
 from ._tools import asks_for_tools
-from ._validate import BodyShape, check_fields, default_length, parse_object
+from ._validate import BodyShape, check_fields, default_length, parse_object, require_length
 
 __all__ = ["FORWARDED", "open_upstream", "routes"]
 
@@ -92,18 +92,18 @@ _KINDS: dict[str, str] = {
     "/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/embeddings": "embedding",
+    "/v1/messages": "messages",
 }
-#: Route kinds that generate: a model's ``max_tokens`` default applies to them.
-_GENERATES = frozenset({"chat", "completion"})
 
 
 def _checked_json(
     st: GatewayState, route: ForwardRoute, body: bytes
 ) -> tuple[ServedName, bool, bytes, dict[str, Any], BodyShape]:
     """(served name, stream, body to send, parsed body, its shape) of a JSON request: the body parsed and its
-    known fields checked (a 400 naming the field), the model's ``max_tokens`` default applied when
-    none is sent, a variant's or adapter's rules applied (``_names``) — then, and only then, the
-    body is re-serialized; otherwise it goes as received."""
+    known fields checked (a 400 naming the field), a variant's or adapter's rules applied
+    (``_names``), the model's ``max_tokens`` default set in the route's own length field when
+    neither the request nor the variant gives a length — then, and only then, the body is
+    re-serialized; otherwise it goes as received."""
     payload = parse_object(body)
     asked = payload.get("model")
     if not isinstance(asked, str) or not asked:
@@ -115,8 +115,10 @@ def _checked_json(
     shape = check_fields(payload, kind)
     served = split_name(asked, st.supervisor.names(), st.supervisor.config_of)
     default = st.supervisor.config_of(served.model).max_tokens  # 404 before queueing
-    lengthened = kind in _GENERATES and default_length(payload, default)
-    if rewrite(payload, served, anthropic=route.dialect == "anthropic") or lengthened:
+    rewritten = rewrite(payload, served, anthropic=route.dialect == "anthropic", path=route.path)
+    lengthened = default_length(payload, default, path=route.path)  # after the variant's: the nearer wins
+    require_length(payload, route.path)
+    if rewritten or lengthened:
         body = json.dumps(payload).encode()
     return served, payload.get("stream") is True, body, payload, shape
 
@@ -273,6 +275,11 @@ class _Forwarder:
         A stream is never replayed: it ends with an error event in its dialect."""
         try:
             return await self._open_retrying(loaded)
+        except anyio.get_cancelled_exc_class():
+            # The client left before the answer came (the relay cancels the request at once: the
+            # upstream connection closes, llama-server stops the task, the slot is freed).
+            self._count(str(CLIENT_GONE), b"", None)
+            raise
         except ForgeError as exc:
             m = self.st.metrics
             m.errors.labels(self.name, type(exc).__name__).inc()
@@ -356,7 +363,9 @@ class _Forwarder:
                 content = await upstream.aread()
                 status = upstream.status_code
                 if turn is not None and status == 200:  # saved while the slot is still ours
-                    await turn.finish(content)
+                    # The answer is whole: saved even if its client leaves meanwhile, as a stream's.
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(_TURN_SAVE_TIMEOUT):
+                        await turn.finish(content)
             except httpx.HTTPError as exc:  # nothing was sent to the client yet
                 self.st.metrics.errors.labels(self.name, "stream_broken").inc()
                 return ServerUnavailable(f"model {self.name!r} failed mid-response: {exc}")

@@ -6,6 +6,11 @@ or a stream chunk by chunk as the child sends it. A :class:`ForgeError` from the
 rendered here and only here, in the route's dialect: a real status and body while nothing has
 been sent, the dialect's SSE error event once the response is committed.
 
+**A client that leaves** (its connection closed: ``http.disconnect`` on ``receive``) cancels its
+request at once, whole or streamed, in every dialect: the wait for a slot ends, the upstream
+connection is closed (llama-server stops a task whose connection closed), the slot is given back.
+A whole answer is awaited with nothing sent, so only ``receive`` can tell that its client is gone.
+
 **Keep-alive** (``interval`` > 0, streamed requests): reverse proxies and clients with read
 timeouts cut a stream that is silent for too long (lemonade#1364); llama-server's own ``:`` ping
 comes only after 30 s. So while a streamed request waits — for a slot in the gateway's queue, for
@@ -32,12 +37,16 @@ import anyio
 from starlette.types import Receive, Scope, Send
 
 from ..._errors import ForgeError
+from ..core._recording import note_status
 from ..core._routes import Dialect
 from ..edge._errors_http import error_response, sse_error_chunk
 
-__all__ = ["KEEPALIVE", "Opened", "Opener", "RelayResponse"]
+__all__ = ["CLIENT_GONE", "KEEPALIVE", "Opened", "Opener", "RelayResponse"]
 
 KEEPALIVE = b": keep-alive\n\n"
+#: The status a request whose client left before any of its answer was sent is recorded with
+#: (nginx's "client closed request"; nothing is sent: there is no one to send it to).
+CLIENT_GONE = 499
 
 _STREAM_HEADERS = {
     "content-type": "text/event-stream",
@@ -127,46 +136,53 @@ class RelayResponse:
         self.close = close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The request's own task opens the upstream and relays its body; side tasks (streams only)
-        # watch for the client leaving and ping only until the first chunk. (A pump task feeding every
+        # The request's own task opens the upstream and relays its body; side tasks watch for the
+        # client leaving and (streams) ping only until the first chunk. (A pump task feeding every
         # chunk through a memory stream cost ~0.05 ms of CPU per chunk: the ceiling test of
         # scripts/bench/bench_gateway.py, cProfile.)
         opened: Opened | None = None
         head = _Head(send, self._headers)
         loaded = anyio.Event()
+        answering = False  # the answer (or its error) is going out: a disconnect now ends nothing
 
         async def watch_disconnect(scope_to_cancel: anyio.CancelScope) -> None:
+            """A client that leaves cancels its request at once, whole or streamed: the wait for a
+            slot, or for the child's answer (its connection closed: llama-server stops the task),
+            or the stream; the slot is freed. Its activity row says ``cancelled`` (the response
+            did not end), with 499 for a status when nothing had been sent."""
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    scope_to_cancel.cancel()
+                    if not answering:
+                        if not head.started:
+                            note_status(CLIENT_GONE, "client_gone")
+                        scope_to_cancel.cancel()
                     return
 
         try:
             async with anyio.create_task_group() as tg:
-                if self.stream:  # a client that leaves a stream cancels it (and frees its slot)
-                    tg.start_soon(watch_disconnect, tg.cancel_scope)
+                tg.start_soon(watch_disconnect, tg.cancel_scope)
                 if self.interval > 0:
                     tg.start_soon(head.ping, loaded, self.interval)
                 try:
                     opened = await self.opener(loaded.set)
                 except ForgeError as exc:
+                    answering = True
                     if await head.stop_pings():  # committed to 200 already: only an event is left
                         await _body(send, sse_error_chunk(exc, self.dialect), more=False)
                     else:
                         await error_response(exc, self.request_id, self.dialect)(scope, receive, send)
-                    if self.stream:  # side tasks to end (a cancel formats the task's repr)
-                        tg.cancel_scope.cancel()
+                    tg.cancel_scope.cancel()  # the side tasks (a cancel formats the task's repr)
                     return
                 if opened.chunks is None:
+                    answering = True
                     if await head.stop_pings():  # a whole answer after the commit: as an event
                         await _body(send, b"data: " + opened.content + b"\n\n", more=False)
                     else:
                         await self._send_whole(opened, send)
                 else:
                     await self._relay(opened, opened.chunks, head)
-                if self.stream:  # the side tasks (a non-streamed request has none)
-                    tg.cancel_scope.cancel()
+                tg.cancel_scope.cancel()  # the side tasks
         finally:
             if opened is not None:
                 with anyio.CancelScope(shield=True):
