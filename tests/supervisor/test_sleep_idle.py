@@ -1,6 +1,6 @@
 """``sleep_idle``: the child gets ``--sleep-idle-seconds N``, and the model's status says when it
 sleeps (``/props``' ``is_sleeping``, which does not wake it); a request wakes it. On the fake
-llama-server (the state machine) and on the real one (SmolLM2 at the pin)."""
+llama-server (the state machine); tests/supervisor_real/test_sleep_idle.py runs the real one."""
 
 from __future__ import annotations
 
@@ -57,19 +57,3 @@ async def test_without_sleep_idle_no_flag(make_config: MakeConfig, fake_bin: Pat
     async with running(make_config({"m": {"preload": True}}), fake_bin) as sup:
         plan = sup.get("m").plan
         assert plan is not None and "--sleep-idle-seconds" not in plan.spec.extra_args
-
-
-async def test_real_llama_server_sleeps_and_wakes(
-    make_config: MakeConfig, llama_server_bin: Path, smollm2_path: Path
-) -> None:
-    model = {"path": str(smollm2_path), "ctx_size": 1024, "args": ["--threads", "1"], "sleep_idle": 1}
-    cfg = make_config({"m": {**model, "preload": True}})
-    async with running(cfg, llama_server_bin) as sup, sup.events.subscribe() as events:
-        await _sleep_event(events, True, timeout=12)
-        server = sup.get("m").server
-        assert server is not None
-        props = await server.props()
-        assert props is not None and props["is_sleeping"] is True  # asking did not wake it
-        r = await _request(sup, "/completion", {"prompt": "Once upon a time", "n_predict": 4})
-        assert r.status_code == 200 and r.json()["tokens_predicted"] >= 1
-        await _sleep_event(events, False, timeout=5)
