@@ -28,6 +28,7 @@ from .._errors import ForgeError, SelfTestFailed
 from .._version import LLAMA_CPP_COMMIT
 from ..config import ForgeSettings
 from ..hardware import cpu_flags, detect
+from ._gpurun import GPU_BUFFER_PREFIX, GpuRun, gpu_run
 from ._locate import BinaryInfo, probe_binary
 from ._plan import RPC_SERVER_TARGET, Accel, BuildPlan, cache_key, choose_accel, isa_fingerprint
 from ._recipe import (
@@ -40,7 +41,7 @@ from ._recipe import (
     install_build,
     install_staged,
 )
-from ._selftest import SelfTest, cpu_variant
+from ._selftest import Attempt, SelfTest, cpu_variant
 from ._source import SourceTree, resolve_source
 
 __all__ = [
@@ -161,6 +162,23 @@ def build_llama_server(
     return BuildResult(info, key, cached, time.monotonic() - started, tree)
 
 
+def gpu_run_of(accel: Accel, passing: Attempt | None, settings: ForgeSettings) -> GpuRun | None:
+    """Whether the self-test's passing start computed on the build's GPU (None: a CPU build)."""
+    if accel not in GPU_BUFFER_PREFIX:
+        return None
+    try:
+        vendors = [d.vendor for d in detect(settings).gpus]
+    except Exception:  # discovery never blocks an install: "no GPU seen" is then the truth told
+        vendors = []
+    return gpu_run(
+        accel,
+        tested=passing is not None,
+        buffers=passing.buffers if passing is not None else (),
+        init_failures=passing.gpu_init if passing is not None else (),
+        gpus_here=vendors,
+    )
+
+
 def _finished(final: Path, rpc: bool, settings: ForgeSettings) -> BinaryInfo | None:
     """A finished entry whose llama-server answers ``--version`` and is proven on this CPU."""
     binary = finished_binary(final, LLAMA.program)
@@ -176,7 +194,8 @@ def _finished(final: Path, rpc: bool, settings: ForgeSettings) -> BinaryInfo | N
     except (ForgeError, OSError, ValueError):  # a corrupt cached build is rebuilt rather than trusted
         return None
     # Proven on this CPU (a portable build in a shared cache may meet a CPU it was not tested on).
-    return info.with_selftest(settings, meta if isinstance(meta, dict) else None)
+    info = info.with_selftest(settings, meta if isinstance(meta, dict) else None)
+    return BinaryInfo(**{**info.__dict__, **_recorded(final)})
 
 
 def _install(
@@ -191,9 +210,10 @@ def _install(
     """Prove and install a llama-server build (with the RPC worker of an ``--rpc`` one)."""
 
     def dispatch(proof: Proof | None) -> dict[str, object]:
-        if not plan.portable:
-            return {"dispatch": None}
         passing = proof.result.passing if proof is not None and isinstance(proof.result, SelfTest) else None
+        ran = gpu_run_of(plan.accel, passing, settings)
+        if not plan.portable:
+            return {"dispatch": None, "gpu_run": ran.to_json() if ran is not None else None}
         libraries = sorted(p.name for p in (work / "bin").glob("libggml-cpu-*.so*"))
         return {
             "dispatch": {
@@ -202,7 +222,8 @@ def _install(
                 # printed: the module load itself is not logged at the child's verbosity).
                 "chosen": cpu_variant(passing.cpu_features) if passing else None,
                 "features": list(passing.cpu_features) if passing else [],
-            }
+            },
+            "gpu_run": ran.to_json() if ran is not None else None,
         }
 
     proof = install_build(
@@ -218,4 +239,16 @@ def _install(
     )
     info = probe_binary(final / "bin" / "llama-server", list_devices=False, source="cache")
     selftest = proof.result if proof is not None and isinstance(proof.result, SelfTest) else None
-    return BinaryInfo(**{**info.__dict__, "selftest": selftest})
+    return BinaryInfo(**{**info.__dict__, "selftest": selftest, **_recorded(final)})
+
+
+def _recorded(final: Path) -> dict[str, object]:
+    """What a BinaryInfo takes from a cache entry's build-info.json: the accel it was built for and
+    whether it computed on its GPU here."""
+    try:
+        meta = json.loads((final / "build-info.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(meta, dict):
+        return {}
+    return {"build_accel": str(meta.get("backend")), "gpu_run": GpuRun.from_json(meta.get("gpu_run"))}

@@ -23,11 +23,13 @@ from .._argv import probe_argv
 from .._errors import BinaryNotFound
 from ..config import ForgeSettings
 from ..hardware import ListedDevice, parse_device_list
+from ._gpurun import GpuRun, backend_init_failures
 from ._plan import RPC_SERVER_TARGET
 from ._recipe import LLAMA, cached_for_this_cpu, locate
 from ._selftest import SelfTest, proven
 
 __all__ = [
+    "BackendLog",
     "BinaryInfo",
     "ListedDevice",
     "build_info_of",
@@ -35,12 +37,72 @@ __all__ = [
     "child_flags",
     "locate_llama_server",
     "locate_rpc_server",
+    "parse_backend_log",
     "parse_device_list",
     "probe_binary",
     "selftest_of",
 ]
 
-_VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*([0-9a-fA-F]+|unknown)\)")
+_LOADED_RE = re.compile(r"load_backend: loaded (\S+) backend from (\S+)")
+_LOAD_FAILED_RE = re.compile(r"load_backend: failed to load (\S+): (.+?)\s*$")
+_UNSUPPORTED_RE = re.compile(r"load_backend: backend (\S+) is not supported on this system")
+
+
+@dataclass(frozen=True)
+class BackendLog:
+    """What a llama-server whose ggml backends are loadable libraries (``libggml-hip.so``,
+    ``libggml-cpu-haswell.so``: GGML_BACKEND_DL, as distributions and llama.cpp's release images
+    ship it) said about them while listing its devices. Empty for a self-contained build."""
+
+    loaded: tuple[tuple[str, str], ...] = ()  # (backend name, library path): ("ROCm", "/usr/lib/…")
+    failed: tuple[tuple[str, str], ...] = ()  # (library path, the loader's error)
+    unsupported: tuple[str, ...] = ()  # libraries whose score said "not on this CPU"
+    init_failures: tuple[str, ...] = ()  # "ROCm: no ROCm-capable device is detected"
+    installed: tuple[str, ...] = ()  # the backend libraries beside the loaded ones
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "installed": list(self.installed),
+            "loaded": [{"backend": name, "path": path} for name, path in self.loaded],
+            "failed": [{"path": path, "error": error} for path, error in self.failed],
+            "unsupported": list(self.unsupported),
+            "init_failures": list(self.init_failures),
+        }
+
+
+def parse_backend_log(text: str) -> BackendLog:
+    """The backend-loading lines of llama-server's start (``load_backend: loaded ROCm backend
+    from …``, ``ggml_cuda_init: failed to initialize ROCm: …``). The installed libraries are
+    listed from the loaded ones' directories (where ggml searched)."""
+    lines = text.splitlines()
+    loaded = tuple(dict.fromkeys((m[1], m[2]) for line in lines if (m := _LOADED_RE.search(line))))
+    failed = tuple(dict.fromkeys((m[1], m[2]) for line in lines if (m := _LOAD_FAILED_RE.search(line))))
+    unsupported = tuple(dict.fromkeys(m[1] for line in lines if (m := _UNSUPPORTED_RE.search(line))))
+    dirs = dict.fromkeys(
+        Path(p).parent for p in (*(p for _, p in loaded), *(p for p, _ in failed), *unsupported)
+    )
+    installed: list[str] = []
+    for d in dirs:
+        try:
+            installed += sorted(str(p) for p in d.glob("libggml-*.so*") if p.is_file())
+        except OSError:
+            continue
+    return BackendLog(
+        loaded=loaded,
+        failed=failed,
+        unsupported=unsupported,
+        init_failures=backend_init_failures(lines),
+        installed=tuple(dict.fromkeys(installed)),
+    )
+
+
+#: ``version: 8681 (build 0, commit 4df29be)``; a distribution's build names itself instead of a
+#: commit (Debian's package: ``version: 0.7.0 (build 11669, commit Debian)``).
+_VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*([^\s)]+)\)")
+#: Before ``--list-devices`` (it acts while the arguments are parsed): the info lines of the
+#: backend loading (``load_backend: loaded ROCm backend from …``) of a build whose backends are
+#: loadable libraries. A self-contained build prints the same list without them.
+_LIST_VERBOSITY = ("--log-verbosity", "4")
 _ACCEL_OF = {"ROCm": "hip", "CUDA": "cuda", "Vulkan": "vulkan", "Metal": "metal", "SYCL": "sycl"}
 
 
@@ -56,6 +118,18 @@ class BinaryInfo:
     build_accel: str | None = None  # what our cache recorded (build-info.json's "backend")
     extra: dict[str, object] = field(default_factory=dict, compare=False)
     selftest: SelfTest | None = field(default=None, compare=False)
+    #: A build with its backends as loadable libraries (GGML_BACKEND_DL, distribution packages):
+    #: what ``--list-devices`` logged about them.
+    backend_log: BackendLog = field(default_factory=lambda: BackendLog(), compare=False)
+    #: build-info.json's ``gpu_run`` of a forge build for a GPU: did it compute on its GPU here.
+    gpu_run: GpuRun | None = field(default=None, compare=False)
+
+    @property
+    def unused_gpu_backends(self) -> tuple[str, ...]:
+        """The GPU backends it has that see no device here, with why: ``ROCm: no ROCm-capable
+        device is detected`` (a HIP build on a machine without an AMD GPU serves on the CPU)."""
+        listed = {re.sub(r"\d+$", "", d.name) for d in self.devices}
+        return tuple(f for f in self.backend_log.init_failures if f.split(":", 1)[0] not in listed)
 
     @property
     def child_args(self) -> tuple[str, ...]:
@@ -73,6 +147,9 @@ class BinaryInfo:
             "source": self.source,
             "child_args": list(self.child_args),
             "selftest": self.selftest.to_json() if self.selftest is not None else None,
+            "backend_libraries": self.backend_log.to_json(),
+            "unused_gpu_backends": list(self.unused_gpu_backends),
+            "gpu_run": self.gpu_run.to_json() if self.gpu_run is not None else None,
         }
 
     def with_selftest(self, settings: ForgeSettings, build_info: Mapping[str, object] | None) -> BinaryInfo:
@@ -132,14 +209,22 @@ def probe_binary(
             hint="point FORGE_LLAMA_SERVER at a llama-server binary, or run `forge build`",
         )
     devices: list[ListedDevice] = []
+    backend_log = BackendLog()
     if list_devices:
         try:
-            out = subprocess.run(
-                probe_argv(path), capture_output=True, text=True, timeout=60, env=run_env
-            ).stdout
+            argv = probe_argv(path)
+            listing = subprocess.run(
+                [argv[0], *_LIST_VERBOSITY, *argv[1:]],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=run_env,
+            )
+            out, log = listing.stdout, listing.stderr
         except (OSError, subprocess.SubprocessError):
-            out = ""
+            out = log = ""
         devices = parse_device_list(out)
+        backend_log = parse_backend_log(out + "\n" + log)
     accels = ["cpu"]
     for d in devices:
         a = _ACCEL_OF.get(re.sub(r"\d+$", "", d.name), d.name.lower())
@@ -153,6 +238,7 @@ def probe_binary(
         accels=tuple(accels),
         devices=tuple(devices),
         source=source,
+        backend_log=backend_log,
     )
 
 
@@ -190,11 +276,12 @@ def locate_llama_server(
     def accept(path: Path, source: str, meta: Mapping[str, object] | None) -> BinaryInfo:
         info = probe_binary(path, list_devices=list_devices, source=source)
         if source == "setting":
-            return info.with_selftest(settings, build_info_of(path))
+            meta = build_info_of(path)  # a forge build named by its path still has its record
         info = info.with_selftest(settings, meta)
         if meta is None:
             return info
-        return BinaryInfo(**{**info.__dict__, "build_accel": str(meta.get("backend"))})
+        recorded = {"build_accel": str(meta.get("backend")), "gpu_run": GpuRun.from_json(meta.get("gpu_run"))}
+        return BinaryInfo(**{**info.__dict__, **recorded})
 
     return locate(
         LLAMA,

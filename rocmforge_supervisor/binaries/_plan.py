@@ -140,8 +140,13 @@ def find_rocm(which: Which = shutil.which) -> RocmToolchain | None:
 
 
 def _has_hipblas(rocm: RocmToolchain) -> bool:
+    """hipBLAS's CMake package under the ROCm root: ``lib/`` (AMD's /opt/rocm), ``lib64/``
+    (Fedora), or a Debian multiarch ``lib/<triplet>/`` (Debian and Ubuntu ship ROCm under /usr:
+    ``/usr/lib/x86_64-linux-gnu/cmake/hipblas``, ``aarch64-linux-gnu`` on Arm)."""
     root = Path(rocm.rocm_path)
-    return any((root / d / "cmake" / "hipblas").is_dir() for d in ("lib", "lib64", "lib/x86_64-linux-gnu"))
+    if any((root / d / "cmake" / "hipblas").is_dir() for d in ("lib", "lib64")):
+        return True
+    return any(p.is_dir() for p in root.glob("lib/*-linux-gnu*/cmake/hipblas"))
 
 
 def _cuda_roots(which: Which) -> list[Path]:
@@ -273,7 +278,9 @@ def make_plan(
                 f"ROCm at {rocm.rocm_path} has no hipBLAS",
                 hint="install hipblas-dev and rocblas-dev (or your distribution's hipBLAS package)",
             )
-        env = {"HIPCXX": f"{rocm.clang_dir}/clang", "HIP_PATH": rocm.rocm_path}
+        # ROCM_PATH too: ggml-hip looks in /opt/rocm when it is unset and /opt/rocm exists, so a
+        # host with Debian's ROCm under /usr and a stray /opt/rocm would mix two installs.
+        env = {"HIPCXX": f"{rocm.clang_dir}/clang", "HIP_PATH": rocm.rocm_path, "ROCM_PATH": rocm.rocm_path}
         configure.append("-DGGML_HIP=ON")
         if targets:
             configure.append(f"-DGPU_TARGETS={';'.join(targets)}")

@@ -35,6 +35,7 @@ from ..config import ForgeSettings
 from ..hardware import cpu_flags, cpu_model_name
 from ..models import REQUIRED_VERBOSITY
 from ..process import InstanceSpec, crash_advice, describe_returncode, probe_server
+from ._gpurun import backend_init_failures
 from ._plan import isa_fingerprint, isa_flags
 from ._tinymodel import N_SPECIAL_TOKENS, write_selftest_gguf
 
@@ -119,6 +120,7 @@ class Attempt:
     buffers: tuple[str, ...] = ()  # the model buffer types the child used: CPU_REPACK, AMX, CUDA0…
     backends_loaded: tuple[str, ...] = ()  # a portable build's modules: libggml-cpu-haswell.so…
     cpu_features: tuple[str, ...] = ()  # what the running CPU backend was built with (system_info)
+    gpu_init: tuple[str, ...] = ()  # why a GPU backend found no device: "ROCm: no ROCm-capable …"
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,7 @@ class SelfTest:
         out["backends_loaded"] = list(self.passing.backends_loaded) if self.passing else []
         out["cpu_features"] = list(self.passing.cpu_features) if self.passing else []
         out["cpu_variant"] = cpu_variant(self.passing.cpu_features) if self.passing else None
+        out["gpu_init"] = list(self.passing.gpu_init) if self.passing else []
         return out
 
     @classmethod
@@ -192,6 +195,7 @@ def _attempt_from_json(a: object) -> Attempt:
         buffers=_strs(a.get("buffers", [])),
         backends_loaded=_strs(a.get("backends_loaded", [])),
         cpu_features=_strs(a.get("cpu_features", [])),
+        gpu_init=_strs(a.get("gpu_init", [])),
     )
 
 
@@ -260,6 +264,7 @@ class _Seen:
         self.buffers: list[str] = []
         self.loaded: list[str] = []
         self.features: list[str] = []
+        self.gpu_init: list[str] = []
 
     def feed(self, line: str) -> None:
         self.tail.append(line)
@@ -270,6 +275,9 @@ class _Seen:
         if (m := _SYSTEM_INFO_RE.search(line)) and not self.features:
             pairs = (p.split("=") for p in m[1].split("|") if "=" in p)
             self.features = [k.strip() for k, v in pairs if v.strip() == "1"]
+        for failure in backend_init_failures((line,)):
+            if failure not in self.gpu_init:
+                self.gpu_init.append(failure)
 
 
 def _attempt(
@@ -401,6 +409,7 @@ def _attempt_result(
         buffers=tuple(lines.buffers),
         backends_loaded=tuple(lines.loaded),
         cpu_features=tuple(lines.features),
+        gpu_init=tuple(lines.gpu_init),
     )
 
 

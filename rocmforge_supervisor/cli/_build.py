@@ -16,7 +16,7 @@ from ..binaries import ACCELS, RPC_SERVER_TARGET  # the light ``_plan`` only: th
 from ._common import console, err_console, get_settings
 
 if TYPE_CHECKING:
-    from ..binaries import BuildResult
+    from ..binaries import BinaryInfo, BuildResult
     from ..binaries._builder import ProgressFn
 
 __all__ = ["plain_progress", "register"]
@@ -79,6 +79,7 @@ def build(
         )
         if info.selftest is not None:
             err_console.print(f"self-test: {info.selftest.detail}", markup=False)
+        _print_gpu_notes(info)
         return
     targets = [t for t in gpu_targets.replace(",", ";").split(";") if t] if gpu_targets else None
 
@@ -129,6 +130,16 @@ def build(
         err_console.print(f"rpc worker: {result.info.path.parent / RPC_SERVER_TARGET}", markup=False)
     if result.info.selftest is not None:
         err_console.print(f"self-test: {result.info.selftest.detail}", markup=False)
+    _print_gpu_notes(result.info)
+
+
+def _print_gpu_notes(info: BinaryInfo) -> None:
+    """Whether a GPU build has computed on its GPU here, and the GPU backends it has that see no
+    device (a HIP build on a machine without an AMD GPU serves on the CPU: the line says why)."""
+    if info.gpu_run is not None:
+        err_console.print(f"gpu: {info.gpu_run.detail}", markup=False)
+    for why in info.unused_gpu_backends:
+        err_console.print(f"gpu backend unused, serving on the CPU: {why}", markup=False)
 
 
 def _build_whisper(

@@ -42,6 +42,7 @@ GPU_PREFIXES = ("ROCm", "CUDA", "Vulkan", "SYCL", "MUSA", "Metal", "OpenCL", "CA
 _PREFIX_OF = {"amd": "ROCm", "nvidia": "CUDA"}
 _BACKEND_OF = {"amd": "hip", "nvidia": "cuda"}
 _ROCM_BIN = Path("/opt/rocm/bin")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 BUILD_HINT = "run `forge build` (or set FORGE_LLAMA_SERVER to a llama-server binary)"
 
 
@@ -237,6 +238,7 @@ def _rocm_checks(amd: list[Device]) -> list[Check]:
             checks.append(Check("rocminfo", "warn", "rocminfo not found", "install ROCm's rocminfo package"))
         return checks
     rc, out = _run([rocminfo], 30)
+    out = _ANSI_RE.sub("", out)  # rocminfo colours its errors ("ROCk module is NOT loaded") even into a pipe
     if rc != 0:
         tail = " ".join(out.strip().splitlines()[-2:])[-300:]
         checks.append(Check("rocminfo", "warn" if needed else "pass", f"rocminfo failed: {tail}"))
@@ -269,7 +271,8 @@ def _probe_check(inv: Inventory, name: str, *, needed: bool) -> Check:
         name,
         "warn",
         f"unavailable: {probe.detail}",
-        "optional: install ROCm's amdsmi for sensors (pip install amdsmi matching the ROCm version)",
+        "optional: install ROCm's amdsmi for sensors (pip install amdsmi matching the ROCm version; "
+        "Debian/Ubuntu: apt install amd-smi, whose module a venv sees with --system-site-packages)",
     )
 
 
@@ -318,7 +321,63 @@ def _binary(settings: ForgeSettings) -> tuple[list[Check], Any]:
         f"{info.path}: version {info.version}, commit {info.commit}; "
         f"backends {', '.join(info.accels)}; GPU devices it sees: {listed}"
     )
-    return [Check("llama-server", "pass", message), _selftest_check(info)], info
+    return [Check("llama-server", "pass", message), _selftest_check(info), *_gpu_run_checks(info)], info
+
+
+def _library_names(paths: Sequence[str]) -> str:
+    """``libggml-hip.so, libggml-cpu-*.so (14 variants)``: a distribution ships one CPU library
+    per instruction-set level."""
+    names = [Path(p).name for p in paths]
+    cpu = [n for n in names if n.startswith("libggml-cpu-")]
+    rest = [n for n in names if n not in cpu]
+    if len(cpu) > 1:
+        rest.append(f"libggml-cpu-*.so ({len(cpu)} variants)")
+    else:
+        rest += cpu
+    return ", ".join(rest) or "none found"
+
+
+def _gpu_run_checks(info: Any) -> list[Check]:
+    """A GPU build that has not computed on its GPU here is not called proven for it (compiled is
+    not run), and a GPU backend that sees no device says why a load serves on the CPU. For a build
+    whose backends are loadable libraries (a distribution's package): which are installed, which
+    loaded, which failed to load."""
+    checks: list[Check] = []
+    ran = getattr(info, "gpu_run", None)
+    if ran is not None:
+        checks.append(
+            Check("gpu run", "pass", ran.detail)
+            if ran.ran
+            else Check(
+                "gpu run",
+                "warn",
+                f"not proven on a GPU: {ran.detail}",
+                "on a machine with the GPU, `forge build --force` (or `forge doctor` there) runs its self-test on it",
+            )
+        )
+    log = getattr(info, "backend_log", None)
+    if log is not None and (log.loaded or log.failed or log.installed):
+        loaded = ", ".join(f"{name} ({Path(path).name})" for name, path in log.loaded) or "none"
+        installed = _library_names(log.installed)
+        status: Status = "warn" if log.failed else "pass"
+        failed = (
+            "; failed to load: " + "; ".join(f"{Path(p).name}: {e}" for p, e in log.failed)
+            if log.failed
+            else ""
+        )
+        checks.append(
+            Check(
+                "backend libraries",
+                status,
+                f"installed: {installed}; loaded: {loaded}{failed}",
+                "install the missing libraries the loader named" if log.failed else None,
+            )
+        )
+    for why in getattr(info, "unused_gpu_backends", ()):
+        checks.append(
+            Check("backends", "pass", f"GPU backend present but unused, a load serves on the CPU: {why}")
+        )
+    return checks
 
 
 def _selftest_check(info: Any) -> Check:

@@ -64,7 +64,9 @@ def read_amdsmi(enabled: bool, module: Any = None) -> tuple[ProbeStatus, list[Am
     try:
         module.amdsmi_init()
     except Exception as exc:  # AmdSmiLibraryException, or anything a mismatched library raises
-        return ProbeStatus("amdsmi", False, f"amdsmi_init failed: {type(exc).__name__}: {exc}"), []
+        # One line: the library's message spans lines ("Error code:\n\t34 | AMDSMI_STATUS_…").
+        detail = " ".join(str(exc).split())
+        return ProbeStatus("amdsmi", False, f"amdsmi_init failed: {type(exc).__name__}: {detail}"), []
     try:
         handles = list(module.amdsmi_get_processor_handles())
         gpus = [_one(module, h) for h in handles]

@@ -63,7 +63,11 @@ def test_hip_cmake_plan_for_given_targets(tmp_path: Path) -> None:
         "-DGGML_HIP=ON",
         "-DGPU_TARGETS=gfx1100;gfx942",
     ]  # fmt: skip
-    assert plan.env == {"HIPCXX": f"{rocm.clang_dir}/clang", "HIP_PATH": str(rocm_root)}
+    assert plan.env == {
+        "HIPCXX": f"{rocm.clang_dir}/clang",
+        "HIP_PATH": str(rocm_root),
+        "ROCM_PATH": str(rocm_root),
+    }
     assert plan.build == [
         "cmake", "--build", "/b", "--config", "Release", "--target", "llama-server", "-j", "8",
     ]  # fmt: skip
