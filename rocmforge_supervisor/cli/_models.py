@@ -287,7 +287,13 @@ class _Read:
         """One line saying which config the estimate's defaults came from."""
         if self.served is not None:
             where = self.source if self.source is not None else "the FORGE_* environment"
-            return f"(as [models.{model}] of the config serves it: {where})"
+            auto = (
+                '; ctx_size = "auto": estimated at the trained context, the most it may choose '
+                "(forge plan shows what it chooses on this machine)"
+                if self.served.ctx_size == "auto"
+                else ""
+            )
+            return f"(as [models.{model}] of the config serves it: {where}{auto})"
         defaults = "so llama-server's defaults"
         if self.unread is not None:
             return f"(the default config was not read: {self.unread}; {defaults})"
@@ -318,6 +324,8 @@ def _configured(model: str, config: Path | None) -> _Read:
     from ..supervisor import backend_of
 
     usable = served if served is not None and backend_of(served).has_slots else None
+    if usable is not None:  # [supervisor] ctx_size is the context of a model that sets none
+        usable = usable.model_copy(update={"ctx_size": cfg.supervisor.ctx_size_of(usable)})
     return _Read(usable, cfg.source, looked)
 
 
@@ -332,7 +340,7 @@ def _as_served(model: str, info: GGUFInfo, served: ModelConfig | None) -> Placem
     return PlacementRequest(
         name=model,
         info=info,
-        ctx_size=served.ctx_size,
+        ctx_size=None if served.ctx_size == "auto" else served.ctx_size,  # auto: at most the trained
         parallel=served.parallel,
         kv_unified=served.kv_unified,
         extra_args=(*embedding_args(served.embeddings, served.args, str(info.architecture)), *served.args),

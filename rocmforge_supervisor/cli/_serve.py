@@ -316,11 +316,17 @@ def _context(r: dict[str, Any]) -> str:
     if not c:
         return "-"
     per, slots = c.get("per_request"), int(c.get("parallel") or 1)
+    auto = "auto" in c  # ctx_size = "auto": chosen at each load
     if per is None:
-        return "trained"  # ctx_size unset and not started yet: the GGUF's own, read at load
+        # not started yet: auto chooses at load; an unset ctx_size is the GGUF's own, read at load
+        return "auto" if auto else "trained"
     if slots == 1:
-        return str(per)
-    return f"{per} ({slots} slots share it)" if c.get("kv_unified") else f"{per} (each of {slots} slots)"
+        text = str(per)
+    elif c.get("kv_unified"):
+        text = f"{per} ({slots} slots share it)"
+    else:
+        text = f"{per} (each of {slots} slots)"
+    return f"{text} auto" if auto else text
 
 
 def _contexts(r: dict[str, Any]) -> str:

@@ -36,9 +36,9 @@ def _root(
 
 
 def _register() -> None:
-    from . import _activity, _build, _hardware, _load, _models, _serve, _service, _worker
+    from . import _activity, _build, _hardware, _load, _models, _plan, _serve, _service, _worker
 
-    for module in (_build, _hardware, _models, _load, _serve, _activity, _service, _worker):
+    for module in (_build, _hardware, _models, _plan, _load, _serve, _activity, _service, _worker):
         module.register(app)
 
 

@@ -40,7 +40,16 @@ if TYPE_CHECKING:
         WorkerConfig,
     )
     from ._settings import ForgeSettings, get_settings
-    from ._values import GpuChoice, GpuLayers, GpuRef, gpu_layers_for_placement, parse_gpu, parse_gpu_layers
+    from ._values import (
+        CtxSize,
+        GpuChoice,
+        GpuLayers,
+        GpuRef,
+        gpu_layers_for_placement,
+        parse_ctx_size,
+        parse_gpu,
+        parse_gpu_layers,
+    )
     from ._variants import unknown_served_name
 else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
@@ -68,10 +77,12 @@ else:  # mypy sees the imports above (and flags a name that is not there)
             ),
             "._settings": ("ForgeSettings", "get_settings"),
             "._values": (
+                "CtxSize",
                 "GpuChoice",
                 "GpuLayers",
                 "GpuRef",
                 "gpu_layers_for_placement",
+                "parse_ctx_size",
                 "parse_gpu",
                 "parse_gpu_layers",
             ),
@@ -85,6 +96,7 @@ __all__ = [
     "MODEL_NAME",
     "SYSTEM_CONFIG_DIR",
     "AdapterConfig",
+    "CtxSize",
     "ForgeConfig",
     "ForgeSettings",
     "GpuChoice",
@@ -103,6 +115,7 @@ __all__ = [
     "gpu_layers_for_placement",
     "is_loopback",
     "load_config",
+    "parse_ctx_size",
     "parse_gpu",
     "parse_gpu_layers",
     "unknown_served_name",

@@ -27,6 +27,7 @@ __all__ = [
     "LLAMA_ONLY",
     "ONE_AT_A_TIME",
     "PLACEHOLDERS",
+    "WITH_CONTEXT",
     "BackendName",
     "check_command",
     "key_problem",
@@ -40,10 +41,13 @@ BACKEND_NAMES: tuple[BackendName, ...] = ("llama", "whisper", "command")
 
 #: ``[models.NAME]`` keys that only mean something to llama-server.
 LLAMA_ONLY = (
-    "ctx_size", "gpu_layers", "parallel", "kv_unified", "sleep_idle", "embeddings", "max_tokens", "keep_context",
+    "ctx_size", "ctx_min", "gpu_layers", "parallel", "kv_unified", "sleep_idle", "embeddings", "max_tokens", "keep_context",
     "mmproj", "mmproj_offload", "workers",
     "draft", "draft_max", "draft_min", "speculative", "rerank", "adapters", "keep_conversations",
 )  # fmt: skip
+
+#: Backends whose models have a context of tokens: ``[supervisor] ctx_size`` and ``ctx_min`` apply.
+WITH_CONTEXT: frozenset[BackendName] = frozenset({"llama"})
 
 #: Keys that only mean something to a user's command (``backend = "command"``).
 COMMAND_ONLY = ("cmd", "health", "ready_log", "routes", "memory", "env")
@@ -129,7 +133,8 @@ def key_problem(model: ModelConfig) -> tuple[str, str] | None:
         server = "whisper-server" if backend == "whisper" else "the command"
         for key in LLAMA_ONLY:
             value = getattr(model, key)
-            if value not in (None, False, "auto", {}) and not (key == "workers" and value == "never"):
+            unset: tuple[object, ...] = (None, False, {}) if key == "ctx_size" else (None, False, "auto", {})
+            if value not in unset and not (key == "workers" and value == "never"):
                 return f"{backend}_key", (
                     f'{key} does not apply to a backend = "{backend}" model: remove it '
                     f"({server} has no such setting; pass its own flags in args)"

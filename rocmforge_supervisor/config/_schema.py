@@ -28,17 +28,26 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag, resolve_kv_unified
-from ._backends import DEFAULT_COMMAND_ROUTES, ONE_AT_A_TIME, BackendName, key_problem, path_problem
+from ._backends import (
+    DEFAULT_COMMAND_ROUTES,
+    ONE_AT_A_TIME,
+    WITH_CONTEXT,
+    BackendName,
+    key_problem,
+    path_problem,
+)
 from ._explain import custom, translate
 from ._names import is_loopback
 from ._settings import ForgeSettings
 from ._speculative import speculative_problem
 from ._tls import tls_pair_problem
 from ._values import (
+    CtxSize,
     GpuChoice,
     GpuLayers,
     Reserve,
     parse_bytes,
+    parse_ctx_size,
     parse_gpu,
     parse_gpu_layers,
     parse_reserve,
@@ -70,6 +79,14 @@ def _gpu_layers(value: Any) -> Any:
         raise custom("gpu_layers", str(exc)) from None
 
 
+def _ctx_size(value: Any) -> Any:
+    """One clear error instead of pydantic's one-per-union-member for ``int | "auto"``."""
+    try:
+        return parse_ctx_size(value)
+    except ValueError as exc:
+        raise custom("ctx_size", str(exc)) from None
+
+
 def _bytes_or_none(value: Any) -> Any:
     if value is None:
         return None
@@ -94,6 +111,7 @@ def _reserve(value: Any) -> Any:
 
 
 GpuLayersField = Annotated[GpuLayers, BeforeValidator(_gpu_layers)]
+CtxSizeField = Annotated[CtxSize, BeforeValidator(_ctx_size)]
 GpuChoiceField = Annotated[GpuChoice, BeforeValidator(_gpu)]
 ReserveField = Annotated[Reserve, BeforeValidator(_reserve)]
 
@@ -353,6 +371,31 @@ class SupervisorConfig(_Section):
     priority_aging: float = Field(default=30.0, ge=0)
     """Seconds after which a waiting ``batch``/``background`` request is served before fresher
     requests of any class (the bound on its wait under constant interactive load; 0: off)."""
+    ctx_size: CtxSizeField = None
+    """The ``ctx_size`` of every llama-server model that sets none: a number of tokens, or
+    ``"auto"`` (the largest context that fits where the model is placed, chosen at each load).
+    None: each such model gets its trained context."""
+    ctx_min: int = Field(default=2048, ge=256)
+    """With ``ctx_size = "auto"``: the fewest tokens one request must be able to use; a load that
+    cannot have that much is refused with the numbers. A model's own ``ctx_min`` wins."""
+
+    def ctx_size_of(self, model: ModelConfig) -> CtxSize:
+        """The model's ``ctx_size``, else this section's default (a model with a context)."""
+        if model.ctx_size is not None or model.backend not in WITH_CONTEXT:
+            return model.ctx_size
+        return self.ctx_size
+
+    def per_request_of(self, model: ModelConfig) -> int | None:
+        """Tokens one request of ``model`` can use as configured (:meth:`ctx_size_of`): None when
+        that is its trained context, or ``auto`` (both known only at load)."""
+        ctx = self.ctx_size_of(model)
+        if not isinstance(ctx, int) or not ctx:
+            return None
+        return ctx if model.unified_kv else ctx // (model.parallel or 4)
+
+    def ctx_min_of(self, model: ModelConfig) -> int:
+        """The model's ``ctx_min``, else this section's."""
+        return model.ctx_min if model.ctx_min is not None else self.ctx_min
 
     def reserve_for(self, total_bytes: int) -> int:
         """``vram_reserve`` in bytes on a device of ``total_bytes``."""
@@ -437,7 +480,14 @@ class ModelConfig(_Section):
     ``/v1/audio/translations``; it serves one request at a time, so ``max_concurrency`` is 1), or
     ``command``: any OpenAI-compatible server, started as ``cmd`` (vLLM, SGLang, koboldcpp,
     another llama-server build…); then ``path`` is what ``${MODEL}`` stands for."""
-    ctx_size: int | None = Field(default=None, ge=0)
+    ctx_size: CtxSizeField = None
+    """Tokens of KV cache (shared by the slots, or split among them with ``kv_unified = false``);
+    0: the model's trained context; ``"auto"``: the largest context that fits the devices the
+    model is placed on, beside what stays loaded, capped by the trained context and chosen again
+    at each load. None: ``[supervisor] ctx_size``, else the trained context."""
+    ctx_min: int | None = Field(default=None, ge=256)
+    """With ``ctx_size = "auto"``: the fewest tokens one request must be able to use (default
+    ``[supervisor] ctx_min``, 2048); below it the load is refused, saying what it needs."""
     gpu_layers: GpuLayersField = None
     """None: forge decides from the memory estimate; or a number, ``"auto"`` (llama-server fits),
     ``"all"``."""
@@ -590,8 +640,8 @@ class ModelConfig(_Section):
         """Tokens one request can use as configured: the whole ``ctx_size`` with a unified KV
         cache, else one slot's share. None: ``ctx_size`` unset (the model's trained context,
         known only from its GGUF)."""
-        if not self.ctx_size:
-            return None
+        if not self.ctx_size or self.ctx_size == "auto":
+            return None  # the trained context, or chosen at load
         return self.ctx_size if self.unified_kv else self.ctx_size // (self.parallel or 4)
 
     @property
@@ -753,6 +803,21 @@ class ForgeConfig(BaseSettings):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _ctx_min_needs_auto(self) -> ForgeConfig:
+        """``ctx_min`` on a model whose context is fixed would do nothing, silently."""
+        for name, m in self.models.items():
+            ctx = self.supervisor.ctx_size_of(m)
+            if m.ctx_min is not None and ctx != "auto":  # (other backends: refused as a key)
+                has = "no ctx_size" if ctx is None else f"ctx_size = {ctx}"
+                raise custom(
+                    "ctx_min",
+                    f'ctx_min applies only with ctx_size = "auto" (model {name!r} has {has}): '
+                    'remove ctx_min, or set ctx_size = "auto"',
+                    at=f"models.{name}.ctx_min",
+                )
+        return self
+
     def group_of(self, name: str) -> str | None:
         """The group model ``name`` is in, if any."""
         return next((g for g, rule in self.groups.items() if name in rule.members), None)
@@ -840,6 +905,10 @@ class ForgeConfig(BaseSettings):
         """
         model = self.models[name]
         data = model.model_dump(mode="json", exclude=set(_NOT_IN_FINGERPRINT))
+        if model.backend in WITH_CONTEXT:  # [supervisor]'s context defaults change the child too
+            data["ctx_size"] = self.supervisor.ctx_size_of(model)
+            if data["ctx_size"] == "auto":
+                data["ctx_min"] = self.supervisor.ctx_min_of(model)
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Literal, NewType
 
 __all__ = [
+    "CtxSize",
     "DeviceKey",
     "GpuChoice",
     "GpuLayers",
@@ -19,6 +20,7 @@ __all__ = [
     "Reserve",
     "gpu_layers_for_placement",
     "parse_bytes",
+    "parse_ctx_size",
     "parse_gpu",
     "parse_gpu_layers",
     "parse_reserve",
@@ -93,6 +95,32 @@ def parse_gpu_layers(value: object) -> GpuLayers:
         if value >= 0:
             return value
     raise ValueError(f"{value!r} is not a number of layers (>= 0), 'auto' or 'all'")
+
+
+#: ``ctx_size``: None (the model's trained context, or ``[supervisor] ctx_size``), a number of
+#: tokens, or ``"auto"``: the largest context that fits where the model is placed, chosen at load.
+CtxSize = int | Literal["auto"] | None
+
+
+def parse_ctx_size(value: object) -> CtxSize:
+    """The one parser for ``ctx_size``: a count >= 0 (0: the trained context) or ``"auto"``;
+    ValueError with a one-line message otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v == "auto":
+            return "auto"
+        if v.isdigit():
+            value = int(v)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:  # pydantic's own words for a number below its bound, as every count says it
+            raise ValueError('Input should be greater than or equal to 0 (or "auto")')
+        return value
+    raise ValueError(
+        f"{value!r} is not a context size: use a number of tokens (4096; 0: the model's trained "
+        'context) or "auto" (the largest that fits where the model is placed)'
+    )
 
 
 def gpu_layers_for_placement(value: GpuLayers) -> int | None:

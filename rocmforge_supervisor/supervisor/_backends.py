@@ -47,6 +47,8 @@ class Backend:
     name: BackendName
     #: How a refusal names a model of this kind: "a whisper (speech to text) model".
     what: str
+    #: The kind as the status page names it: the backend, then what such a model is.
+    label: str
     plan: PlanFn
     #: It has llama-server's ``/slots``: the progress (stall) watchdog and slot saves can run.
     has_slots: bool
@@ -65,10 +67,13 @@ class Backend:
 
 
 BACKENDS: Mapping[BackendName, Backend] = {
-    "llama": Backend("llama", "a llama-server model", plan_llama, True, lambda _c: None),
+    "llama": Backend(
+        "llama", "a llama-server model", "llama · language model", plan_llama, True, lambda _c: None
+    ),
     "whisper": Backend(
         "whisper",
         "a whisper (speech to text) model",
+        "whisper · speech to text",
         plan_whisper,
         False,
         lambda _c: AUDIO_ROUTES,
@@ -77,6 +82,7 @@ BACKENDS: Mapping[BackendName, Backend] = {
     "command": Backend(
         "command",
         "a command (a server forge runs as configured)",
+        "command · OpenAI-compatible server",
         plan_command,
         False,
         lambda c: frozenset(c.command_routes),

@@ -20,7 +20,7 @@ The context and slot count the estimate assumed go to the child, so that llama-s
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -37,7 +37,15 @@ from .._argv import (
     rpc_args,
     speculative_args,
 )
-from ..config import ForgeSettings, GpuChoice, GpuLayers, ModelConfig, gpu_layers_for_placement
+from ..config import (
+    CtxSize,
+    ForgeSettings,
+    GpuChoice,
+    GpuLayers,
+    ModelConfig,
+    SupervisorConfig,
+    gpu_layers_for_placement,
+)
 from ..config._speculative import spec_types
 from ..hardware import Inventory, WorkerReport, child_env, cpu_flags
 from ..models import (
@@ -56,9 +64,10 @@ from ..models import (
     resolve_projector_path,
 )
 from ..process import InstanceSpec
+from ._ctx_auto import DEFAULT_CTX_MIN, choose_context, context_floor, slots_of
 from ._placement import LoadedModel, PlacementDecision, PlacementPolicy, PlacementRequest, place
 from ._placement_types import WorkerShare
-from ._remote import plan_on_workers
+from ._remote import RemotePlan, WorkersUnavailable, plan_on_workers
 from ._residency import GroupRule
 
 __all__ = [
@@ -85,7 +94,10 @@ class ModelSpec:
 
     path: str
     """A GGUF path, an embedded default's name or ``hf:org/repo:QUANT``."""
-    ctx_size: int | None = None
+    ctx_size: CtxSize = None
+    """Tokens of context; ``"auto"``: the largest that fits where it is placed (chosen at load)."""
+    ctx_min: int = DEFAULT_CTX_MIN
+    """With ``ctx_size = "auto"``: the fewest tokens per request; below it the load is refused."""
     n_gpu_layers: GpuLayers = None
     parallel: int | None = None
     kv_unified: bool | None = None
@@ -112,11 +124,16 @@ class ModelSpec:
     """LoRA adapter files (a path or ``hf:``), in the order requests name them by id."""
 
     @classmethod
-    def from_config(cls, mc: ModelConfig, *, workers_configured: bool = False) -> ModelSpec:
+    def from_config(
+        cls, mc: ModelConfig, *, workers_configured: bool = False, defaults: SupervisorConfig | None = None
+    ) -> ModelSpec:
+        """``defaults``: the ``[supervisor]`` section whose ``ctx_size``/``ctx_min`` a model that
+        sets none takes."""
         return cls(
             workers=mc.workers if workers_configured else "never",
             path=mc.path,
-            ctx_size=mc.ctx_size,
+            ctx_size=defaults.ctx_size_of(mc) if defaults is not None else mc.ctx_size,
+            ctx_min=defaults.ctx_min_of(mc) if defaults is not None else (mc.ctx_min or DEFAULT_CTX_MIN),
             n_gpu_layers=mc.gpu_layers,
             parallel=mc.parallel,
             kv_unified=mc.kv_unified,
@@ -258,7 +275,8 @@ def placement_request(
         name=name,
         info=model.info,
         gpu=spec.gpu,
-        ctx_size=spec.ctx_size,
+        ctx_size=None if spec.ctx_size == "auto" else spec.ctx_size,
+        ctx_min=spec.ctx_min if spec.ctx_size == "auto" else None,
         parallel=spec.parallel,
         kv_unified=spec.kv_unified,
         n_gpu_layers=gpu_layers_for_placement(spec.n_gpu_layers),
@@ -310,19 +328,40 @@ def decide_on_workers(
     """Step 2 for RPC workers (pure): every layer on the fewest usable workers (``all``: on each),
     split by their free memory. ``held``: workers another model uses (one client per worker).
     Raises :class:`~._remote.WorkersUnavailable` (retryable) when they cannot hold it now."""
-    return plan_on_workers(
-        model.info,
-        reports,
-        ctx_size=spec.ctx_size,
-        parallel=spec.parallel,
-        kv_unified=resolve_kv_unified(spec.kv_unified, spec.args),
-        held=held,
-        name=name,
-        spread=spec.workers == "all",
-        embeddings=spec.embeddings or spec.rerank or outputs_every_token(spec.args),
-        draft=model.draft.info if model.draft is not None else None,
-        draft_on_gpu=spec.draft_gpu != "cpu",
-    ).as_decision()
+    unified = resolve_kv_unified(spec.kv_unified, spec.args)
+
+    def plan(ctx_size: int | None) -> RemotePlan:
+        return plan_on_workers(
+            model.info,
+            reports,
+            ctx_size=ctx_size,
+            parallel=spec.parallel,
+            kv_unified=unified,
+            held=held,
+            name=name,
+            spread=spec.workers == "all",
+            embeddings=spec.embeddings or spec.rerank or outputs_every_token(spec.args),
+            draft=model.draft.info if model.draft is not None else None,
+            draft_on_gpu=spec.draft_gpu != "cpu",
+        )
+
+    if spec.ctx_size != "auto":
+        return plan(spec.ctx_size).as_decision()
+    # ``auto`` on workers: the largest context the workers' free memory takes (their own check).
+    parallel = spec.parallel or 4
+    plan(context_floor(spec.ctx_min, model.info.context_length) * slots_of(parallel, unified))  # or retried
+
+    def fits(ctx_size: int) -> dict[str, int] | None:
+        try:
+            plan(ctx_size)
+        except WorkersUnavailable:
+            return None
+        return {}
+
+    choice = choose_context(
+        fits, {}, trained=model.info.context_length, ctx_min=spec.ctx_min, parallel=parallel, unified=unified
+    )
+    return replace(plan(choice.ctx_size).as_decision(), context=choice)
 
 
 def _names_flag(args: Sequence[str], name: str) -> bool:
@@ -395,7 +434,8 @@ def build_plan(
         binary=binary,
         model_path=model.path,
         alias=name,
-        ctx_size=spec.ctx_size or est.ctx_size,
+        # ``auto`` (and unset): the context placement sized, as the estimate has it.
+        ctx_size=spec.ctx_size if isinstance(spec.ctx_size, int) and spec.ctx_size else est.ctx_size,
         n_gpu_layers=(None if decision.on_cpu else decision.n_gpu_layers) if ngl is None else ngl,
         parallel=spec.parallel or est.parallel,
         extra_args=extra,

@@ -6,6 +6,7 @@ with the supervisor's state, through the narrow :class:`~._host.PlacementHost`).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,17 +32,21 @@ if TYPE_CHECKING:
 
 __all__ = ["plan_llama"]
 
+log = logging.getLogger("rocmforge.supervisor")
+
 #: Seconds an RPC worker may take to answer the device probe (a held one never answers).
 _WORKER_PROBE_TIMEOUT = 10.0
 
 
 async def plan_llama(host: PlacementHost, m: ManagedModel) -> LaunchPlan:
-    spec = ModelSpec.from_config(m.config, workers_configured=bool(host.workers))
+    spec = ModelSpec.from_config(m.config, workers_configured=bool(host.workers), defaults=host.policy)
     slot_dir = host.keeper(m.name).slot_dir() if m.config.keep_context else None
     # Resolving may download (hf:), inspecting reads the GGUF: not on the event loop.
     model = await anyio.to_thread.run_sync(resolve, spec, host.settings)
     async with host.placement_lock:
         decision, inventory = await _decide(host, m, spec, model)
+    if decision.context is not None:  # ctx_size = "auto": chosen again at every load
+        log.info("model %s: ctx_size auto: %s", m.name, decision.context.describe(), extra={"model": m.name})
     return build_plan(
         spec,
         m.name,

@@ -18,6 +18,12 @@ many as needed; a group's rules may unload members (``max_loaded``) or outsiders
 first. When only pinned or never-swap models stand in the way: :class:`ResidencyConflict`. Otherwise :class:`PlacementError` names what the
 model needs, what each device has free, and what to change.
 
+``ctx_size = "auto"`` (a request with ``ctx_min``): the devices are the ones the ladder picks at
+the floor, and the context is then the largest that fits them beside what stays loaded (pinned,
+never-swap and busy models; every model for a load that may not evict) and the reserve, capped by
+the trained context (:mod:`._ctx_auto`); the rest of the decision is made at that context. The
+decision carries the choice (``context``).
+
 Free memory on a device is what discovery reported, minus what our own children hold but the
 counters do not show yet (a model still loading, or an inventory taken before it loaded), and
 never more than the total minus everything our children hold (Ollama's rule).
@@ -26,12 +32,14 @@ never more than the total minus everything our children hold (Ollama's rule).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Literal, Protocol
 
 from .._errors import PlacementError, ResidencyConflict
 from .._units import format_bytes
 from ..config import GpuChoice, GpuRef
 from ..hardware import Device, Inventory
+from ._ctx_auto import ContextChoice, choose_context, context_floor, slots_of
 from ._placement_types import (
     LoadedModel,
     PlacementDecision,
@@ -160,6 +168,18 @@ class _Ladder:
     def reason(self, layout: Layout) -> str:
         return _reason(self.inventory, layout)
 
+    def target(self, free: Mapping[str, int]) -> Layout:
+        """The layout a refusal measures against: on the GPU with the most free memory of those
+        it may use (the whole model, as asked), else the CPU."""
+        choice = self.choice
+        gpus: list[Device] = (
+            list(self.inventory.gpus) if choice == "auto" else [] if choice == "cpu" else choice
+        )
+        if not gpus or self.request.n_gpu_layers == 0:
+            return self.planner.layout((), 0, None, "cpu")
+        best = max(gpus, key=lambda d: free.get(d.key, 0))
+        return self.planner.layout((best.key,), self.request.n_gpu_layers, None, "one GPU")
+
 
 class _Sized:
     """A model of a given size on the devices its ``gpu`` names (:class:`SizedPlanner`)."""
@@ -201,10 +221,8 @@ def place(
     """Decide where ``request`` goes and what must be unloaded first; or raise PlacementError
     (:class:`ResidencyConflict` when only the rules stand in the way)."""
     policy = policy or PlacementPolicy()
-    fit = _fit_for(inventory, request, policy)
     name = request.name
     others = [m for m in loaded if m.name != name]
-    attempt = fit.attempt
 
     now = policy.now if policy.now is not None else max((m.last_used for m in others), default=0.0)
     rules = group_evictions(name, others, policy.groups, now)
@@ -218,6 +236,11 @@ def place(
             f"{name} would unload {', '.join(m.name for m in forced)} ({why[forced[0].name]})",
             hint="load it when they are unloaded",
         )
+    context: ContextChoice | None = None
+    if isinstance(request, PlacementRequest) and (effective := request.effective()).ctx_min is not None:
+        request, context = _auto_context(inventory, effective, others, policy)
+    fit = _fit_for(inventory, request, policy)
+    attempt = fit.attempt
     idle = eviction_order([m for m in others if m.in_flight == 0 and m not in forced], now)
     evicted = list(forced)
     layout = attempt(free_memory(inventory, [m for m in others if m not in evicted], evicted))
@@ -248,7 +271,52 @@ def place(
         need_bytes=fit.need(layout),
         reason=fit.reason(layout),
         evict_rules={m.name: why.get(m.name, _MEMORY_RULE) for m in evicted},
+        context=context,
     )
+
+
+def _auto_context(
+    inventory: Inventory, request: PlacementRequest, others: Sequence[LoadedModel], policy: PlacementPolicy
+) -> tuple[PlacementRequest, ContextChoice]:
+    """``ctx_size = "auto"``: the request at the largest context that fits the devices it goes to
+    beside what stays loaded (pinned, never-swap and busy models; every model when this load may
+    not evict), capped by the trained context. The devices are the ones placement picks at the
+    floor (``ctx_min``); the context then grows on them alone."""
+    assert request.ctx_min is not None
+    staying = [m for m in others if not policy.allow_evict or m.in_flight > 0 or m.residency.protected]
+    gone = [m for m in others if m not in staying]
+    budget = free_memory(inventory, staying, gone)
+    trained = request.info.context_length
+    unified = request.kv_unified is not False
+    parallel = request.parallel if request.parallel and request.parallel > 0 else 4
+    floor = context_floor(request.ctx_min, trained) * slots_of(parallel, unified)
+    ladder = _Ladder(inventory, replace(request, ctx_size=floor, ctx_min=None), policy)
+    shape = ladder.attempt(budget)
+    if shape is None:
+        if policy.allow_evict:  # only the rules' models stand in the way: the 409 that names them
+            _refuse_for_protected(inventory, request.name, others, gone, ladder)
+        shape = ladder.target(budget)
+
+    def need_at(ctx_size: int) -> dict[str, int] | None:
+        planner = Planner(inventory, replace(request, ctx_size=ctx_size, ctx_min=None), policy)
+        layout = planner.same_shape(shape, budget)
+        return planner.need(layout) if layout is not None else None
+
+    beside = ", ".join(
+        f"{m.name} ({m.residency.rule if m.residency.protected else 'busy' if m.in_flight else 'loaded'})"
+        for m in staying
+    )
+    choice = choose_context(
+        need_at,
+        budget,
+        trained=trained,
+        ctx_min=request.ctx_min,
+        parallel=parallel,
+        unified=unified,
+        name=request.name,
+        beside=beside,
+    )
+    return replace(request, ctx_size=choice.ctx_size, ctx_min=None), choice
 
 
 #: The rule an eviction for room names (the others name their group or ``max_loaded``).

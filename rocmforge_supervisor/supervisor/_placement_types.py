@@ -13,6 +13,7 @@ from .._argv import SIZE_FLAGS, kv_unified_in_args, normalise_flag, outputs_ever
 from ..config import GpuChoice
 from ..hardware import Device, Inventory
 from ..models import GGUFInfo, MemoryEstimate, ProjectorInfo
+from ._ctx_auto import ContextChoice
 from ._residency import GroupRule, Residency
 
 __all__ = [
@@ -38,6 +39,10 @@ class PlacementRequest:
     info: GGUFInfo
     ctx_size: int | None = None
     """None or 0: the trained context (what llama-server allocates without ``-c``)."""
+    ctx_min: int | None = None
+    """Set: ``ctx_size = "auto"``: placement chooses the context (the largest that fits beside
+    what stays loaded, capped by the trained context), and at least this many tokens per request
+    must fit (``ctx_size`` is then ignored). None: ``ctx_size`` as given."""
     parallel: int | None = None
     """Slots (``--parallel``); None: llama-server's auto (4)."""
     kv_unified: bool | None = None
@@ -203,6 +208,8 @@ class PlacementDecision:
     """Set when every layer goes to RPC workers (``devices`` are then their devices' keys)."""
     evict_rules: Mapping[str, str] = field(default_factory=dict)
     """Per model in ``evict``: the rule that chose it (the ``evict`` event names it)."""
+    context: ContextChoice | None = None
+    """``ctx_size = "auto"``: the context placement chose (the estimate is at it)."""
 
     @property
     def on_cpu(self) -> bool:
@@ -228,6 +235,7 @@ class PlacementDecision:
             "reason": self.reason,
             "estimate": self.estimate.to_json(),
             "workers": [w.to_json() for w in self.workers],
+            **({"context": self.context.to_json()} if self.context is not None else {}),
         }
 
 
@@ -253,6 +261,8 @@ def _apply_args(request: PlacementRequest) -> PlacementRequest:
                 changes[name] = value.lower()
         except ValueError:
             continue  # llama-server will refuse it itself, with its own message
+    if "ctx_size" in changes:
+        changes["ctx_min"] = None  # args' own -c wins over ctx_size = "auto", as over any ctx_size
     if outputs_every_token(args):
         changes["embeddings"] = True
     unified = kv_unified_in_args(args)

@@ -206,6 +206,19 @@ class Planner:
             return self.partial(chosen, free) if len(chosen) == 1 else self.partial_group(chosen, free)
         return None
 
+    def same_shape(self, layout: Layout, free: Mapping[str, int]) -> Layout | None:
+        """``layout``'s devices and kind again, for this planner's request (another context):
+        the same GPU(s) (a split balanced again by ``free``), the same layers when it was a
+        partial offload; None when a split no longer fits."""
+        if not layout.gpus:
+            return self.layout((), 0, None, layout.kind)
+        partial = layout.kind == "partial offload"
+        ngl = layout.n_gpu_layers if partial else self.req.n_gpu_layers
+        if len(layout.gpus) == 1 or partial:
+            return self.layout(layout.gpus, ngl, layout.split, layout.kind)
+        chosen = [self.inv.by_key(k) for k in layout.gpus]
+        return self._balanced(chosen, free, self.req.tensor_split)
+
     def partial_group(self, chosen: Sequence[Device], free: Mapping[str, int]) -> Layout | None:
         lay = self.partial(chosen, free)
         return lay if lay is not None and len(lay.gpus) == len(chosen) else None

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from .._argv import EMBEDDING_ARCHITECTURES, normalise_flag
 from ..process import Breaker  # the one restart policy's breaker, shared with `forge worker`
 from ._backends import backend_of
 from ._placement_types import WorkerShare
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ._managed import ManagedModel
 
 __all__ = [
+    "ROUTE_WORDS",
     "TRANSITIONS",
     "Breaker",
     "IllegalTransition",
@@ -57,6 +59,17 @@ TRANSITIONS: Mapping[ModelState, frozenset[ModelState]] = {
     _S.DRAINING: frozenset({_S.STOPPED, _S.FAILED}),
     _S.STOPPED: frozenset({_S.LOADING}),
     _S.FAILED: frozenset({_S.UNLOADED}),
+}
+
+
+#: The kinds of request a model's status names (``serves``), each with the gateway route that
+#: answers it: what the status page offers a model for (its chat box takes the ``chat`` ones).
+ROUTE_WORDS: Mapping[str, str] = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+    "transcription": "/v1/audio/transcriptions",
+    "rerank": "/v1/rerank",
 }
 
 
@@ -117,6 +130,11 @@ class ModelStatus:
     """Its saved KV-cache slots (count, tokens, bytes, newest) and this run's save/restore totals."""
     backend: str = "llama"
     """The server that runs it: ``llama`` (llama-server), ``whisper`` (whisper-server) or ``command``."""
+    label: str = ""
+    """Its kind as the status page names it (its backend's ``label``: "whisper · speech to text")."""
+    serves: list[str] = field(default_factory=list)
+    """The kinds of request it answers, words of :data:`ROUTE_WORDS` (``chat``, ``completion``,
+    ``embeddings``, ``transcription``, ``rerank``); its variants and adapters answer the same."""
     residency: dict[str, Any] = field(default_factory=dict)
     """Its residency rules: ``pinned``, ``swap``, ``evict_cost``, ``group``, ``default``."""
     context: dict[str, Any] = field(default_factory=dict)
@@ -134,6 +152,8 @@ class ModelStatus:
         return {
             "name": self.name,
             "backend": self.backend,
+            "label": self.label,
+            "serves": list(self.serves),
             "state": self.state.value,
             "since": self.since,
             "pid": self.pid,
@@ -187,6 +207,8 @@ def model_status(m: ManagedModel) -> ModelStatus:
     holds = plan is not None and m.running
     return ModelStatus(
         backend=m.config.backend,
+        label=backend_of(m.config).label,
+        serves=_serves(m),
         keep_context=m.config.keep_context,
         contexts=_contexts(m),
         failure_kind=m.failure_kind,
@@ -228,25 +250,52 @@ def model_status(m: ManagedModel) -> ModelStatus:
     )
 
 
+def _serves(m: ManagedModel) -> list[str]:
+    """The words of :data:`ROUTE_WORDS` whose route the gateway takes to ``m`` and its child
+    answers: its backend's routes (whisper-server's, a command's ``routes``), or, for llama-server,
+    which is sent every route, what its child is started as."""
+    config, plan = m.config, m.plan
+    backend = backend_of(config)
+    words = [w for w, path in ROUTE_WORDS.items() if backend.serves(config, path)]
+    if backend.routes_of(config) is not None:
+        return words
+    flags = {normalise_flag(a) for a in config.args}
+    if config.rerank or flags & {"--rerank", "--reranking"}:
+        return ["rerank"]  # a reranker generates no text
+    if plan is not None and plan.info.architecture in EMBEDDING_ARCHITECTURES:
+        return ["embeddings"]  # an encoder: embeddings only
+    answers = {"chat", "completion"}
+    if config.embeddings or flags & {"--embedding", "--embeddings"}:
+        answers.add("embeddings")
+    if plan is not None and plan.projector is not None and "audio" in plan.projector.modalities:
+        answers.add("transcription")  # an audio projector, once the child has it
+    return [w for w in words if w in answers]
+
+
 def _context(m: ManagedModel) -> dict[str, Any]:
     """The context geometry ``forge ps`` shows: the child's (its plan's estimate, which the child
     was started with) once it has one, else the config's; empty for a model without a context."""
     if not backend_of(m.config).has_slots:  # no llama-server: no context, no slots
         return {}
+    auto = m.policy.ctx_size_of(m.config) == "auto"
     if m.plan is not None:
         est = m.plan.estimate
+        chosen = m.plan.decision.context  # ctx_size = "auto": what this child's load chose
         return {
             "ctx_size": est.ctx_size,
             "parallel": est.parallel,
             "kv_unified": est.kv_unified,
             "per_request": est.ctx_per_request,
+            **({"auto": chosen.to_json()} if chosen is not None else {}),
         }
     c = m.config
+    ctx = m.policy.ctx_size_of(c)
     return {
-        "ctx_size": c.ctx_size or None,
+        "ctx_size": ctx if isinstance(ctx, int) and ctx else None,
         "parallel": c.parallel or 4,
         "kv_unified": c.unified_kv,
-        "per_request": c.context_per_request,
+        "per_request": m.policy.per_request_of(c),
+        **({"auto": {"ctx_min": m.policy.ctx_min_of(c)}} if auto else {}),
     }
 
 

@@ -31,12 +31,15 @@ from ..hardware import Inventory, detect, refresh_usage
 from ..process import ChildLedger, LlamaServer
 from ._admission import PriorityClass
 from ._backends import backend_of
+from ._config_plan import ConfigPlan, plan_config
 from ._context_store import ContextStore
 from ._device_context import CONTEXT_FILE, DeviceContexts, learn_from_child
 from ._events import Event, EventBus, EventKind
 from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan
 from ._managed import ManagedModel
+from ._placement import LoadedModel, PlacementDecision, PlacementPolicy
+from ._plan_inputs import group_rules, plan_entries
 from ._residency import GroupRule, Residency
 from ._status import ModelState, ModelStatus
 from ._view import ModelView, model_view
@@ -335,6 +338,25 @@ class Supervisor:
         self.models[name] = self._new_model(name, ModelConfig(path=str(path)), self.config)
         return await self.load(name)
 
+    async def plan(self) -> ConfigPlan:
+        """``GET /api/plan``: the config placed on this machine's devices now, beside what is
+        loaded (where each model would go, its estimate, its ``auto`` context, what it would
+        unload); nothing is started or unloaded."""
+        inventory = await self.refresh_inventory()
+        entries = await anyio.to_thread.run_sync(plan_entries, self.config, self.settings, self.binary_args)
+        contexts = await anyio.to_thread.run_sync(self.device_contexts.for_devices, inventory.devices)
+        loaded: list[LoadedModel] = []
+        current: dict[str, PlacementDecision] = {}
+        for m in list(self.models.values()):
+            held = m.as_loaded()
+            if held is not None and m.plan is not None:
+                loaded.append(held)
+                current[m.name] = m.plan.decision
+        policy = PlacementPolicy(device_context=contexts, groups=dict(self.groups), now=time.monotonic())
+        return await anyio.to_thread.run_sync(
+            lambda: plan_config(inventory, entries, policy, loaded=loaded, current=current)
+        )
+
     # -- reload ----------------------------------------------------------------------------------
 
     async def reload(self, new_config: ForgeConfig) -> ReloadSummary:
@@ -468,10 +490,7 @@ def _frees_memory(ev: Event, default: ManagedModel | None) -> bool:
 
 
 def _groups(config: ForgeConfig) -> dict[str, GroupRule]:
-    return {
-        name: GroupRule(name, frozenset(g.members), max_loaded=g.max_loaded, exclusive=g.exclusive)
-        for name, g in config.groups.items()
-    }
+    return group_rules(config)
 
 
 def _residency(config: ForgeConfig, name: str, mc: ModelConfig) -> Residency:

@@ -105,7 +105,9 @@ def model_view(m: ManagedModel) -> ModelView:
         model_path=plan.spec.model_path if plan is not None else None,
         ctx_size=plan.spec.ctx_size if plan is not None else None,
         parallel=plan.spec.parallel if plan is not None else None,
-        ctx_per_request=plan.estimate.ctx_per_request if plan is not None else m.config.context_per_request,
+        ctx_per_request=plan.estimate.ctx_per_request
+        if plan is not None
+        else m.policy.per_request_of(m.config),
         kv_unified=plan.estimate.kv_unified if plan is not None else m.config.unified_kv,
         args=tuple(plan.spec.extra_args if plan is not None else m.config.args),
         projector=plan.projector if plan is not None else None,

@@ -76,6 +76,8 @@ def test_status_json_keeps_the_control_api_keys() -> None:
     assert s.to_json() == {
         "name": "m",
         "backend": "llama",  # issue 23: which server runs it (llama-server or whisper-server)
+        "label": "",  # its backend's label, and the requests it answers (the status page's)
+        "serves": [],
         "state": "ready",
         "since": 1.0,
         "pid": 7,

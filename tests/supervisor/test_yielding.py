@@ -55,11 +55,15 @@ class Kernel:
     def sync(self) -> None:
         base = GIB // 2  # the driver's own
         ours = 0
-        for m in self.sup.models.values():
-            pid = m.status().pid
-            if pid is not None:
-                write_kfd(self.root, pid, GPU_ID, self.per_child)
-                ours += self.per_child
+        live = {m.status().pid for m in self.sup.models.values()} - {None}
+        procs = self.root / "sys" / "class" / "kfd" / "kfd" / "proc"
+        for gone in procs.glob("*") if procs.is_dir() else ():
+            if int(gone.name) not in live:  # the kernel drops an exited process's entry
+                shutil.rmtree(gone)
+        for pid in live:
+            assert pid is not None
+            write_kfd(self.root, pid, GPU_ID, self.per_child)
+            ours += self.per_child
         write_fdinfo(self.root, GAME, 7, fdinfo_text(BDF, 11, self.others))
         set_vram_used(self.root, BDF, base + ours + self.others)
 

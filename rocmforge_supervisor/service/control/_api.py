@@ -1,4 +1,4 @@
-"""The control API under ``/api/*``: list, add, load, unload, reload, events, logs.
+"""The control API under ``/api/*``: list, add, load, unload, reload, events, logs, plan.
 
 Each route asks the supervisor and returns JSON; a typed error becomes a response through
 ``_errors_http`` (via :func:`_control`), never a status picked here.
@@ -25,6 +25,7 @@ from ..core._state import GatewayState, read_body, request_id, state_of
 from ..core._visibility import ModelScope, model_scope
 from ..edge._errors_http import error_response
 from ..proxy._validate import parse_object
+from . import _plan_api
 from ._live import LiveStream
 
 __all__ = ["routes"]
@@ -39,6 +40,7 @@ def routes() -> list[BaseRoute]:
         Route("/api/models/{name}/logs", api_logs, methods=["GET"]),
         Route("/api/reload", api_reload, methods=["POST"]),
         Route("/api/events", api_events, methods=["GET"]),
+        *_plan_api.routes(),
     ]
 
 

@@ -88,6 +88,7 @@ ROUTES: Mapping[tuple[str, str], Visibility] = {
     ("GET", "/api/models/{name}/logs"): _V.MODEL,
     ("POST", "/api/reload"): _V.ADMIN,
     ("GET", "/api/events"): _V.SCOPED,
+    ("GET", "/api/plan"): _V.SCOPED,
     ("GET", "/api/devices"): _V.SCOPED,
     ("GET", "/api/throughput"): _V.SCOPED,
     ("GET", "/api/activity"): _V.SCOPED,

@@ -36,9 +36,10 @@ export class Chat {
   }
 
   setModels(all) {
-    // Chat models only: a whisper model (speech to text) answers no chat request.
-    const models = all.filter((m) => (m.backend || "llama") === "llama");
-    const names = models.map((m) => m.name);
+    // Every name a chat request can go to: the models whose status says they answer chat, each
+    // with the variants and adapters its child serves under their own names (X:terse).
+    const models = all.filter((m) => (m.serves || []).includes("chat"));
+    const names = models.flatMap((m) => [m.name, ...(m.variants || []), ...(m.adapters || [])]);
     const current = [...this.model.options].map((o) => o.value);
     if (names.join("\n") === current.join("\n")) return;
     const chosen = this.model.value;

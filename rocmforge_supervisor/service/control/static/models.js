@@ -48,7 +48,8 @@ class ModelRow {
     const cell = (label, ...c) => h("td", { "data-label": label }, ...c);
     this.nameEl = h("span", { class: "name", text: name });
     this.pathEl = h("span", { class: "path" });
-    this.modalEl = h("span", { class: "modalities" });
+    this.modalEl = h("span", { class: "modalities" }); // its kind, then what its projector takes
+    this.servesEl = h("span", { class: "serves" }); // the requests it answers
     this.rulesEl = h("span", { class: "rules" });
     this.alsoEl = h("span", { class: "rules also" }); // its variants and adapters (X:Y), same child
     this.badge = h("span", { class: "badge" });
@@ -83,7 +84,7 @@ class ModelRow {
       h(
         "tr",
         { class: "main" },
-        h("th", { scope: "row", "data-label": "Model" }, this.nameEl, this.pathEl, this.modalEl, this.rulesEl, this.alsoEl),
+        h("th", { scope: "row", "data-label": "Model" }, this.nameEl, this.pathEl, this.modalEl, this.servesEl, this.rulesEl, this.alsoEl),
         cell("State", this.badge, " ", this.since, this.progressWrap),
         cell("Devices · memory", this.mem),
         cell("PID · port", this.pid),
@@ -107,12 +108,13 @@ class ModelRow {
     this.badge.className = `badge state-${s.state}`;
     setText(this.pathEl, s.path ? s.path.split("/").pop() : "");
     this.pathEl.title = s.path || "";
-    // backend = "whisper": whisper.cpp's whisper-server (speech to text), not llama-server.
-    const other = s.backend && s.backend !== "llama" ? [`${s.backend} · speech to text`] : [];
-    setText(this.modalEl, [...other, ...(s.modalities || [])].join(" · "));
-    this.modalEl.title = other.length
-      ? `runs on ${s.backend}-server (/v1/audio/transcriptions)`
-      : s.modalities?.length ? `takes ${s.modalities.join(" and ")} input (mmproj)` : "";
+    // Its kind as the service's backends table names it ("whisper · speech to text"), then the
+    // input its projector takes (mmproj); then the requests it answers, as the service says.
+    const modalities = s.modalities || [];
+    setText(this.modalEl, [s.label, ...modalities].filter(Boolean).join(" · "));
+    this.modalEl.title = modalities.length ? `takes ${modalities.join(" and ")} input (mmproj)` : "";
+    setText(this.servesEl, s.serves?.length ? `answers ${s.serves.join(" · ")}` : "");
+    this.servesEl.title = "the requests the gateway sends it: its variants and adapters answer the same";
     setText(this.rulesEl, rules(s.residency || {}));
     this.rulesEl.title = "residency rules: what placement may not unload, its group, the warm default";
     setText(this.alsoEl, [...(s.variants || []), ...(s.adapters || [])].map((n) => `also ${n}`).join(" · "));
