@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
@@ -16,10 +16,12 @@ from ..binaries import ACCELS, RPC_SERVER_TARGET  # the light ``_plan`` only: th
 from ._common import console, err_console, get_settings
 
 if TYPE_CHECKING:
-    from ..binaries import BinaryInfo, BuildResult
+    from ..binaries import BinaryInfo, BuildResult, WhisperBuild
     from ..binaries._builder import ProgressFn
 
-__all__ = ["plain_progress", "register"]
+__all__ = ["plain_progress", "register", "with_progress"]
+
+_R = TypeVar("_R")
 
 
 def build(
@@ -97,29 +99,7 @@ def build(
         )
 
     _sigterm_interrupts()  # a stopped build takes its compilers with it (see _run_plan)
-    if verbose:
-        result = build(lambda done, total, line: err_console.print(line, markup=False, highlight=False))
-    elif not err_console.is_terminal:
-        result = plain_progress(build)
-    else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        with Progress(
-            TextColumn("[bold]building llama-server[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}", style="dim", markup=False),
-            console=err_console,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("configuring", total=None)
-
-            def on_progress(done: int | None, total: int | None, line: str) -> None:
-                if done is not None and total is not None:
-                    bar.update(task, completed=done, total=total, description=line.split("] ", 1)[-1][:60])
-
-            result = build(on_progress)
+    result = with_progress("llama-server", build, verbose=verbose)
     console.print(str(result.info.path), markup=False)
     what = "cached" if result.cached else f"built in {result.seconds:.0f} s"
     err_console.print(
@@ -175,13 +155,12 @@ def _build_whisper(
     targets = [t for t in gpu_targets.replace(",", ";").split(";") if t] if gpu_targets else None
     _sigterm_interrupts()
 
-    def on_line(done: int | None, total: int | None, line: str) -> None:
-        if verbose:
-            err_console.print(line, markup=False, highlight=False)
+    def build(progress: ProgressFn) -> WhisperBuild:
+        return build_whisper_server(
+            settings, backend=backend, gpu_targets=targets, jobs=jobs, force=force, progress=progress
+        )
 
-    result = build_whisper_server(
-        settings, backend=backend, gpu_targets=targets, jobs=jobs, force=force, progress=on_line
-    )
+    result = with_progress("whisper-server", build, verbose=verbose)
     console.print(str(result.path), markup=False)
     what = "cached" if result.cached else f"built in {result.seconds:.0f} s"
     err_console.print(
@@ -203,7 +182,39 @@ def _sigterm_interrupts() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def plain_progress(build: Callable[[ProgressFn], BuildResult], interval: float = 20.0) -> BuildResult:
+def with_progress(
+    program: str, build: Callable[[ProgressFn], _R], *, verbose: bool = False, interval: float = 20.0
+) -> _R:
+    """Run ``build`` showing how far it is, the same way for every program forge compiles: each
+    compiler line with ``-v``, a bar on a terminal, a line at least every 20 s otherwise (a build
+    takes minutes; silence looks like a hang)."""
+    if verbose:
+        return build(lambda done, total, line: err_console.print(line, markup=False, highlight=False))
+    if not err_console.is_terminal:
+        return plain_progress(build, interval, program=program)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn(f"[bold]building {program}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}", style="dim", markup=False),
+        console=err_console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("configuring", total=None)
+
+        def on_progress(done: int | None, total: int | None, line: str) -> None:
+            if done is not None and total is not None:
+                bar.update(task, completed=done, total=total, description=line.split("] ", 1)[-1][:60])
+
+        return build(on_progress)
+
+
+def plain_progress(
+    build: Callable[[ProgressFn], _R], interval: float = 20.0, *, program: str = "llama-server"
+) -> _R:
     """Not a terminal (CI, journald): a bar would print nothing for the whole build (minutes), so a
     line with the last ``[n/m]`` step goes out at least every ``interval`` seconds instead."""
     state = ["configuring"]
@@ -217,7 +228,7 @@ def plain_progress(build: Callable[[ProgressFn], BuildResult], interval: float =
     def beat() -> None:
         while not stop.wait(interval):
             elapsed = time.monotonic() - start
-            print(f"building llama-server: {state[0]} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+            print(f"building {program}: {state[0]} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
 
     ticker = threading.Thread(target=beat, name="build-progress", daemon=True)
     ticker.start()

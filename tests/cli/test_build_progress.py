@@ -10,7 +10,7 @@ import pytest
 
 from rocmforge_supervisor.binaries import BuildResult
 from rocmforge_supervisor.binaries._builder import ProgressFn
-from rocmforge_supervisor.cli._build import plain_progress
+from rocmforge_supervisor.cli._build import plain_progress, with_progress
 
 
 def test_non_tty_build_prints_the_last_step_on_a_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,3 +31,24 @@ def test_non_tty_build_prints_the_last_step_on_a_heartbeat(monkeypatch: pytest.M
     lines = err.getvalue().splitlines()
     assert len(lines) >= 2, lines
     assert lines[0].startswith("building llama-server: [3/10] Building CXX object ggml/src/ggml.c.o (")
+
+
+@pytest.mark.parametrize("program", ["llama-server", "whisper-server"])
+def test_every_program_forge_compiles_shows_its_progress(
+    monkeypatch: pytest.MonkeyPatch, program: str
+) -> None:
+    """``forge build --whisper`` printed nothing for minutes: each build goes through the one
+    progress display, named for what it compiles."""
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+
+    def quiet_build(progress: ProgressFn) -> str:
+        progress(5, 40, "[5/40] Building CXX object src/whisper.cpp.o")
+        deadline = time.monotonic() + 10
+        while err.getvalue().count("\n") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return "built"
+
+    assert with_progress(program, quiet_build, interval=0.05) == "built"
+    first = err.getvalue().splitlines()[0]
+    assert first.startswith(f"building {program}: [5/40] Building CXX object src/whisper.cpp.o ("), first
