@@ -1,9 +1,10 @@
 """Which llama-server routes the gateway forwards, how each names its model, and its API dialect.
 
 The list is the pinned llama-server's (``tools/server/server.cpp`` at 4df29be, the same set its
-own router mode forwards): every route that takes a model. Nothing is translated — llama-server
-already speaks OpenAI, Anthropic and its native dialect, and a translator loses fields (Lemonade's
-Anthropic translation dropped what Claude Code sends: lemonade#2662). The gateway only has to find
+own router mode forwards): every route that takes a model. Nothing is translated for llama-server
+— it already speaks OpenAI, Anthropic and its native dialect, and a translator loses fields
+(Lemonade's Anthropic translation dropped what Claude Code sends: lemonade#2662); only a command
+model whose server speaks OpenAI chat alone gets ``/v1/messages`` translated (``proxy/_anthropic``). The gateway only has to find
 the model: in the JSON body's ``model``, in the multipart form field ``model`` (audio
 transcriptions), or in ``?model=`` (``GET /props``, ``GET /slots``).
 

@@ -6,7 +6,9 @@ form field, or ``?model=``) → wait for its load, at most ``load_wait`` (then 5
 progress) → ``supervisor.acquire`` (a slot, as an :class:`Upstream`) → ``client/_transport``
 (retry on a stale keep-alive, httpx errors typed) → stream through or buffer → release.
 
-Nothing is translated: the body goes through unchanged and the reply comes back unchanged, streams
+Nothing is translated (but Anthropic's Messages to a command model whose server speaks only OpenAI
+chat: ``_anthropic``, after the same checks, through the same forwarder with a translator of its
+answer): the body goes through unchanged and the reply comes back unchanged, streams
 as the raw blocks that arrived (a streamed request goes through the relay's own HTTP/1.1 client,
 ``_upstream_http``, with the same error mapping and retry rule; the rest through httpx), so every dialect llama-server speaks (OpenAI, Anthropic, Responses,
 native) works with its own clients. Only the tail of a stream is kept, for the usage counters and
@@ -53,6 +55,7 @@ from ..core._state import GatewayState, body_limit, read_body, request_id, state
 from ..core._upstream_http import StreamResponse, supports
 from ..core._usage import StreamMeter, Used, used_in
 from ..edge._errors_http import UpstreamModel, error_response, sse_error_chunk, status_for, upstream_error
+from ._anthropic import AnthropicAnswer, chat_body, refuse_count_tokens, translates
 from ._audio import audio_request, is_translation
 from ._listing import check_media, check_tools, model_list
 from ._relay import CLIENT_GONE, Opened, RelayResponse
@@ -520,6 +523,28 @@ def forward_translated(st: GatewayState, req: DialectRequest) -> RelayResponse:
     return RelayResponse(fwd.open, dialect="ollama", request_id=req.rid, stream=req.stream, interval=0.0)
 
 
+#: Per (model, Anthropic route): whether its requests are translated to OpenAI chat, with the
+#: configuration that was decided for (as :data:`_FITS`: a plain request does not ask again).
+_TRANSLATED: dict[tuple[str, str], tuple[ModelConfig, bool]] = {}
+
+
+def _anthropic_to_chat(
+    st: GatewayState, name: str, asked: str, path: str, payload: dict[str, Any]
+) -> tuple[str, bytes, Translator] | None:
+    """An Anthropic request to a model whose server answers OpenAI chat and not ``path``
+    (``_anthropic``): the chat route, the translated body and the answer's translator; None where
+    the model answers ``path`` itself (llama-server: passed through). Its token count is a 400."""
+    config = st.supervisor.config_of(name)
+    known = _TRANSLATED.get((name, path))
+    if known is None or known[0] is not config:
+        refuse_count_tokens(name, config, path)
+        known = _TRANSLATED[(name, path)] = (config, translates(config, path))
+    if not known[1]:
+        return None
+    answer = AnthropicAnswer(asked, payload.get("stop_sequences"))
+    return "/v1/chat/completions", json.dumps(chat_body(payload)).encode(), answer
+
+
 def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
     dialect: Dialect = route.dialect
 
@@ -529,6 +554,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
         received = time.perf_counter()
         content_type = request.headers.get("content-type", "application/json")
         whisper = False
+        translated: tuple[str, bytes, Translator] | None = None
         try:
             body = await read_body(request, body_limit(st, route.path)) if route.method == "POST" else b""
             if route.model_from == "json":
@@ -541,6 +567,8 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
                     await check_tools(request.app.state.ollama, name, payload)
                 if shape.parts:
                     check_media(st.supervisor, name, payload, allow_remote=st.server.allow_remote_media)
+                if dialect == "anthropic":  # checked in Anthropic's terms; then, where it must be, translated
+                    translated = _anthropic_to_chat(st, name, served.asked, route.path, payload)
             else:
                 asked, stream = await model_from_request(route, request, body)
                 served = split_name(asked, st.supervisor.names(), st.supervisor.config_of)
@@ -560,6 +588,8 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
             return error_response(exc, rid, dialect)
         translator: Translator | None = None
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        if translated is not None:  # Anthropic's Messages to a server of OpenAI chat only
+            path, body, translator = translated
         if whisper:  # the audio adapter: the form as whisper-server's /inference, its answer rendered
             try:
                 path, body, content_type, translator = await audio_request(

@@ -169,8 +169,11 @@ async def check_tools(facts: ModelFacts, name: str, body: dict[str, Any]) -> Non
 
 def check_media(supervisor: Supervisor, name: str, body: dict[str, Any], *, allow_remote: bool) -> None:
     """A 400 when ``body``'s images/audio cannot go to model ``name`` (:mod:`._media`): the one
-    check every API's requests meet, with whether the model has a projector (``mmproj``)."""
-    has_projector = bool(supervisor.config_of(name).mmproj)
+    check every API's requests meet, with whether the model has a projector (``mmproj``). A
+    command's server decides for itself what it takes (forge cannot know): only the URLs are
+    checked (``file://``, remote ones, malformed base64)."""
+    config = supervisor.config_of(name)
+    has_projector = bool(config.mmproj) or config.backend == "command"
     refuse_unusable_media(name, body, has_projector=has_projector, allow_remote=allow_remote)
 
 
