@@ -25,7 +25,7 @@ from ._context_store import ContextKey, ContextStore, ContextSummary, SavedConte
 from ._events import EventBus, EventKind
 from ._launch import LaunchPlan
 
-__all__ = ["ContextCounters", "ContextKeeper", "SlotBook", "child_key"]
+__all__ = ["ContextCounters", "ContextKeeper", "SlotBook", "SlotState", "child_key"]
 
 log = logging.getLogger("rocmforge.supervisor")
 
@@ -48,43 +48,116 @@ def child_key(plan: LaunchPlan) -> ContextKey:
 
 @dataclass
 class ConversationCounters:
-    """The per-conversation tier's totals since this ``forge serve`` started (:mod:`._conversations`)."""
+    """The per-conversation tier's totals since this ``forge serve`` started (:mod:`._conversations`).
+    A returning turn (history present) is counted once its answer says what the child reused
+    (``timings.cache_n``): a hit or a miss, never both."""
 
-    hits: int = 0  # a returning turn found its saved state (on disk or still in the child)
-    misses: int = 0  # a returning turn (history present) with no saved state for its key
-    restores: int = 0  # hits restored from disk into a slot (the child had lost them)
+    hits: int = 0  # a returning turn the child answered from its saved state (in its slot or restored)
+    misses: int = 0  # a returning turn the child computed: no saved state, or it could not be used
+    restores: int = 0  # saved states restored from disk into a slot (the child had lost them)
     saves: int = 0
     saved_bytes: int = 0
     prefill_saved: int = 0  # tokens restored instead of computed
     warnings: int = 0
 
 
+@dataclass(frozen=True)
+class SlotState:
+    """One slot as ``GET /slots`` reports it: ``tokens`` is what its KV cache holds now
+    (``n_prompt_tokens``: 0 once llama-server emptied it; None before its first task, or from a
+    build that does not say), ``n_ctx`` the context it may use (the whole cache when the slots
+    share one)."""
+
+    id: int
+    processing: bool
+    tokens: int | None = None
+    n_ctx: int | None = None
+
+    @classmethod
+    def parse(cls, answer: object) -> list[SlotState]:
+        """The slots of a ``GET /slots`` answer; none when it is not one."""
+        if not isinstance(answer, list):
+            return []
+        out = []
+        for s in answer:
+            if not isinstance(s, dict) or not isinstance(s.get("id"), int):
+                continue
+            tokens, n_ctx = s.get("n_prompt_tokens"), s.get("n_ctx")
+            out.append(
+                cls(
+                    int(s["id"]),
+                    bool(s.get("is_processing")),
+                    tokens if isinstance(tokens, int) else None,
+                    n_ctx if isinstance(n_ctx, int) else None,
+                )
+            )
+        return out
+
+
 @dataclass
 class SlotBook:
     """What the per-conversation tier knows of the running child's slots: which conversation
-    state each slot holds after a tier turn (so the next turn goes back there without a restore),
-    which slots a tier turn in flight has claimed (so two turns never restore into one slot), and
-    whether the tier is off for this run, and why (the restore check, llama.cpp #26676)."""
+    state each slot held after a tier turn, and how many tokens (the next turn goes back there
+    without a restore once ``GET /slots`` confirms the slot still holds them: llama-server empties
+    idle slots when a shared cache runs full), which slots a tier turn in flight has claimed (two
+    turns never restore into one slot), and whether the tier is off for this run, and why (the
+    restore check, llama.cpp #26676)."""
 
     pid: int = 0
     holds: dict[int, str] = field(default_factory=dict)  # slot -> state stem, oldest first
+    #: slot -> the tokens it held after that turn (the save's ``n_saved``, else the turn's count)
+    tokens: dict[int, int] = field(default_factory=dict)
+    #: the slots whose count is a save's own: ``GET /slots`` must then report exactly it
+    exact: set[int] = field(default_factory=set)
     #: slot -> the API key name whose turn last used it; a slot missing here may hold anyone's.
     owners: dict[int, str | None] = field(default_factory=dict)
     claimed: set[int] = field(default_factory=set)
     off: str | None = None
+    #: One tier turn at a time reads the slots, makes room and restores (the answers do not wait
+    #: on it): two restores never count on the same free cells of a shared cache.
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     def for_child(self, pid: int) -> None:
         """A new child holds nothing of the old one's slots."""
         if pid != self.pid:
             self.pid = pid
-            self.holds.clear()
-            self.owners.clear()
+            self.unknown()
             self.claimed.clear()
 
     def unknown(self) -> None:
         """A request outside the tier went to the child: any slot may now hold something else."""
         self.holds.clear()
+        self.tokens.clear()
+        self.exact.clear()
         self.owners.clear()
+
+    def held(self, slot: int, stem: str, tokens: int, *, exact: bool) -> None:
+        """After a tier turn: ``slot`` holds ``stem``'s state, ``tokens`` of it (now the newest)."""
+        self.forget(slot)
+        self.holds[slot] = stem
+        self.tokens[slot] = tokens
+        if exact:
+            self.exact.add(slot)
+
+    def forget(self, slot: int) -> None:
+        """``slot`` no longer holds what the book said (replaced, emptied, erased)."""
+        self.holds.pop(slot, None)
+        self.tokens.pop(slot, None)
+        self.exact.discard(slot)
+
+    def still_holds(self, state: SlotState) -> bool:
+        """Whether the slot still holds what the book says: ``GET /slots`` reports tokens in it
+        (exactly the save's count, when a save counted them). A slot the child emptied (a full
+        shared cache, an erase) reports 0; a build that reports no count is never trusted."""
+        if state.id not in self.holds or state.tokens is None or state.tokens <= 0:
+            return False
+        return state.id not in self.exact or state.tokens == self.tokens.get(state.id)
+
+    def age(self, slot: int) -> int:
+        """The order in which slots are given up: -1 for one holding no tracked state, then 0
+        for the one whose state is the oldest, and so on."""
+        order = list(self.holds)
+        return order.index(slot) if slot in order else -1
 
 
 @dataclass

@@ -21,10 +21,21 @@ at an unload: its states were saved after each turn), the router's ``POST /model
 direct server stopped and started again; ``restart``: the whole process stopped with SIGTERM
 and started again on the same state directory.
 
+``--found N``: where the time of a returning turn goes when its slot still holds the
+conversation (nothing restored, ``prompt_n`` ~17): one ~1.6k-token conversation (the shape of a
+report's reproducer: ``ctx_size`` 4096, 4 slots sharing the cache, ``--reply-tokens`` 16), then N
+returning turns, through forge with the tier and straight to the same llama-server command line.
+Each turn is split into llama-server's own prompt and reply times (its ``timings``), the tier's
+save after the turn (its ``context_saved`` event's ``ms``) and the rest (forge, HTTP). A turn's
+reply costs one decode step per token, which the main workload (one token) never pays; on a
+shared 2-core box llama-server's two threads wait on each other at every step (``--threads 1``
+shows it).
+
 Usage: .venv/bin/python scripts/bench/bench_context.py [--conversations 8] [--rounds 1]
        [--targets direct,router,forge,tier] [--json out.json]
        .venv/bin/python scripts/bench/bench_context.py --soak 200 [--soak-budget 4]
          (200 turns on forge with the tier under a budget of ~4 states: files and bytes counted)
+       .venv/bin/python scripts/bench/bench_context.py --found 3 [--reply-tokens 16] [--threads 1]
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -287,6 +298,100 @@ def soak(args: argparse.Namespace, model: Path, env: dict[str, str], tmp: Path) 
     )
 
 
+def report_doc(tag: str) -> str:
+    """A ~1.6k-token system prompt for SmolLM2 (the reproducer's report of 58 facts)."""
+    goods = ["apples", "wire", "books", "lamps", "tea"]
+    return " ".join(
+        f"Fact {i}: the {tag} depot in zone {i % 17} holds {i * 13 % 97} boxes of {goods[i % 5]}, "
+        f"checked on day {i % 28 + 1}."
+        for i in range(58)
+    )
+
+
+def saved_ms(url: str) -> list[float]:
+    """The ``ms`` of every ``context_saved`` event of the tier so far (``/api/events?replay=1``,
+    read until it goes quiet)."""
+    out: list[float] = []
+    try:
+        with httpx.stream("GET", f"{url}/api/events", params={"replay": "1"}, timeout=2) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and '"context_saved"' in line:
+                    data = json.loads(line[6:]).get("data") or {}
+                    if data.get("conversation"):
+                        out.append(float(data.get("ms") or 0))
+    except httpx.ReadTimeout:
+        pass
+    return out
+
+
+def found(args: argparse.Namespace, model: Path, env: dict[str, str], tmp: Path) -> None:
+    """``--found N``: a returning turn whose slot still holds it, its time split in parts."""
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    config = tmp / "found.toml"
+    config.write_text(
+        f"""
+[models.{MODEL}]
+path = "{model}"
+gpu = "cpu"
+ctx_size = {args.found_ctx}
+parallel = {args.found_parallel}
+preload = true
+args = {json.dumps(threads)}
+keep_context = true
+keep_conversations = true
+"""
+    )
+    tier = Forge(tmp, [], config, dict(env, FORGE_STATE_DIR=str(tmp / "found-state")), "tier")
+    print(f"machine before: {machine_load()}", file=sys.stderr, flush=True)
+    with running(tier):
+        child = llama_children(tier.proc.pid)[MODEL] if tier.proc else []
+        rows = turns(tier.url, args, lambda: saved_ms(tier.url))
+    direct = Direct(tmp, child)
+    with running(direct):
+        rows += turns(direct.url, args, None)
+    print(f"machine after: {machine_load()}", file=sys.stderr, flush=True)
+    print("| returning turn | wall | llama-server prompt | llama-server reply | the tier's save | the rest |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(row)
+
+
+def turns(url: str, args: argparse.Namespace, saves: Callable[[], list[float]] | None) -> list[str]:
+    """The conversation's first turn, then ``--found`` returning turns: one table row each."""
+    messages = [
+        {"role": "system", "content": "Answer about this report.\n" + report_doc("north")},
+        {"role": "user", "content": "What does fact 3 say?"},
+    ]
+    rows = []
+    for n in range(args.found + 1):
+        before = saves() if saves else []
+        t0 = time.perf_counter()
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": MODEL, "messages": messages, "max_tokens": args.reply_tokens, "temperature": 0},
+            timeout=900,
+        )
+        wall = time.perf_counter() - t0
+        r.raise_for_status()
+        answer = r.json()
+        t = answer["timings"]
+        save = sum(saves()[len(before) :]) / 1000 if saves else 0.0
+        messages += [
+            {"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
+            {"role": "user", "content": f"And fact {n + 5}?"},
+        ]
+        prompt_s, reply_s = t["prompt_ms"] / 1000, t["predicted_ms"] / 1000
+        per_token = t["predicted_ms"] / max(1, t["predicted_n"])
+        label = f"{'tier' if saves else 'direct'}, {'first (cold)' if n == 0 else f'returning {n}'}"
+        rows.append(
+            f"| {label} | {wall:.2f} s | {prompt_s:.2f} s ({t['prompt_n']} tok, {t['cache_n']} reused) "
+            f"| {reply_s:.2f} s ({t['predicted_n']} tok, {per_token:.0f} ms/tok) "
+            f"| {f'{save:.3f} s' if saves else '-'} | {wall - prompt_s - reply_s - save:.3f} s |"
+        )
+        print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
 def summary(results: dict[str, dict[str, list[tuple[float, int]]]]) -> str:
     names = list(results)
     lines = [
@@ -333,6 +438,16 @@ def main() -> None:
     ap.add_argument(
         "--soak-budget", type=int, default=4, help="the soak's context_max_bytes, in ~2k-token states"
     )
+    ap.add_argument(
+        "--found",
+        type=int,
+        default=0,
+        help="instead: N returning turns whose slot holds them, timed in parts",
+    )
+    ap.add_argument("--reply-tokens", type=int, default=16, help="--found: each turn's max_tokens")
+    ap.add_argument("--found-ctx", type=int, default=4096, help="--found: the model's ctx_size")
+    ap.add_argument("--found-parallel", type=int, default=4, help="--found: the model's parallel")
+    ap.add_argument("--threads", type=int, default=0, help="--found: llama-server's --threads (0: its own)")
     args = ap.parse_args()
     settings = ForgeSettings()
     binary = locate_llama_server(settings).path
@@ -342,6 +457,9 @@ def main() -> None:
         env = dict(os.environ, FORGE_STATE_DIR=str(tmp / "state"), FORGE_LLAMA_SERVER=str(binary))
         if args.soak:
             soak(args, model, env, tmp)
+            return
+        if args.found:
+            found(args, model, env, tmp)
             return
         off = Forge(tmp, [], forge_config(tmp, model, args, tier=False), env, "forge")
         tier_env = dict(env, FORGE_STATE_DIR=str(tmp / "tier-state"))

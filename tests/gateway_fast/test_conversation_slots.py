@@ -13,9 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from rocmforge_supervisor.supervisor import EventKind
+from rocmforge_supervisor.supervisor._keep_context import SlotState
 from tests.gateway_fast.conftest import Serve
 from tests.support.gateway import Gateway, poll, serving
 from tests.support.supervised import fake_config
@@ -143,11 +145,18 @@ async def test_a_restore_the_child_does_not_reuse_turns_the_tier_off(serve: Serv
         assert any("per-conversation context tier is off" in str(e.data["message"]) for e in warnings)
 
 
-async def test_the_byte_budget_holds_over_a_200_turn_soak(serve: Serve) -> None:
-    state_bytes = 7000  # the fake writes 1000 bytes per saved token, 7 tokens
+@pytest.mark.timeout(180)
+async def test_the_byte_budget_holds_over_a_200_turn_soak(
+    tmp_path: Path, tiny_gguf: Path, fake_bin: Path
+) -> None:
+    state_bytes = 100 * (600 + 3 - 1)  # the fake's 100 bytes a token: the prompt, all but one reply token
     budget = 5 * state_bytes + 100
     rng = random.Random(35)
-    async with serve(_model(parallel=2), server={"keys": KEYS, "context_max_bytes": budget}) as gw:
+    config = fake_config(
+        tmp_path, tiny_gguf, _model(parallel=2), server={"keys": KEYS, "context_max_bytes": budget}
+    )
+    # 200 turns, each a restore or a save: ~25 s on a loaded 2-core box, more than serving's default
+    async with serving(config, fake_bin, timeout=150) as gw:
         folder = _slot_dir(gw)
         conversations: list[list[dict[str, str]]] = [
             [{"role": "user", "content": f"conversation {i}"}] for i in range(8)
@@ -218,6 +227,12 @@ async def test_a_stream_the_client_leaves_is_not_saved(serve: Serve) -> None:
                 if line.startswith("data: "):
                     break  # the client leaves after the first event
         await poll(lambda: gw.model("m").in_flight == 0, what="the cut stream's end")
+        server = gw.model("m").server
+        assert server is not None
+
+        with anyio.fail_after(5):  # the child notices the client gone at its next write
+            while any(s.processing for s in SlotState.parse(await server.slots())):  # noqa: ASYNC110
+                await anyio.sleep(0.02)
         await _turn(gw, _ask([{"role": "user", "content": "conversation c"}], "c1"))
         assert _counters(gw)["saves"] == 1  # c's, not the cut stream's
 
@@ -277,7 +292,8 @@ async def test_a_damaged_state_is_deleted_with_an_event_and_the_turn_computes_co
         await _turn(gw, _ask([{"role": "user", "content": "conversation b"}], "b1"))  # takes the slot
         for slot in _slot_dir(gw).glob("conv-*.slot"):
             slot.write_bytes(slot.read_bytes()[:100])  # truncated: the manifest's size no longer holds
-        await _turn(gw, _ask(a, "a2"))  # answered, without a restore (the child computes it)
-        assert _counters(gw)["restores"] == 0 and _counters(gw)["hits"] == 1
+        answer = await _turn(gw, _ask(a, "a2"))  # answered, without a restore (the child computes it)
+        assert _counters(gw)["restores"] == 0 and _counters(gw)["hits"] == 0
+        assert _counters(gw)["misses"] == 1, answer
         deleted = [e for e in gw.sup.events.history("m") if e.kind == EventKind.CONTEXT_DELETED]
         assert any("truncated" in str(e.data.get("reason")) for e in deleted), deleted

@@ -45,27 +45,42 @@ backend-module lines a real build prints, for what the self-test records.
 before it listens: a per-process device memory file as the kernel keeps it (KFD's
 ``/sys/class/kfd/kfd/proc/<pid>/vram_<gpu_id>``), in a copy of a fixture machine's sysfs.
 
-``POST /slots/N?action=save|restore`` with ``--slot-save-path DIR`` (``keep_context``) writes and
-reads a small file there, answering ``n_saved``/``n_restored`` as llama-server does;
-``--fake-save-seconds S`` makes each save take S seconds after its file appears (a slow disk).
-``--fake-slots`` adds ``GET /slots`` (``[{"id", "is_processing"}]`` for each of ``--parallel N``
-slots) and keeps what each slot holds as the real server does: a non-streamed chat sent with
-``id_slot`` reports the tokens its slot already held (a restore's ``n_restored``, or its last
-turn's prompt plus answer) as ``timings.cache_n`` and ``usage.prompt_tokens_details.cached_tokens``;
-``--fake-prompt-tokens N`` makes every non-streamed answer's ``usage.prompt_tokens`` N (default 2);
+``POST /slots/N?action=save|restore|erase`` with ``--slot-save-path DIR`` (``keep_context``)
+writes, reads and empties a slot as llama-server does: the file holds the slot's tokens (100
+bytes a token), the answer ``n_saved``/``n_restored``/``n_erased``; ``--fake-save-seconds S``
+makes each save take S seconds after its file appears (a slow disk). Without ``--fake-slots`` an
+empty slot saves ``FAKE_SLOT_TOKENS`` (7) made-up tokens, so that a planned stop has something.
+
+``--fake-slots`` keeps the FAKE's model of each slot's KV cache (``_Slots``): a token is a word of
+the chat (a ``<|role|>`` marker and the words of each message, then ``<|assistant|>``), a request
+reuses the longest common prefix with its slot (``id_slot``, else the most similar idle slot, else
+the least recently used), reported as ``timings.cache_n`` and
+``usage.prompt_tokens_details.cached_tokens``, and leaves the slot holding its prompt and all but
+the last generated token. ``GET /slots`` reports each slot's ``n_ctx``, ``is_processing`` and, once
+it has run a task, ``id_task`` and ``n_prompt_tokens`` (what it holds now). With ``--kv-unified``
+and more than one ``--parallel`` slot the slots share ``--ctx-size`` cells (default 4096), and the
+FAKE purges as llama-server does when they run out: a request that does not fit empties idle
+slots in slot order first (printing llama-server's ``try_clear_id: purging slot N with M
+tokens``), a restore that does not fit is refused with its message (``No available space in KV
+cache``); without it each slot has ``ctx_size / parallel`` cells of its own. A prompt as long as
+its slot's context is llama-server's 400 ``exceed_context_size_error``.
+``--fake-prompt-tokens N`` makes every chat prompt the same N tokens (default: its words; without
+``--fake-slots`` every answer's ``usage.prompt_tokens`` is N, default 2);
 ``--fake-restore-noop`` (or ``FAKE_LLAMA_RESTORE_NOOP=1``, for the build self-test) makes a restore
 answer as usual but leave the slot empty (llama.cpp #26676).
+tests/gateway/test_conversation_tier.py checks the purge and the restore against the real server.
 
 ``/completion`` (llama-server's own route) answers ``{"content", "tokens_predicted"}`` (with
-``timings.cache_n``, what its slot held, when sent with ``id_slot``: the self-test's restore check;
-``POST /slots/N?action=erase`` empties a slot); each finished
-request prints llama-server's ``print_timing`` line.
+``timings.cache_n``, what its slot held, when sent with ``id_slot``: the self-test's restore check);
+each finished request prints llama-server's ``print_timing`` line.
 
 ``--reranking`` (llama-server's own flag) makes it answer ``/v1/rerank``, ``/rerank`` and their
 ``…ing`` spellings in the Jina/Cohere shape (``{"results": [{"index", "relevance_score"}]}``, best
 first, a made-up score per document); without it they are llama-server's 501 "Start it with
 `--reranking`". ``--fake-tools-caps 0|1`` puts ``chat_template_caps.supports_tools`` in ``/props``,
-as the real server reports what its chat template can do.
+as the real server reports what its chat template can do. ``--fake-tool-calls`` answers a chat
+that sends ``tools`` (and does not end with a tool's result) with a FAKE call of its first tool,
+``{"fake": "arg", "n": 1}``, its arguments streamed in three pieces (``finish_reason: tool_calls``).
 
 ``--version`` and ``--list-devices`` answer as a CPU-only build, so ``FORGE_LLAMA_SERVER`` may
 point at the fake (a ``forge serve`` subprocess in the service tests).
@@ -84,6 +99,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs
 
 
 def _args(argv: list[str]) -> dict[str, str]:
@@ -104,6 +120,13 @@ def _args(argv: list[str]) -> dict[str, str]:
     return out
 
 
+def _asks_tool(body: dict[str, object]) -> bool:
+    """A chat with tools whose last message is not a tool's result (``--fake-tool-calls``)."""
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else {}
+    return bool(body.get("tools")) and isinstance(last, dict) and last.get("role") != "tool"
+
+
 def _name_process() -> None:
     """Show as ``llama-server`` in ps (and to the tests' no-orphans check and the stale sweep)."""
     try:
@@ -122,6 +145,138 @@ def _die(name: str) -> None:
     os.kill(os.getpid(), signal.Signals[name])  # Python leaves these signals at their default
     time.sleep(5)  # the signal arrives at once; never fall through
     os._exit(1)
+
+
+class _Slots:
+    """What each slot's KV cache holds, as token lists, kept the way llama-server keeps it (a
+    FAKE's model of it: a token is a word of the prompt). A request reuses the longest common
+    prefix of its prompt with its slot's tokens (``cache_n``) and leaves the slot holding its
+    prompt and all but the last generated token. With ``--kv-unified`` and more than one slot the
+    slots share ``--ctx-size`` cells: a request that does not fit empties idle slots in slot order
+    first, as llama-server's ``try_clear_idle_slots`` does (``purging slot N with M tokens``); a
+    restore that does not fit is refused with llama-server's message. Without it each slot has
+    ``ctx_size / parallel`` cells of its own."""
+
+    def __init__(self, parallel: int, n_ctx: int, unified: bool) -> None:
+        self.parallel, self.n_ctx, self.unified = parallel, n_ctx, unified and parallel > 1
+        self.slot_ctx = n_ctx if self.unified or parallel <= 1 else n_ctx // parallel
+        self.held: dict[int, list[str]] = {i: [] for i in range(parallel)}
+        self.task: dict[int, int] = {}  # the last task each slot ran (GET /slots' id_task)
+        self.busy: set[int] = set()
+        self.used: dict[int, int] = {i: 0 for i in range(parallel)}  # when each last ran (LRU)
+        self.tasks = 0
+        self.lock = threading.Lock()
+
+    def report(self) -> list[dict[str, object]]:
+        """``GET /slots``: ``n_prompt_tokens`` (what the slot holds) once it has run a task."""
+        with self.lock:
+            out: list[dict[str, object]] = []
+            for i in range(self.parallel):
+                row: dict[str, object] = {
+                    "id": i,
+                    "n_ctx": self.slot_ctx,
+                    "speculative": False,
+                    "is_processing": i in self.busy,
+                }
+                if i in self.task:
+                    row |= {"id_task": self.task[i], "n_prompt_tokens": len(self.held[i])}
+                out.append(row)
+            return out
+
+    def start(self, slot: object, prompt: list[str], n_gen: int) -> tuple[int, int] | tuple[int, str]:
+        """A task for ``prompt`` (generating ``n_gen`` tokens) on ``slot`` (None: llama-server's
+        own choice, the most similar idle slot, else the least recently used). ``(slot, cached)``;
+        ``(status, message)`` when it cannot run (the caller answers the error)."""
+        with self.lock:
+            if len(prompt) >= self.slot_ctx:
+                return 400, "the request exceeds the available context size, try increasing it"
+            if isinstance(slot, int):
+                chosen = slot
+            else:
+                idle = [i for i in range(self.parallel) if i not in self.busy] or list(range(self.parallel))
+                similar = [i for i in idle if _common(self.held[i], prompt) > 0.1 * len(prompt)]
+                chosen = (
+                    max(similar, key=lambda i: _common(self.held[i], prompt))
+                    if similar
+                    else min(idle, key=lambda i: self.used[i])
+                )
+            cached = min(_common(self.held[chosen], prompt), len(prompt) - 1)
+            need = len(prompt) + max(n_gen - 1, 0)
+            if self.unified:
+                others = sum(len(t) for i, t in self.held.items() if i != chosen)
+                for i in range(self.parallel):
+                    if others + need <= self.n_ctx:
+                        break
+                    if i != chosen and i not in self.busy and self.held[i]:
+                        print(
+                            f"srv  try_clear_id: purging slot {i} with {len(self.held[i])} tokens",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        others -= len(self.held[i])
+                        self.held[i] = []
+                if others + need > self.n_ctx:
+                    return 500, "Context size has been exceeded."
+            self.tasks += 1
+            self.task[chosen] = self.tasks
+            self.busy.add(chosen)
+            self.held[chosen] = self.held[chosen][:cached]
+            return chosen, cached
+
+    def done(self, slot: int, prompt: list[str], generated: list[str]) -> None:
+        with self.lock:
+            self.held[slot] = prompt + generated[:-1]
+            self.busy.discard(slot)
+            self.used[slot] = time.monotonic_ns()
+
+    def restore(self, slot: int, tokens: list[str], noop: bool) -> str | None:
+        """The slot holds ``tokens`` (``noop``: llama.cpp #26676, left empty); None, or why not."""
+        with self.lock:
+            self.held[slot] = []
+            if len(tokens) > self.slot_ctx:
+                return "Unable to restore slot: Restored prompt does not fit in the slot context"
+            if self.unified and sum(len(t) for t in self.held.values()) + len(tokens) > self.n_ctx:
+                return "Unable to restore slot: No available space in KV cache or invalid slot save file"
+            self.held[slot] = [] if noop else list(tokens)
+            return None
+
+    def erase(self, slot: int) -> int:
+        with self.lock:
+            n, self.held[slot] = len(self.held[slot]), []
+            return n
+
+
+def _common(a: list[str], b: list[str]) -> int:
+    """The length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _words(messages: object) -> list[str]:
+    """A chat's prompt as the FAKE tokenizes it: a role marker and the words of each message, then
+    the assistant's marker (the generation prompt)."""
+    out: list[str] = []
+    for m in messages if isinstance(messages, list) else []:
+        if isinstance(m, dict):
+            content = m.get("content")
+            text = content if isinstance(content, str) else json.dumps(content)
+            out += [f"<|{m.get('role')}|>", *text.split()]
+    return [*out, "<|assistant|>"]
+
+
+def _unified(argv: list[str]) -> bool:
+    """``--kv-unified``/``-kvu`` on the command line, the last of it and its ``no`` form winning."""
+    on = False
+    for a in argv:
+        if a in ("--kv-unified", "-kvu"):
+            on = True
+        elif a in ("--no-kv-unified", "-no-kvu"):
+            on = False
+    return on
 
 
 def main() -> None:
@@ -173,7 +328,10 @@ def main() -> None:
     fake_slots = "--fake-slots" in opts
     parallel = int(opts.get("--parallel") or opts.get("-np") or 1)
     prompt_tokens = int(opts.get("--fake-prompt-tokens", "2"))
-    slot_tokens: dict[int, int] = {}  # --fake-slots: what each slot holds
+    #: --fake-prompt-tokens N with --fake-slots: every prompt the same N tokens; else its words.
+    same_prompt = "--fake-prompt-tokens" in opts
+    n_ctx = int(opts.get("--ctx-size") or 4096)
+    kv = _Slots(parallel, n_ctx, _unified(sys.argv[1:]))  # what each slot holds
     last_task = [time.monotonic()]
     ready = threading.Event()
 
@@ -199,8 +357,8 @@ def main() -> None:
                     self._send(503, {"error": {"code": 503, "message": "Loading model"}})
             elif self.path == "/metrics":
                 self._send(200, {})
-            elif self.path == "/slots" and fake_slots:
-                self._send(200, [{"id": i, "is_processing": False} for i in range(parallel)])
+            elif self.path.partition("?")[0] == "/slots" and fake_slots:
+                self._send(200, kv.report())
             elif self.path == "/props":
                 asleep = 0 < sleep_idle <= time.monotonic() - last_task[0]
                 props: dict[str, object] = {"build_info": "fake", "is_sleeping": asleep}
@@ -249,27 +407,47 @@ def main() -> None:
                 }
                 slot = body.get("id_slot")
                 if isinstance(slot, int):  # what the slot held (a restore, its last task), reused
-                    cached = slot_tokens.get(slot, 0)
-                    slot_tokens[slot] = cached + n + 2
-                    done["timings"] = {"cache_n": cached, "prompt_n": 2, "predicted_n": n}
+                    words = str(body.get("prompt") or "").split()
+                    taken = kv.start(slot, words, n)
+                    if isinstance(taken[1], str):
+                        self._error(taken[0], taken[1])
+                        return
+                    kv.done(slot, words, str(done["content"]).split())
+                    reused = taken[1]
+                    done["timings"] = {"cache_n": reused, "prompt_n": len(words) - reused, "predicted_n": n}
                 self._send(200, done)
                 return
             if self.path == "/v1/messages":
                 self._messages(bool(body.get("stream")))
                 return
             chat = self.path == "/v1/chat/completions"
-            if not body.get("stream"):
-                text = " ".join("tok" for _ in range(chunks))
+            stream = bool(body.get("stream"))
+            if "--fake-tool-calls" in opts and chat and _asks_tool(body):
+                self._tool_call(body, stream)
+                return
+            text = (
+                " ".join("tok" for _ in range(chunks))
+                if not stream
+                else "".join(f"tok{i} " for i in range(chunks))
+            )
+            prompt: list[str] = []
+            slot, cached, n_prompt = body.get("id_slot"), 0, prompt_tokens
+            if fake_slots and chat:  # the slot it runs in: reused, then holding this task's tokens
+                if same_prompt:
+                    prompt = [f"p{i}" for i in range(prompt_tokens)]
+                else:
+                    prompt = _words(body.get("messages"))
+                taken = kv.start(slot, prompt, chunks)
+                if isinstance(taken[1], str):
+                    self._error(taken[0], taken[1])
+                    return
+                slot, cached, n_prompt = taken[0], taken[1], len(prompt)
+            if not stream:
                 choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-                slot = body.get("id_slot")
-                cached = slot_tokens.get(slot, 0) if isinstance(slot, int) else 0
-                cached = min(cached, prompt_tokens)
-                if isinstance(slot, int):
-                    slot_tokens[slot] = prompt_tokens + chunks
                 usage = {
                     "completion_tokens": chunks,
-                    "prompt_tokens": prompt_tokens,
-                    "total_tokens": chunks + prompt_tokens,
+                    "prompt_tokens": n_prompt,
+                    "total_tokens": chunks + n_prompt,
                     "prompt_tokens_details": {"cached_tokens": cached},
                 }
                 answer: dict[str, object] = {
@@ -277,26 +455,39 @@ def main() -> None:
                     "choices": [{"index": 0, "finish_reason": "length", **choice}],
                     "usage": usage,
                 }
-                if fake_slots:
-                    answer["timings"] = {"cache_n": cached, "prompt_n": prompt_tokens - cached}
+                if fake_slots and chat:
+                    answer["timings"] = {
+                        "cache_n": cached,
+                        "prompt_n": n_prompt - cached,
+                        "predicted_n": chunks,
+                    }
+                    assert isinstance(slot, int)
+                    kv.done(slot, prompt, text.split())
                 self._send(200, answer)
                 return
             events = []
             for i in range(chunks):
                 delta = {"delta": {"content": f"tok{i} "}} if chat else {"text": f"tok{i} "}
-                choice = {"index": 0, "finish_reason": None, **delta}
-                events.append(f"data: {json.dumps({'choices': [choice]})}\n\n")
+                piece = {"index": 0, "finish_reason": None, **delta}
+                events.append(f"data: {json.dumps({'choices': [piece]})}\n\n")
             # As the real one ends: a last chunk with the finish reason and its ``timings`` (what it
             # read and produced; sent without ``include_usage`` too), then [DONE].
-            last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
+            end: dict[str, object] = {"delta": {}} if chat else {"text": ""}
+            last = {"index": 0, "finish_reason": "length", **end}
             timings = {"cache_n": 0, "prompt_n": 2, "predicted_n": chunks}
-            slot = body.get("id_slot")
-            if fake_slots and isinstance(slot, int):  # what the slot held, as the non-streamed answer
-                cached = min(slot_tokens.get(slot, 0), prompt_tokens)
-                slot_tokens[slot] = prompt_tokens + chunks
-                timings = {"cache_n": cached, "prompt_n": prompt_tokens - cached, "predicted_n": chunks}
+            if fake_slots and chat:  # what the slot held, as the non-streamed answer
+                timings = {"cache_n": cached, "prompt_n": n_prompt - cached, "predicted_n": chunks}
             events.append(f"data: {json.dumps({'choices': [last], 'timings': timings})}\n\n")
-            self._stream(events, "data: [DONE]\n\n")
+            try:
+                self._stream(events, "data: [DONE]\n\n")
+            finally:
+                if fake_slots and chat and isinstance(slot, int):
+                    kv.done(slot, prompt, text.split())
+
+        def _error(self, status: int, message: str) -> None:
+            """llama-server's error body: 400 for a prompt over the context, else 500."""
+            kind = "exceed_context_size_error" if status == 400 else "server_error"
+            self._send(status, {"error": {"code": status, "message": message, "type": kind}})
 
         def _rerank(self, body: dict[str, object]) -> None:
             if not reranking:
@@ -361,6 +552,44 @@ def main() -> None:
             ]
             self._stream(events, event("message_stop", {}))
 
+        def _tool_call(self, body: dict[str, object], stream: bool) -> None:
+            """``--fake-tool-calls``: a FAKE call of the request's first tool, its arguments
+            streamed in three pieces, as an OpenAI server answers one."""
+            tools = body["tools"]
+            assert isinstance(tools, list)
+            name = tools[0]["function"]["name"]
+            args = json.dumps({"fake": "arg", "n": 1})
+            call = {"id": "call_fake", "type": "function", "function": {"name": name, "arguments": args}}
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": 3,
+                "total_tokens": prompt_tokens + 3,
+            }
+            if not stream:
+                message = {"role": "assistant", "content": None, "tool_calls": [call]}
+                choice = {"index": 0, "finish_reason": "tool_calls", "message": message}
+                self._send(200, {"id": "chatcmpl-fake", "choices": [choice], "usage": usage})
+                return
+            third = len(args) // 3
+            pieces = [args[:third], args[third : 2 * third], args[2 * third :]]
+            frags = [
+                {
+                    "index": 0,
+                    "id": "call_fake",
+                    "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }
+            ]
+            frags += [{"index": 0, "function": {"arguments": p}} for p in pieces]
+            events = [
+                f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'tool_calls': [f]}}]})}\n\n"
+                for f in frags
+            ]
+            end = {"choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {}}]}
+            events.append(f"data: {json.dumps(end)}\n\n")
+            events.append(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n")
+            self._stream(events, "data: [DONE]\n\n")
+
         def _stream(self, events: list[str], last: str) -> None:
             """Send ``events`` one by one (``--fake-token-delay`` apart), then ``last``; die midway
             on command; stop when the client has gone, as the real server cancels its task."""
@@ -386,46 +615,63 @@ def main() -> None:
                 )
 
         def _slots(self, body: dict[str, object]) -> None:
-            """``POST /slots/N?action=save|restore`` as llama-server answers it: a small file of
-            "state" in the ``--slot-save-path`` dir (``FAKE_SLOT_TOKENS`` tokens; 0: an empty slot)."""
+            """``POST /slots/N?action=save|restore|erase`` as llama-server answers them: a save is
+            a file in the ``--slot-save-path`` dir holding the slot's tokens (100 bytes a token;
+            without ``--fake-slots`` an empty slot saves ``FAKE_SLOT_TOKENS`` made-up ones, so that
+            a planned stop always has something to save), a restore puts them back."""
             save_dir = opts.get("--slot-save-path")
             if not save_dir:
                 self._send(
                     501, {"error": {"code": 501, "message": "This server does not support slots action."}}
                 )
                 return
-            slot, _, query = self.path[len("/slots/") :].partition("?action=")
+            slot_text, _, params = self.path[len("/slots/") :].partition("?")
+            query = parse_qs(params).get("action", [""])[0]
+            slot = int(slot_text) if slot_text.isdigit() else -1
+            if slot not in kv.held:
+                self._send(400, {"error": {"code": 400, "message": "Invalid slot ID"}})
+                return
             path = Path(save_dir) / str(body.get("filename"))
             if query == "save":
-                n = int(os.environ.get("FAKE_SLOT_TOKENS", "7"))
-                path.write_bytes(b"fake-state" * 100 * max(n, 1))
+                with kv.lock:
+                    tokens = list(kv.held[slot])
+                if not tokens and not fake_slots:
+                    tokens = ["t"] * int(os.environ.get("FAKE_SLOT_TOKENS", "7"))
+                data = json.dumps(tokens).encode()
+                path.write_bytes(data.ljust(100 * max(len(tokens), 1)))
                 time.sleep(float(opts.get("--fake-save-seconds", "0")))  # still "writing" it
                 self._send(
                     200,
                     {
-                        "id_slot": int(slot),
-                        "n_saved": n,
+                        "id_slot": slot,
+                        "n_saved": len(tokens),
                         "n_written": path.stat().st_size,
                         "timings": {"save_ms": 0.1},
                     },
                 )
             elif query == "restore" and path.exists():
-                size = path.stat().st_size
+                data = path.read_bytes()
+                try:
+                    tokens = [str(t) for t in json.loads(data)]
+                except ValueError:
+                    self._error(400, "Unable to restore slot: Invalid tokens in slot save file")
+                    return
                 # --fake-restore-noop: llama.cpp #26676, the restore reports its tokens but the
                 # slot is left empty, so the next request computes from 0.
                 noop = "--fake-restore-noop" in opts or os.environ.get("FAKE_LLAMA_RESTORE_NOOP")
-                slot_tokens[int(slot)] = 0 if noop else size // 1000
-                self._send(
-                    200,
-                    {
-                        "id_slot": int(slot),
-                        "n_restored": size // 1000,
-                        "n_read": size,
-                        "timings": {"restore_ms": 0.1},
-                    },
-                )
+                refused = kv.restore(slot, tokens, bool(noop))
+                if refused is not None:
+                    self._error(400, refused)
+                    return
+                answer = {
+                    "id_slot": slot,
+                    "n_restored": len(tokens),
+                    "n_read": len(data),
+                    "timings": {"restore_ms": 0.1},
+                }
+                self._send(200, answer)
             elif query == "erase":
-                self._send(200, {"id_slot": int(slot), "n_erased": slot_tokens.pop(int(slot), 0)})
+                self._send(200, {"id_slot": slot, "n_erased": kv.erase(slot)})
             else:
                 self._send(400, {"error": {"code": 400, "message": "Unable to restore slot: no such file"}})
 
