@@ -60,6 +60,9 @@ class Backend:
     #: Its requests are audio forms the gateway translates to whisper-server's ``/inference``,
     #: answered whole in the asked ``response_format`` (no relay).
     transcribes: bool = False
+    #: Its server decides which images and audio it takes (forge cannot know a command's): the
+    #: gateway checks only the URLs, not for a projector (``mmproj``).
+    judges_media: bool = False
 
     def serves(self, config: ModelConfig, path: str) -> bool:
         routes = self.routes_of(config)
@@ -87,6 +90,7 @@ BACKENDS: Mapping[BackendName, Backend] = {
         False,
         lambda c: frozenset(c.command_routes),
         reads_path=False,
+        judges_media=True,
     ),
 }
 assert tuple(BACKENDS) == BACKEND_NAMES, "config/_backends.py and this table name the same backends"

@@ -24,7 +24,7 @@ import httpx
 from ..._errors import ForgeError
 from ...config import get_settings
 from ...models import ProjectorInfo, resolve_projector_path
-from ...supervisor import Supervisor
+from ...supervisor import Supervisor, backend_of
 from ..core._names import served_names
 from ..core._recording import request_key
 from ..core._visibility import may_see
@@ -173,7 +173,7 @@ def check_media(supervisor: Supervisor, name: str, body: dict[str, Any], *, allo
     command's server decides for itself what it takes (forge cannot know): only the URLs are
     checked (``file://``, remote ones, malformed base64)."""
     config = supervisor.config_of(name)
-    has_projector = bool(config.mmproj) or config.backend == "command"
+    has_projector = bool(config.mmproj) or backend_of(config).judges_media
     refuse_unusable_media(name, body, has_projector=has_projector, allow_remote=allow_remote)
 
 
