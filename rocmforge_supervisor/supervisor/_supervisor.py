@@ -39,8 +39,8 @@ from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan
 from ._managed import ManagedModel
 from ._placement import LoadedModel, PlacementDecision, PlacementPolicy
-from ._plan_inputs import group_rules, plan_entries
-from ._residency import GroupRule, Residency
+from ._plan_inputs import group_rules, plan_entries, residency_of
+from ._residency import GroupRule
 from ._status import ModelState, ModelStatus
 from ._view import ModelView, model_view
 from ._yielding import PressureMonitor
@@ -108,7 +108,7 @@ class Supervisor:
         )
         m.on_ready.append(lambda _m: self.record_children())
         m.on_ready.append(self._learn_device_context)
-        m.residency = _residency(config, name, mc)
+        m.residency = residency_of(config, name)
         return m
 
     def _learn_device_context(self, m: ManagedModel) -> None:
@@ -391,7 +391,7 @@ class Supervisor:
                 await self._reload_one(self.models[name], new_config, summary)
             for name, m in self.models.items():  # rules change in place: no child restarts for them
                 if name in new_config.models:
-                    m.residency = _residency(new_config, name, new_config.models[name])
+                    m.residency = residency_of(new_config, name)
             await anyio.to_thread.run_sync(self.context_store.refresh, summary["added"])
             self.events.publish("*", EventKind.CONFIG, changes=summary)
             return summary
@@ -491,16 +491,6 @@ def _frees_memory(ev: Event, default: ManagedModel | None) -> bool:
 
 def _groups(config: ForgeConfig) -> dict[str, GroupRule]:
     return group_rules(config)
-
-
-def _residency(config: ForgeConfig, name: str, mc: ModelConfig) -> Residency:
-    return Residency(
-        pinned=mc.pinned,
-        never_swap=mc.swap == "never",
-        evict_cost=mc.evict_cost,
-        group=config.group_of(name),
-        default=mc.default,
-    )
 
 
 #: Each serving child's :class:`Upstream`, built at its first request: its URL and key are fixed
