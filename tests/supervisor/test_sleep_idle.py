@@ -7,32 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import anyio
-import httpx
 import pytest
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from rocmforge_supervisor.config import ForgeConfig
-from rocmforge_supervisor.supervisor import Event, EventKind, Supervisor
-from tests.support.supervised import running
+from tests.support.supervised import child_post, running, sleep_event
 
 pytestmark = pytest.mark.anyio
 
 MakeConfig = Callable[..., ForgeConfig]
-
-
-async def _sleep_event(events: MemoryObjectReceiveStream[Event], sleeping: bool, timeout: float) -> None:
-    with anyio.fail_after(timeout):
-        async for ev in events:
-            if ev.kind == EventKind.SLEEP and ev.data["sleeping"] is sleeping:
-                return
-
-
-async def _request(sup: Supervisor, path: str, body: dict[str, object]) -> httpx.Response:
-    async with sup.acquire("m") as up:
-        headers = {"Authorization": f"Bearer {up.api_key}"}
-        async with httpx.AsyncClient(base_url=up.base_url, headers=headers, timeout=60) as c:
-            return await c.post(path, json=body)
 
 
 async def test_sleeping_shows_in_the_status_and_a_request_wakes_it(
@@ -45,11 +27,11 @@ async def test_sleeping_shows_in_the_status_and_a_request_wakes_it(
         args = list(m.plan.spec.extra_args)
         assert args[args.index("--sleep-idle-seconds") + 1] == "1"
         assert m.status().to_json()["sleeping"] is False
-        await _sleep_event(events, True, timeout=10)
+        await sleep_event(events, True, timeout=10)
         assert m.status().to_json()["sleeping"] is True and m.status().state.value == "ready"
-        r = await _request(sup, "/v1/completions", {"prompt": "hi"})
+        r = await child_post(sup, "m", "/v1/completions", {"prompt": "hi"})
         assert r.status_code == 200
-        await _sleep_event(events, False, timeout=10)
+        await sleep_event(events, False, timeout=10)
         assert m.status().to_json()["sleeping"] is False
 
 

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from rocmforge_supervisor.config import ForgeConfig, ForgeSettings, load_config
-from rocmforge_supervisor.supervisor import ManagedModel, ModelState, Supervisor
+from rocmforge_supervisor.supervisor import Event, EventKind, ManagedModel, ModelState, Supervisor
 from tests.hardware.conftest import FIXTURES, machine_settings
 
-__all__ = ["FAKE_TIMERS", "alive", "fake_config", "running", "wait_state"]
+__all__ = ["FAKE_TIMERS", "alive", "child_post", "fake_config", "running", "sleep_event", "wait_state"]
 
 #: Supervision timers for a fake child (it starts in milliseconds): every timer in tenths of a
 #: second. A real `forge serve` in tests takes ``tests.support.service.FAST`` instead.
@@ -109,3 +111,20 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def sleep_event(events: MemoryObjectReceiveStream[Event], sleeping: bool, timeout: float) -> None:
+    """Wait for a model's SLEEP event with ``sleeping`` (``sleep_idle``: the child freed or took
+    back its model)."""
+    with anyio.fail_after(timeout):
+        async for ev in events:
+            if ev.kind == EventKind.SLEEP and ev.data["sleeping"] is sleeping:
+                return
+
+
+async def child_post(sup: Supervisor, name: str, path: str, body: dict[str, object]) -> httpx.Response:
+    """POST straight to model ``name``'s child, holding an admission slot as the gateway does."""
+    async with sup.acquire(name) as up:
+        headers = {"Authorization": f"Bearer {up.api_key}"}
+        async with httpx.AsyncClient(base_url=up.base_url, headers=headers, timeout=60) as c:
+            return await c.post(path, json=body)
