@@ -48,8 +48,9 @@ def dry_run(
     return plan_config(inventory, entries, policy)
 
 
-def residency_of(config: ForgeConfig, name: str) -> Residency:
-    mc = config.models[name]
+def residency_of(config: ForgeConfig, name: str, mc: ModelConfig | None = None) -> Residency:
+    """``mc``: a model added at run time (``POST /api/models``) is not in ``config.models``."""
+    mc = config.models[name] if mc is None else mc
     return Residency(
         pinned=mc.pinned,
         never_swap=mc.swap == "never",

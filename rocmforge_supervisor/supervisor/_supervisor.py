@@ -108,7 +108,7 @@ class Supervisor:
         )
         m.on_ready.append(lambda _m: self.record_children())
         m.on_ready.append(self._learn_device_context)
-        m.residency = residency_of(config, name)
+        m.residency = residency_of(config, name, mc)
         return m
 
     def _learn_device_context(self, m: ManagedModel) -> None:

@@ -156,3 +156,15 @@ async def test_acquire_says_loaded_once_the_model_is_ready_before_the_slot_wait(
             assert m.in_flight == 1 and m.waiting == 1
         assert told[1:] == [("second", ModelState.READY, 1), ("second has its slot", ModelState.READY, 1)]
         assert m.in_flight == 0 and m.waiting == 0
+
+
+async def test_a_model_added_at_run_time_loads_with_default_residency(
+    make_config: MakeConfig, fake_bin: Path, tiny_gguf: Path
+) -> None:
+    """``POST /api/models`` adds a model the config does not name: its residency comes from
+    its own defaults, not from a lookup in the config."""
+    async with running(make_config({"a": {}}), fake_bin) as sup:
+        status = await sup.add_model("added", tiny_gguf)
+        assert status.state == ModelState.READY
+        res = sup.get("added").residency
+        assert not res.pinned and not res.never_swap and res.group is None
