@@ -149,6 +149,26 @@ def _has_hipblas(rocm: RocmToolchain) -> bool:
     return any(p.is_dir() for p in root.glob("lib/*-linux-gnu*/cmake/hipblas"))
 
 
+def _device_libs(rocm: RocmToolchain) -> Path | None:
+    """Where clang must be told the device bitcode is, or None when ROCM_PATH says it.
+
+    AMD's layout keeps it at ``<rocm>/amdgcn/bitcode``, which clang finds from ROCM_PATH. Debian
+    ships it in clang's resource directory (``/usr/lib/llvm-21/lib/clang/21/amdgcn/bitcode``),
+    which clang looks in only when ROCM_PATH is unset: with ROCM_PATH=/usr every HIP object
+    fails with "cannot find ROCm device library" unless HIP_DEVICE_LIB_PATH names it."""
+    root = Path(rocm.rocm_path)
+    if (root / "amdgcn" / "bitcode").is_dir():
+        return None
+    llvm = Path(rocm.clang_dir).parent
+    for found in (
+        *sorted(llvm.glob("lib/clang/*/amdgcn/bitcode")),
+        *sorted(root.glob("lib/llvm-*/lib/clang/*/amdgcn/bitcode")),
+    ):
+        if found.is_dir():
+            return found
+    return None
+
+
 def _cuda_roots(which: Which) -> list[Path]:
     roots = [Path("/usr/local/cuda")]
     nvcc = which("nvcc")
@@ -281,6 +301,9 @@ def make_plan(
         # ROCM_PATH too: ggml-hip looks in /opt/rocm when it is unset and /opt/rocm exists, so a
         # host with Debian's ROCm under /usr and a stray /opt/rocm would mix two installs.
         env = {"HIPCXX": f"{rocm.clang_dir}/clang", "HIP_PATH": rocm.rocm_path, "ROCM_PATH": rocm.rocm_path}
+        device_libs = _device_libs(rocm)
+        if device_libs is not None:
+            env["HIP_DEVICE_LIB_PATH"] = str(device_libs)
         configure.append("-DGGML_HIP=ON")
         if targets:
             configure.append(f"-DGPU_TARGETS={';'.join(targets)}")

@@ -86,8 +86,12 @@ def test_hipblas_found_in_the_multiarch_layout(tmp_path: Path, triplet: str) -> 
 
 
 def test_debian_rocm_is_chosen_and_planned_as_built_in_sid(tmp_path: Path) -> None:
-    """The plan that compiled in sid: HIPCXX is Debian's clang (not /opt/rocm/llvm), HIP_PATH /usr."""
+    """The plan that compiles in sid: HIPCXX is Debian's clang (not /opt/rocm/llvm), HIP_PATH /usr,
+    and the device bitcode named (Debian keeps it in clang's resource directory, where clang does
+    not look once ROCM_PATH is set)."""
     usr = _debian_usr(tmp_path)
+    bitcode = usr / "lib/llvm-21/lib/clang/21/amdgcn/bitcode"
+    bitcode.mkdir(parents=True)
     which = _which(tmp_path, _fake_hipconfig(tmp_path, rocm_path=str(usr)))
     assert choose_accel("auto", which=which) == "hip"
     plan = make_plan(
@@ -99,7 +103,12 @@ def test_debian_rocm_is_chosen_and_planned_as_built_in_sid(tmp_path: Path) -> No
         jobs=2,
         which=which,
     )
-    assert plan.env == {"HIPCXX": "/usr/lib/llvm-21/bin/clang", "HIP_PATH": str(usr), "ROCM_PATH": str(usr)}
+    assert plan.env == {
+        "HIPCXX": "/usr/lib/llvm-21/bin/clang",
+        "HIP_PATH": str(usr),
+        "ROCM_PATH": str(usr),
+        "HIP_DEVICE_LIB_PATH": str(bitcode),
+    }
     assert plan.configure[-2:] == ["-DGGML_HIP=ON", "-DGPU_TARGETS=gfx1100"]
     assert (
         cache_key(LLAMA_CPP_COMMIT, "hip", ("gfx1100",), cpu="n08c02493")
