@@ -14,12 +14,14 @@ unless the upstream process is known to be dead, when the caller wants the crash
 
 from __future__ import annotations
 
+import json
 import re
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -58,12 +60,41 @@ class Upstream:
     """Where a request goes: a server's base URL, its key, and whether its process still lives.
 
     The supervisor hands this out for one acquired slot (not the process object): the HTTP layer
-    may send to it and ask ``alive()``, nothing else.
+    may send to it and ask ``alive()``, nothing else. A peer (another server, no process here)
+    also says how its key is sent, which of its model ids the body must name, and its timeouts.
     """
 
     base_url: str
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     is_alive: Callable[[], bool] = field(default=_always_alive, repr=False, compare=False)
+    #: ``x-api-key`` for an Anthropic API; ``Authorization: Bearer`` otherwise.
+    key_header: str = "authorization"
+    #: A peer's own id of the model: written in the body's ``model`` (None: a local child).
+    model: str | None = None
+    #: A peer's name; None for a local child.
+    peer: str | None = None
+    #: (connect, first byte, idle) seconds for a peer; None: the pool's own.
+    timeouts: tuple[float, float, float] | None = None
+    #: A peer's request rules: fields set over the client's, fields removed.
+    set_fields: Mapping[str, Any] = field(default_factory=dict)
+    strip_fields: tuple[str, ...] = ()
+
+    def peer_body(self, body: bytes) -> bytes:
+        """A JSON request body as a peer takes it: its own model id, its ``set``/``strip`` rules
+        (a body that is no JSON object goes as it is: the peer answers it)."""
+        if self.model is None:
+            return body
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return body
+        if not isinstance(payload, dict):
+            return body
+        for name in self.strip_fields:
+            payload.pop(name, None)
+        payload.update(self.set_fields)
+        payload["model"] = self.model
+        return json.dumps(payload).encode()
 
     def alive(self) -> bool:
         return self.is_alive()
@@ -72,10 +103,23 @@ class Upstream:
         return f"{self.base_url.rstrip('/')}{path}"
 
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        h = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        h: dict[str, str] = {}
+        if self.api_key:
+            if self.key_header == "x-api-key":
+                h["x-api-key"] = self.api_key
+            else:
+                h["Authorization"] = f"Bearer {self.api_key}"
         if extra:
             h.update(extra)
         return h
+
+    def timeout(self) -> httpx.Timeout | None:
+        """A peer's timeouts as httpx's: ``read`` bounds the wait for the headers (the first
+        byte); the gap between two chunks of a stream is the relay's to bound (``idle``)."""
+        if self.timeouts is None:
+            return None
+        connect, first_byte, _idle = self.timeouts
+        return httpx.Timeout(connect=connect, read=first_byte, write=first_byte, pool=connect)
 
 
 def trust_context(cafile: str | Path) -> ssl.SSLContext:
@@ -169,6 +213,16 @@ def socket_gone_as_httpx_error(url: str) -> Iterator[None]:
 
 
 def _unavailable(upstream: Upstream, exc: Exception) -> ServerUnavailable:
+    if upstream.peer is not None:
+        what = (
+            f"did not answer in time ({type(exc).__name__})"
+            if isinstance(exc, httpx.TimeoutException)
+            else f"cannot be reached: {exc}"
+        )
+        return ServerUnavailable(
+            f"peer {upstream.peer!r} at {upstream.base_url} {what}",
+            hint="it is cooled down for a while (see `forge ps`); retry later, or use a local model",
+        )
     return ServerUnavailable(
         f"cannot reach {upstream.base_url}: {exc}",
         hint="the server is not answering (restarting, or stopped); retry, or check `forge ps`",
@@ -219,9 +273,16 @@ async def asend(
     content: bytes,
     headers: dict[str, str],
 ) -> httpx.Response:
-    """The async twin of :func:`send`."""
+    """The async twin of :func:`send` (a peer's timeouts, when it has them, over the pool's)."""
+    timeout = upstream.timeout()
     for attempt in (1, 2):
-        request = client.build_request(method, upstream.url(path), content=content, headers=headers)
+        request = (
+            client.build_request(method, upstream.url(path), content=content, headers=headers)
+            if timeout is None
+            else client.build_request(
+                method, upstream.url(path), content=content, headers=headers, timeout=timeout
+            )
+        )
         with map_httpx_errors(upstream, streaming=False):
             try:
                 with socket_gone_as_httpx_error(upstream.base_url):

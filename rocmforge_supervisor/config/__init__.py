@@ -28,6 +28,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._file import CONF_D, CONFIG_NAME, SYSTEM_CONFIG_DIR, config_files, config_search_path, load_config
     from ._names import MODEL_NAME, is_loopback
+    from ._peers import PeerApi, PeerConfig, PeerTimeouts
     from ._schema import (
         AdapterConfig,
         ForgeConfig,
@@ -64,6 +65,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "load_config",
             ),
             "._names": ("MODEL_NAME", "is_loopback"),
+            "._peers": ("PeerApi", "PeerConfig", "PeerTimeouts"),
             "._schema": (
                 "AdapterConfig",
                 "ForgeConfig",
@@ -105,6 +107,9 @@ __all__ = [
     "GroupConfig",
     "KeyConfig",
     "ModelConfig",
+    "PeerApi",
+    "PeerConfig",
+    "PeerTimeouts",
     "ServerConfig",
     "SupervisorConfig",
     "VariantConfig",

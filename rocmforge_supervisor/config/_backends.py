@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKEND_NAMES",
     "COMMAND_ONLY",
+    "CONFIGURABLE",
     "DEFAULT_COMMAND_ROUTES",
     "LLAMA_ONLY",
     "ONE_AT_A_TIME",
@@ -36,8 +37,11 @@ __all__ = [
     "placeholders",
 ]
 
-BackendName = Literal["llama", "whisper", "command"]
-BACKEND_NAMES: tuple[BackendName, ...] = ("llama", "whisper", "command")
+BackendName = Literal["llama", "whisper", "command", "peer"]
+BACKEND_NAMES: tuple[BackendName, ...] = ("llama", "whisper", "command", "peer")
+
+#: Backends a ``[models.NAME]`` section may name; a peer's models come from ``[peers.NAME]``.
+CONFIGURABLE: tuple[BackendName, ...] = ("llama", "whisper", "command")
 
 #: ``[models.NAME]`` keys that only mean something to llama-server.
 LLAMA_ONLY = (
@@ -117,6 +121,11 @@ def key_problem(model: ModelConfig) -> tuple[str, str] | None:
     """(kind, message) for a key set on a model whose backend has no such setting, or a
     command whose keys do not make a command; None when the model's keys fit its backend."""
     backend = model.backend
+    if backend not in CONFIGURABLE:
+        return "peer_backend", (
+            f'backend = "{backend}" is not set on a [models.*] entry: list the server under '
+            '[peers.NAME] (url = "...") and its models are served as NAME/MODEL'
+        )
     if backend == "whisper":
         for arg in model.args:
             if owned_flag("whisper", arg):

@@ -26,6 +26,13 @@ _CUSTOM_KINDS = frozenset(
     {
         "mmproj_reference",
         "residency",
+        "fallback",
+        "peer_url",
+        "peer_key",
+        "peer_models",
+        "peer_insecure",
+        "peer_name",
+        "peer_backend",
         "gpu_layers",
         "gpu",
         "owned_flag",
@@ -50,6 +57,8 @@ _VALIDATOR_FIELD = {
     "tls_cert": "tls_cert",
     "tls_key": "tls_key",
     "path_required": "path",
+    "peer_backend": "backend",
+    "peer_insecure": "url",
 }
 
 
@@ -102,7 +111,7 @@ def _describe(
     if kind == "rpc_owned":  # the whole config's validator: the model it is about is in ctx
         loc = (*loc, "models", str((err.get("ctx") or {}).get("model")), "args")
     at = (err.get("ctx") or {}).get("at")
-    if kind == "residency" and at:  # the whole config's validator: the key it is about is in ctx
+    if at:  # the whole config's validator: the key it is about is in ctx
         loc = (*loc, *str(at).split("."))
     if kind == "extra_forbidden":
         reason = "unknown key"
@@ -115,7 +124,7 @@ def _describe(
     elif kind in ("model_type", "model_attributes_type", "dict_type"):
         reason = "Input should be a table (a [section] or {key = value} in TOML)"
     quote_input = kind not in _CUSTOM_KINDS and kind not in ("extra_forbidden", "missing")
-    if quote_input and loc[-1] not in _SECRET_KEYS and _is_scalar(err.get("input")):
+    if quote_input and loc and loc[-1] not in _SECRET_KEYS and _is_scalar(err.get("input")):
         reason += f" (got {err['input']!r})"
     return loc, reason, verb
 

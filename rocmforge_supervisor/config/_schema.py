@@ -37,7 +37,8 @@ from ._backends import (
     path_problem,
 )
 from ._explain import custom, translate
-from ._names import is_loopback
+from ._names import MODEL_NAME, is_loopback
+from ._peers import PeerConfig, PeerTimeouts, fallback_problem
 from ._settings import ForgeSettings
 from ._speculative import speculative_problem
 from ._tls import tls_pair_problem
@@ -437,6 +438,7 @@ _NOT_IN_FINGERPRINT = frozenset(
         "routes",  # the gateway's side: which requests it sends, not how the child runs
         "tools",  # what the listings show, not how the child runs
         "variants",  # request rules the gateway applies; the child is the same
+        "fallback",  # where the gateway sends a request this model cannot take
     }
 )
 
@@ -510,6 +512,10 @@ class ModelConfig(_Section):
     ``background`` requests never hold more than the rest (at least one)."""
     load_wait: float | None = Field(default=None, ge=0)
     """This model's ``server.load_wait`` (seconds a request waits for its load)."""
+    fallback: list[str] = Field(default_factory=list)
+    """Where a request goes when this model cannot take it (failed, refused by a residency rule,
+    its queue full, its peer cooling down), in order, before a byte was sent to the client:
+    another ``[models.*]`` name or ``PEER/MODEL`` of a ``[peers.*]`` entry."""
     stall_timeout: float | None = Field(default=None, ge=0)
     """This model's ``supervisor.stall_timeout`` (seconds busy without progress; 0: off)."""
     pinned: bool = False
@@ -762,6 +768,26 @@ class ForgeConfig(BaseSettings):
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     workers: list[WorkerConfig] = Field(default_factory=list)
     groups: dict[str, GroupConfig] = Field(default_factory=dict)
+    peers: dict[str, PeerConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _peers_and_fallbacks(self) -> ForgeConfig:
+        """Peer names make served names (``PEER/ID``); fallbacks name what exists."""
+        for name in self.peers:
+            if not MODEL_NAME.fullmatch(name):
+                raise custom(
+                    "peer_name",
+                    f"peer name {name!r} may use only letters, digits, '.', '_' and '-'",
+                    at=f"peers.{name}",
+                )
+        for name, m in self.models.items():
+            for i, entry in enumerate(m.fallback):
+                problem = fallback_problem(entry, set(self.models), dict(self.peers))
+                if problem is None and entry == name:
+                    problem = f"fallback {entry!r} is the model itself"
+                if problem is not None:
+                    raise custom("fallback", problem, at=f"models.{name}.fallback.{i}")
+        return self
 
     @model_validator(mode="after")
     def _residency_rules(self) -> ForgeConfig:
@@ -951,4 +977,8 @@ def known_keys(parent: tuple[str, ...]) -> list[str]:
         section = WorkerConfig
     elif len(parent) == 2 and parent[0] == "groups":
         section = GroupConfig
+    elif len(parent) == 2 and parent[0] == "peers":
+        section = PeerConfig
+    elif len(parent) == 3 and parent[0] == "peers" and parent[2] == "timeouts":
+        section = PeerTimeouts
     return list(section.model_fields) if section is not None else []

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._errors import UsageError
 from ..config import ModelConfig
 from ..config._backends import BACKEND_NAMES, BackendName
 from ._command import plan_command
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
 __all__ = ["AUDIO_ROUTES", "BACKENDS", "Backend", "backend_of"]
 
 PlanFn = Callable[[PlacementHost, "ManagedModel"], Awaitable[LaunchPlan]]
+
+
+async def _never_planned(_host: PlacementHost, m: ManagedModel) -> LaunchPlan:
+    raise UsageError(f"model {m.name!r} is a peer's: it has no process to start here")
+
 
 #: whisper-server's routes behind the gateway.
 AUDIO_ROUTES = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations", "/inference"})
@@ -63,6 +69,8 @@ class Backend:
     #: Its server decides which images and audio it takes (forge cannot know a command's): the
     #: gateway checks only the URLs, not for a projector (``mmproj``).
     judges_media: bool = False
+    #: Served by another server (``[peers.*]``): no process here, never planned or placed.
+    remote: bool = False
 
     def serves(self, config: ModelConfig, path: str) -> bool:
         routes = self.routes_of(config)
@@ -91,6 +99,17 @@ BACKENDS: Mapping[BackendName, Backend] = {
         lambda c: frozenset(c.command_routes),
         reads_path=False,
         judges_media=True,
+    ),
+    "peer": Backend(
+        "peer",
+        "a peer's model (served by another server)",
+        "peer · another server",
+        _never_planned,
+        False,
+        lambda c: frozenset(c.command_routes),
+        reads_path=False,
+        judges_media=True,
+        remote=True,
     ),
 }
 assert tuple(BACKENDS) == BACKEND_NAMES, "config/_backends.py and this table name the same backends"

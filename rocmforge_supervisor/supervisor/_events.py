@@ -48,6 +48,8 @@ class EventKind(StrEnum):
     CONTEXT_SAVED = "context_saved"  # keep_context: a slot was saved at a planned stop
     CONTEXT_RESTORED = "context_restored"  # keep_context: a saved slot was restored at a start
     CONTEXT_DELETED = "context_deleted"  # a saved slot was deleted (mismatch, budget, forget, unusable)
+    FALLBACK = "fallback"  # a request the model could not take went to its fallback (``to``)
+    PEER = "peer"  # a peer was cooled down after it failed, or answers again (model: the peer)
     CONTEXT_WARNING = "context_warning"  # a save or restore failed or was dropped: a cold start follows
 
 

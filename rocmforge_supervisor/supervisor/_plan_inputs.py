@@ -13,7 +13,7 @@ from .._errors import ForgeError, HubError
 from ..binaries import locate_whisper_server
 from ..binaries._locate import build_info_of
 from ..config import ForgeConfig, ForgeSettings, ModelConfig
-from ..config._backends import BACKEND_NAMES, BackendName
+from ..config._backends import CONFIGURABLE, BackendName
 from ..hardware import Inventory
 from ..models import embedded_models, inspect_whisper, resolve_hf_file, resolve_model_path
 from ._command import command_request
@@ -168,7 +168,7 @@ _REQUEST_OF: Mapping[BackendName, Callable[..., PlanEntry]] = {
     "whisper": _whisper,
     "command": _command,
 }
-assert tuple(_REQUEST_OF) == BACKEND_NAMES, "one way to plan each backend of the table"
+assert tuple(_REQUEST_OF) == CONFIGURABLE, "one way to plan each backend a [models.*] entry may name"
 
 
 def _with(base: PlanEntry, request: PlacementRequest | SizedRequest) -> PlanEntry:

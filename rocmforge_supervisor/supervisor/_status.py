@@ -147,6 +147,10 @@ class ModelStatus:
     """The names its ``[variants.*]`` are served under (``X:json``): the same child."""
     adapters: list[str] = field(default_factory=list)
     """The names its LoRA ``[adapters.*]`` are served under (``X:tuned``): the same child."""
+    peer: str | None = None
+    """The ``[peers.*]`` entry that serves it (no child here); None for a local model."""
+    url: str | None = None
+    """Its peer's base URL."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -194,6 +198,7 @@ class ModelStatus:
             "queue": dict(self.queue),
             "variants": list(self.variants),
             "adapters": list(self.adapters),
+            **({"peer": self.peer, "url": self.url} if self.peer is not None else {}),
         }
 
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import httpx
 
-from .._errors import ModelRetired, ServiceError, UsageError
+from .._errors import ForgeError, ModelRetired, ServiceError, UsageError
 from ..binaries import locate_llama_server, selftest_of
 from ..client import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig, WorkerConfig, unknown_served_name
@@ -38,11 +39,12 @@ from ._events import Event, EventBus, EventKind
 from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan
 from ._managed import ManagedModel
+from ._peers import PeerModel, PeerSet
 from ._placement import LoadedModel, PlacementDecision, PlacementPolicy
 from ._plan_inputs import group_rules, plan_entries, residency_of
 from ._residency import GroupRule
 from ._status import ModelState, ModelStatus
-from ._view import ModelView, model_view
+from ._view import ModelView, model_view, peer_view
 from ._yielding import PressureMonitor
 
 __all__ = ["ReloadSummary", "Supervisor"]
@@ -94,6 +96,16 @@ class Supervisor:
         self._held_off: set[str] = set()
         for name, mc in config.models.items():
             self.models[name] = self._new_model(name, mc, config)
+        #: ``[peers.*]``: other servers' models, served through the same acquire (``_peers``).
+        self.peers = self._new_peers(config)
+        self.peers_config = config.peers
+        self._peers_scope: anyio.CancelScope | None = None
+
+    def _new_peers(self, config: ForgeConfig) -> PeerSet:
+        def changed(peer: str, state: str, data: dict[str, Any]) -> None:
+            self.events.publish(peer, EventKind.PEER, state, **data)
+
+        return PeerSet(config.peers, lambda: self.models, on_change=changed)
 
     def _new_model(self, name: str, mc: ModelConfig, config: ForgeConfig) -> ManagedModel:
         fp = config.model_fingerprint(name) if name in config.models else ""
@@ -154,6 +166,7 @@ class Supervisor:
                 for m in preload:
                     m.start_in(tg)
                 tg.start_soon(self.pressure.run, name="memory pressure")
+                tg.start_soon(self._watch_peers, name="peers")
                 task_status.started(self)
                 for m in preload:
                     await m.settled()
@@ -164,6 +177,16 @@ class Supervisor:
             self._tg = None
             with anyio.CancelScope(shield=True):
                 await self.stop_all()
+
+    async def _watch_peers(self) -> None:
+        """Read the peers' model lists now and every ``refresh`` seconds (redirects not followed:
+        a peer's key goes to its own host only)."""
+        async with httpx.AsyncClient(follow_redirects=False) as client:
+            while True:
+                peers = self.peers  # a reload may replace the set
+                with anyio.CancelScope() as self._peers_scope:
+                    await peers.run(client)
+                    await anyio.sleep_forever()  # no peers: until a reload adds some
 
     async def stop_all(self) -> None:
         """Drain and stop every model at once (bounded by drain + stop timeouts)."""
@@ -231,27 +254,52 @@ class Supervisor:
             configs = {n: m.config for n, m in self.models.items()}
             raise unknown_served_name(name, configs) from None
 
+    def _peer(self, name: str) -> PeerModel | None:
+        """The peer model served as ``name`` when no local model has that name."""
+        return None if name in self.models else self.peers.find(name)
+
     def view(self, name: str) -> ModelView:
         """Model ``name`` now, read-only: what the gateway reads of a model (404 when unknown)."""
+        pm = self._peer(name)
+        if pm is not None:
+            return peer_view(pm, self.peers.status(pm))
         return model_view(self.get(name))
 
     def config_of(self, name: str) -> ModelConfig:
         """Model ``name``'s configuration (404 when unknown): what a request's checks read, without
         the whole :meth:`view` (which builds the model's status, ~20 us, on every request)."""
-        return self.get(name).config
+        m = self.models.get(name)
+        if m is not None:
+            return m.config
+        pm = self.peers.find(name)
+        return pm.config if pm is not None else self.get(name).config
 
     def names(self) -> list[str]:
-        """The configured models' names, in configuration order."""
-        return list(self.models)
+        """The served models' names: the configured ones in configuration order, then the peers'."""
+        return [*self.models, *self.peers.served]
 
     def views(self) -> list[ModelView]:
-        """Every model now, in configuration order."""
-        return [model_view(m) for m in list(self.models.values())]
+        """Every model now, in configuration order, then the peers' (one entry each)."""
+        local = [model_view(m) for m in list(self.models.values())]
+        return local + [peer_view(pm, self.peers.status(pm)) for pm in self.peers.shown()]
+
+    def takes(self, name: str) -> bool:
+        """Whether model ``name`` may take a request now, as a fallback: it exists, is not failed,
+        and is not a peer cooling down (a stopped model counts: the request loads it)."""
+        m = self.models.get(name)
+        if m is not None:
+            return m.state != ModelState.FAILED
+        try:
+            pm = self.peers.find(name)
+        except ForgeError:
+            return False
+        return pm is not None and not self.peers.peers[pm.peer].cooling
 
     def hint_ttl(self, name: str, seconds: float | None) -> None:
         """A client's idle-TTL hint (Ollama's ``keep_alive``); None clears it. The config's
-        ``ttl``, when set, wins."""
-        self.get(name).ttl_hint = seconds
+        ``ttl``, when set, wins. A peer's model is its server's to keep."""
+        if self._peer(name) is None:
+            self.get(name).ttl_hint = seconds
 
     async def child_gone(self, name: str, timeout: float) -> None:
         """After a request found model ``name``'s child unreachable: until its death has been
@@ -262,7 +310,7 @@ class Supervisor:
 
     def load_wait(self, name: str) -> float:
         """Seconds a request waits for a loading model before a 503: the model's, else the server's."""
-        own = self.get(name).config.load_wait
+        own = self.config_of(name).load_wait
         return own if own is not None else self.config.server.load_wait
 
     @asynccontextmanager
@@ -280,7 +328,14 @@ class Supervisor:
         wait for a load (then :class:`ModelLoading`); None waits as long as the load takes.
         ``loaded`` is called once the model is ready, before the wait for a slot (a streamed
         request's keep-alive starts then: the load wait alone ends in a real 503). ``priority``
-        and ``key`` place it in the model's admission queue (``_admission``)."""
+        and ``key`` place it in the model's admission queue (``_admission``). A peer's model: a
+        place in its peer's queue, and the peer as the upstream."""
+        if name not in self.models and self.peers.find(name) is not None:
+            async with self.peers.acquire(name, priority=priority, key=key) as upstream:
+                if loaded is not None:
+                    loaded()
+                yield upstream
+            return
         async with AsyncExitStack() as stack:
             for _ in range(3):
                 m = self.get(name)  # looked up again after a reload replaced the model
@@ -296,6 +351,7 @@ class Supervisor:
 
     async def load(self, name: str) -> ModelStatus:
         """Load (and wait until ready). Resets a failed model's breaker."""
+        self._not_a_peer(name, "loaded")
         m = self.get(name)
         self._held_off.discard(name)
         m.reset()
@@ -317,6 +373,7 @@ class Supervisor:
 
     async def unload(self, name: str, *, forget: bool = False) -> ModelStatus:
         """Drain and stop; ``forget``: without saving, and the saved contexts are deleted."""
+        self._not_a_peer(name, "unloaded")
         m = self.get(name)
         self._held_off.add(name)
         await m.unload(save=not forget)
@@ -325,9 +382,19 @@ class Supervisor:
         self.record_children()
         return m.status()
 
+    def _not_a_peer(self, name: str, verb: str) -> None:
+        pm = self._peer(name)
+        if pm is not None:
+            raise UsageError(
+                f"model {name!r} is peer {pm.peer!r}'s: it is {verb} on that server, not here",
+                hint=f"run the command against {self.peers.peers[pm.peer].config.url}",
+            )
+
     def status(self) -> list[ModelStatus]:
-        """Every model's status; the control API sends each one's ``to_json()``."""
-        return [m.status() for m in self.models.values()]
+        """Every model's status, then the peers' models'; the control API sends each one's ``to_json()``."""
+        return [m.status() for m in self.models.values()] + [
+            self.peers.status(pm) for pm in self.peers.shown()
+        ]
 
     async def add_model(self, name: str, path: Path) -> ModelStatus:
         """Register a model by path (the HTTP layer checked it is under model_dirs) and load it."""
@@ -336,6 +403,7 @@ class Supervisor:
                 f"a model named {name!r} already exists", hint="choose another name, or unload it"
             )
         self.models[name] = self._new_model(name, ModelConfig(path=str(path)), self.config)
+        self.peers.changed_locals()  # the name is local now, not a peer's
         return await self.load(name)
 
     async def plan(self) -> ConfigPlan:
@@ -392,6 +460,13 @@ class Supervisor:
             for name, m in self.models.items():  # rules change in place: no child restarts for them
                 if name in new_config.models:
                     m.residency = residency_of(new_config, name)
+            if new_config.peers != self.peers_config:
+                self.peers = self._new_peers(new_config)
+                self.peers_config = new_config.peers
+                if self._peers_scope is not None:
+                    self._peers_scope.cancel()  # the watcher reads the new set at once
+            else:
+                self.peers.changed_locals()
             await anyio.to_thread.run_sync(self.context_store.refresh, summary["added"])
             self.events.publish("*", EventKind.CONFIG, changes=summary)
             return summary

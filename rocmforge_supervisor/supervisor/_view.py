@@ -20,8 +20,9 @@ from ._status import ModelState, ModelStatus
 
 if TYPE_CHECKING:
     from ._managed import ManagedModel
+    from ._peers import PeerModel
 
-__all__ = ["ChildEndpoint", "ModelView", "model_view"]
+__all__ = ["ChildEndpoint", "ModelView", "model_view", "peer_view"]
 
 
 @dataclass(frozen=True)
@@ -115,4 +116,28 @@ def model_view(m: ManagedModel) -> ModelView:
         workers=tuple(plan.workers) if plan is not None and m.running else (),
         ttl=m.ttl,
         stalls=m.stalls,
+    )
+
+
+def peer_view(pm: PeerModel, status: ModelStatus) -> ModelView:
+    """A peer's model as the gateway reads a model: its state, no child, no context of ours."""
+    return ModelView(
+        name=pm.served,
+        state=status.state,
+        config=pm.config,
+        status=status,
+        child=None,
+        sleeping=False,
+        started=False,
+        model_path=None,
+        ctx_size=None,
+        parallel=None,
+        ctx_per_request=None,
+        kv_unified=False,
+        args=(),
+        projector=None,
+        held_bytes={},
+        workers=(),
+        ttl=0.0,
+        stalls=0,
     )

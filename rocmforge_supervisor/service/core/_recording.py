@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import Message, Receive, Send
 
+from ..._errors import ForgeError
 from ...activity import ActivityStore, Record
 from ._usage import Used
 
@@ -328,6 +329,18 @@ def note_priority(draft: Draft, key: Key | None, asked: str | None) -> None:
 
     draft.priority = request_class(key, asked)
     draft.record.priority = draft.priority
+
+
+def may_use(name: str) -> bool:
+    """Whether the running request's key may use model ``name`` (a fallback it would go to)."""
+    d = _draft()
+    if d is None or d.key is None:
+        return True
+    try:
+        d.key.check_model(name)
+    except ForgeError:
+        return False
+    return True
 
 
 def admission() -> tuple[PriorityClass, str | None]:

@@ -53,7 +53,11 @@ _SAFE_VALUE = re.compile(r"[\t -~\x80-\xff]*")  # no CR, LF or NUL in a header v
 def supports(upstream: Upstream, path: str) -> bool:
     """Whether this client can carry the request (a plain ``http://`` child, a path that needs no
     encoding); httpx carries any other."""
-    return upstream.base_url.startswith("http://") and _SAFE_PATH.fullmatch(path) is not None
+    return (
+        upstream.peer is None  # a peer: httpx, with its timeouts
+        and upstream.base_url.startswith("http://")
+        and _SAFE_PATH.fullmatch(path) is not None
+    )
 
 
 class _Conn(asyncio.Protocol):

@@ -147,7 +147,7 @@ async def api_ps(b: OllamaBackend, request: Request) -> Response:
     for v in b.supervisor.views():
         # A key scoped to some models: theirs only (an admin key sees every loaded model).
         names = [v.name, *served_names(v.name, v.config)]
-        if not v.ready or not visible_models(request.scope, names, control=True):
+        if not v.ready or v.status.peer is not None or not visible_models(request.scope, names, control=True):
             continue
         ctx = await b.facts.served_ctx(v.name)
         out.append(ps_entry(v.name, await b.facts.card(v.name), v.status.to_json(), ctx, v.ttl))

@@ -33,16 +33,26 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ..._errors import ForgeError, InvalidRequest, ServerUnavailable, StreamError
+from ..._errors import (
+    ForgeError,
+    InvalidRequest,
+    ModelFailed,
+    ModelLoading,
+    PlacementError,
+    QueueFull,
+    ServerUnavailable,
+    StreamError,
+)
 from ...client import Upstream, asend
 from ...config import ModelConfig
-from ...supervisor import ConversationTurn, backend_of
+from ...supervisor import ConversationTurn, EventKind, backend_of
 from ..core._dialect import DialectRequest, Translator
 from ..core._drafting import DRAFT_MARK
 from ..core._names import ServedName, rewrite, split_name
 from ..core._recording import (
     admission,
     admit_model,
+    may_use,
     note_answer,
     note_error,
     note_model,
@@ -211,7 +221,9 @@ async def open_upstream(
             body = await prepare()
         headers = _request_headers(upstream, content_type, rid)
         response: httpx.Response | StreamResponse
-        if stream and supports(upstream, path):
+        if upstream.peer is not None:
+            response = await _to_peer(st, upstream, method, path, body, headers)
+        elif stream and supports(upstream, path):
             response = await st.streams.send(upstream, method, path, content=body, headers=headers)
         else:
             response = await asend(st.upstream, upstream, method, path, content=body, headers=headers)
@@ -220,6 +232,50 @@ async def open_upstream(
         finally:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
+
+
+#: A model's refusals that hand a request to its ``fallback``: it can take no request now.
+_FALLS_BACK = (ModelFailed, PlacementError, QueueFull, ServerUnavailable, ModelLoading)
+
+
+def _named(body: bytes, name: str) -> bytes:
+    """A JSON body naming model ``name`` (a fallback's), else the body as it is."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(payload, dict):
+        return body
+    payload["model"] = name
+    return json.dumps(payload).encode()
+
+
+async def _to_peer(
+    st: GatewayState, upstream: Upstream, method: str, path: str, body: bytes, headers: dict[str, str]
+) -> httpx.Response:
+    """A request to a peer: the body names the peer's own model id (its ``set``/``strip`` applied),
+    the peer's key replaces the client's (which never leaves forge), redirects are not followed (a
+    peer's key goes to its own host only). A peer that cannot be reached, times out or answers 5xx
+    is cooled down (``PeerSet.failed``); between two chunks of its stream it has ``idle`` seconds."""
+    assert upstream.peer is not None
+    if headers.get("Content-Type", "").startswith("application/json"):
+        body = upstream.peer_body(body)
+    peers = st.supervisor.peers
+    try:
+        response = await asend(st.upstream, upstream, method, path, content=body, headers=headers)
+    except ServerUnavailable as exc:
+        peers.failed(upstream.peer, exc.message)
+        raise
+    if response.status_code >= 500:
+        peers.failed(upstream.peer, f"it answered {response.status_code}")
+    else:
+        peers.answered(upstream.peer)
+    # httpcore reads the request's read timeout when the body is first read: from here on it is
+    # the gap allowed between two chunks (the headers had ``first_byte``).
+    timeouts = response.request.extensions.get("timeout")
+    if isinstance(timeouts, dict) and upstream.timeouts is not None:
+        timeouts["read"] = upstream.timeouts[2]
+    return response
 
 
 class _Forwarder:
@@ -277,7 +333,7 @@ class _Forwarder:
         gone) is not replayed: the request itself may be what killed it; that is a 503 at once.
         A stream is never replayed: it ends with an error event in its dialect."""
         try:
-            return await self._open_retrying(loaded)
+            return await self._open_falling_back(loaded)
         except anyio.get_cancelled_exc_class():
             # The client left before the answer came (the relay cancels the request at once: the
             # upstream connection closes, llama-server stops the task, the slot is freed).
@@ -292,6 +348,45 @@ class _Forwarder:
             note_status(status_for(exc)[0])
             note_error(type(exc).__name__)
             raise
+
+    async def _open_falling_back(self, loaded: Callable[[], None]) -> Opened:
+        """The model's answer, or its ``fallback``'s: a model that cannot take the request (failed,
+        refused by a residency rule, its queue full, its child or peer gone) hands it to the next
+        entry before anything was sent to the client. Entries the request's key may not use, and
+        peers cooling down, are skipped; the last refusal is the answer when none takes it."""
+        try:
+            fallback = list(self.st.supervisor.config_of(self.name).fallback)
+        except ForgeError:
+            fallback = []
+        while True:
+            try:
+                return await self._open_retrying(loaded)
+            except _FALLS_BACK as exc:
+                target = self._next_fallback(fallback)
+                if target is None:
+                    raise
+                log.warning(
+                    "request %s: %s; falling back to %s",
+                    self.rid,
+                    exc.message,
+                    target,
+                    extra={"model": self.name, "request_id": self.rid},
+                )
+                self.st.metrics.errors.labels(self.name, "fallback").inc()
+                self.st.supervisor.events.publish(
+                    self.name, EventKind.FALLBACK, to=target, reason=exc.message
+                )
+                self.name = target
+                if self.content_type.startswith("application/json"):
+                    self.body = _named(self.body, target)
+
+    def _next_fallback(self, fallback: list[str]) -> str | None:
+        """The next entry of ``fallback`` this request may go to (taken off the list)."""
+        while fallback:
+            target = fallback.pop(0)
+            if may_use(target) and self.st.supervisor.takes(target):
+                return target
+        return None
 
     async def _open_retrying(self, loaded: Callable[[], None]) -> Opened:
         stalls: list[int | None] = []  # the watchdog's count when the request went to the child

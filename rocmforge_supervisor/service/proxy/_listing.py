@@ -55,6 +55,8 @@ class ModelFacts:
     async def card(self, name: str) -> ModelCard | None:
         """The model's GGUF card; None when its file is not local yet (a hub model not fetched)."""
         v = self.supervisor.view(name)
+        if backend_of(v.config).remote:  # a peer's model: no file here
+            return None
 
         def read() -> ModelCard | None:
             p = v.model_path or self.resolve_path(v.config.path)
@@ -206,6 +208,8 @@ async def model_list(facts: ModelFacts, created: float, scope: Any = None) -> li
             "state": v.state.value,
             "backend": v.config.backend,
         }
+        if v.status.peer is not None:
+            entry["peer"] = v.status.peer
         ctx = await facts.served_ctx(name)
         if card is not None:
             entry["context_length"] = ctx or card.trained_ctx
