@@ -16,7 +16,7 @@ __all__ = ["check_drafts"]
 
 def _local(ref: str, settings: ForgeSettings) -> Path | None:
     """The file of a model reference when it is on disk; None for a hub one (checked at its load,
-    after the download) or a path that does not exist yet (``_missing_model_files`` notes it)."""
+    after the download) or a path that does not exist yet (``_path_check.missing_model_files`` notes it)."""
     from ..models import embedded_models, ensure_embedded  # start-up time: only drafts need it
 
     path = Path(ref).expanduser()

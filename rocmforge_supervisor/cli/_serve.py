@@ -9,19 +9,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 from rich.markup import escape
 
-from .._errors import ConfigError, ServiceError, UsageError
+from .._errors import ServiceError, UsageError
 from .._units import format_bytes
 from ._adapter_check import check_adapters
 from ._common import console, err_console, get_settings
 from ._draft_check import check_drafts
-
-if TYPE_CHECKING:
-    from ..config import ForgeConfig
+from ._path_check import check_model_names, missing_model_files
 
 __all__ = [
     "connect_service",
@@ -167,7 +165,7 @@ def serve(
     }
     if overrides:
         cfg = cfg.with_server(**overrides)
-    _check_model_names(cfg)
+    check_model_names(cfg)
     check_drafts(cfg, settings)
     check_adapters(cfg, settings)
     if check_config:
@@ -175,7 +173,7 @@ def serve(
         err_console.print(
             f"config OK: {cfg.source or 'defaults'} ({n} model{'' if n == 1 else 's'})", markup=False
         )
-        for note in _missing_model_files(cfg):
+        for note in missing_model_files(cfg):
             err_console.print(note, markup=False)
         return
     setup_logging(cfg.server.log_format, settings)
@@ -564,46 +562,3 @@ def register(app: typer.Typer) -> None:
     app.command("unload")(unload)
     app.command("logs")(logs)
     app.command("reload")(reload)
-
-
-def _check_model_names(cfg: ForgeConfig) -> None:
-    """A ``path`` that can only be an embedded name and is none (``smolm2-135m``) is a config
-    error, for ``--check-config`` and for ``serve`` alike: it can never load, and a typo is better
-    told with its "did you mean" before the start than as a missing file at the first request."""
-    from ..models import unknown_name  # start-up time: only serve needs the catalog
-    from ..supervisor import backend_of
-
-    bad = [
-        (name, err)
-        for name, m in cfg.models.items()
-        if backend_of(m).reads_path and (err := unknown_name(m.path)) is not None
-    ]
-    if not bad:
-        return
-    first_name, first = bad[0]
-    place = f"config {cfg.source.name}" if cfg.source is not None else "config"
-    others = "; ".join(f"models.{n}.path: {e.message}" for n, e in bad[1:])
-    more = f" (and {len(bad) - 1} more: {others})" if others else ""
-    fix = f"fix the value in {cfg.source}: " if cfg.source is not None else ""
-    raise ConfigError(
-        f"{place}: models.{first_name}.path: {first.message}{more}",
-        key=f"models.{first_name}.path",
-        hint=fix + (first.hint or ""),
-    )
-
-
-def _missing_model_files(cfg: ForgeConfig) -> list[str]:
-    """Notes, not errors, for local paths that do not exist yet: a volume may bring them before
-    the first load (a Kubernetes PVC), but a typo is better seen now than at the first request."""
-    from ..models import embedded_models  # start-up time: only --check-config needs the catalog
-    from ..supervisor import backend_of
-
-    notes = []
-    for name, m in cfg.models.items():
-        ref = m.path
-        if not backend_of(m).reads_path:  # a command's ${MODEL}: whatever its server makes of it
-            continue
-        if ref in embedded_models() or ref.startswith("hf:") or Path(ref).expanduser().exists():
-            continue
-        notes.append(f"note: models.{name}: no file at {ref} yet (it must exist when the model loads)")
-    return notes

@@ -18,7 +18,7 @@ from .._argv import is_owned_flag
 from .._whisper_argv import whisper_owned_flag
 
 if TYPE_CHECKING:
-    from ._schema import ModelConfig
+    from ._model import ModelConfig
 
 __all__ = [
     "BACKEND_NAMES",

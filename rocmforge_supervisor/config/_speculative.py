@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from .._argv import normalise_flag
 
 if TYPE_CHECKING:
-    from ._schema import ModelConfig
+    from ._model import ModelConfig
 
 __all__ = ["DRAFT_TYPES", "KEY_FLAGS", "NGRAM_TYPES", "SPEC_TYPES", "spec_types", "speculative_problem"]
 

@@ -18,7 +18,7 @@ from .._errors import ModelNotFound
 from ._names import MODEL_NAME
 
 if TYPE_CHECKING:
-    from ._schema import ModelConfig
+    from ._model import ModelConfig
 
 __all__ = ["served_names_problem", "unknown_served_name"]
 

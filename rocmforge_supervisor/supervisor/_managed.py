@@ -2,75 +2,47 @@
 
 The whole life of the model's current child runs in :meth:`ManagedModel.run`, a task in the
 supervisor's task group: the one restart loop (``process.restart_loop``, which ``forge worker``'s
-rpc-servers run too) with this model's steps: plan a start (:meth:`prepare`: placement), run the
-child until it exits (:meth:`live`: context restore, the watchers), and on a crash either the
-breaker opens (:meth:`crash_loop`) or a restart is announced (:meth:`restarting`) and the backoff
-waited. Requests only wait on state changes and take a slot of the model's admission queue
-(:mod:`._admission`: priority classes, fair between keys). The states and the moves between them are in :mod:`._status`. Nothing here
-formats HTTP (errors are typed and mapped at the edge) or signals a process (``LlamaServer`` does).
+rpc-servers run too) with this model's steps: plan a start (:meth:`prepare`: placement, in
+:mod:`._starting`), run the child until it exits (:meth:`live`: context restore, the watchers, in
+:mod:`._child_run`), and on a crash either the breaker opens (:meth:`crash_loop`) or a restart is
+announced (:meth:`restarting`) and the backoff waited. Requests only wait on state changes and
+take a slot of the model's admission queue (:mod:`._acquire`, :mod:`._admission`: priority
+classes, fair between keys). The states and the moves between them are in :mod:`._status`;
+``keep_context``'s saves and restores in :mod:`._context_steps`. Nothing here formats HTTP (errors
+are typed and mapped at the edge) or signals a process (``LlamaServer`` does).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
 import anyio.abc
 
-from .._errors import (
-    ForgeError,
-    ModelFailed,
-    ModelNotFound,
-    ModelRetired,
-    PlacementError,
-    QueueFull,
-    ResidencyBusy,
-    ResidencyConflict,
-    StartFailed,
-)
+from .._errors import ResidencyConflict
 from ..config import ModelConfig, SupervisorConfig
-from ..hardware import cpu_flags
-from ..process import (
-    Breaker,
-    LlamaServer,
-    Outcome,
-    RestartPolicy,
-    describe_returncode,
-    restart_loop,
-    unwrap_group,
-)
+from ..process import Breaker, LlamaServer, Outcome, RestartPolicy, restart_loop
+from ._acquire import acquire_slot, wait_until_ready
 from ._admission import Admission, PriorityClass
-from ._backends import backend_of
+from ._child_run import run_child
+from ._context_steps import keeps_context, save_context
 from ._events import EventBus, EventKind
 from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan
-from ._loading import wait_ready_within
 from ._placement import LoadedModel
-from ._remote import WorkersUnavailable
 from ._residency import Residency
+from ._starting import plan_start
 from ._status import ModelState, ModelStatus, check_transition, model_status
-from ._watchers import watch_health, watch_progress, watch_sleep, watch_ttl
 
 __all__ = ["ManagedModel", "PlanFn"]
 
 log = logging.getLogger("rocmforge.supervisor")
 
 PlanFn = Callable[["ManagedModel"], Awaitable[LaunchPlan]]
-
-#: Planned stops whose slots are not worth saving (the model is gone from the config).
-#: Seconds between re-plans while a group's members are all busy.
-_GROUP_POLL = 0.5
-
-_NO_SAVE = frozenset({"removed", "failed replacement"})
-
-#: Start failures that a restart cannot fix: the model fails at once, with the reason.
-_FATAL_START = frozenset(
-    {"file_not_found", "invalid_model", "unsupported", "bad_args", "illegal_instruction", "amx_fault"}
-)
 
 
 class ManagedModel:
@@ -273,10 +245,10 @@ class ManagedModel:
         return self._stop_requested
 
     async def prepare(self) -> LaunchPlan | None:
-        return await self._plan_start()
+        return await plan_start(self)
 
     async def live(self, plan: LaunchPlan) -> Outcome:
-        return await self._run_child(plan)
+        return await run_child(self, plan)
 
     def crash_loop(self, policy: RestartPolicy) -> None:
         self.server = None
@@ -292,191 +264,6 @@ class ManagedModel:
         self._events.publish(self.name, EventKind.RESTART, backoff=delay, restarts=self.restarts)
         # No child now: say so (not "ready") while the backoff runs.
         self._set_state(ModelState.LOADING, restarts=self.restarts, restarting_in=delay)
-
-    async def _plan_start(self) -> LaunchPlan | None:
-        """Step 1: the launch plan (placement may evict others); None when it cannot be made."""
-        if self.state != ModelState.LOADING:
-            self._set_state(ModelState.LOADING, restarts=self.restarts)
-        self.loading_since = time.monotonic()
-        waiting = False  # for its group's busy members: said once
-        while not self._stop_requested:
-            try:
-                return await self._plan(self)
-            except WorkersUnavailable as exc:  # workers down or busy, not a broken model: re-plan
-                self.last_error = str(exc)
-                self._events.publish(self.name, EventKind.WAITING, reason="workers", message=exc.message)
-                self._set_state(ModelState.LOADING, waiting_for="workers", retry_in=self.restart.delay)
-                await self._wait_backoff()
-            except ResidencyBusy as exc:  # its group's members are busy: re-plan when one is idle
-                if self.warming:
-                    self._gave_up_warming(exc)
-                    return None
-                if not waiting:
-                    waiting = True
-                    self._events.publish(self.name, EventKind.WAITING, reason="group", rule=exc.rule)
-                    self._set_state(ModelState.LOADING, waiting_for="group", message=exc.message)
-                # Polled: a member going idle is another model's event; a load waits seconds anyway.
-                with anyio.move_on_after(_GROUP_POLL):
-                    await self._stop_event.wait()
-            except ResidencyConflict as exc:  # a rule forbids it now: refused, not failed
-                if self.warming:
-                    self._gave_up_warming(exc)
-                    return None
-                self.refused = exc
-                self.last_error = str(exc)
-                self._events.publish(self.name, EventKind.REFUSED, rule=exc.rule, message=exc.message)
-                log.warning("model %s: load refused: %s", self.name, exc, extra={"model": self.name})
-                return None
-            except ForgeError as exc:
-                if self.warming and isinstance(exc, PlacementError):
-                    self._gave_up_warming(exc)
-                    return None
-                kind = (
-                    "placement"
-                    if isinstance(exc, PlacementError)
-                    else "file_not_found"
-                    if isinstance(exc, ModelNotFound)
-                    else "invalid"
-                )
-                self._fail(str(exc), [], kind=kind)
-                return None
-            except Exception as exc:  # a bug must fail this model, not the whole service
-                log.exception("model %s: planning the start failed", self.name)
-                self._fail(f"internal error while planning the start: {exc!r}", [], kind="internal")
-                return None
-        return None
-
-    async def _run_child(self, plan: LaunchPlan) -> Outcome:
-        """Step 2: one child, from spawn to exit. Returns how it ended."""
-        self.plan = plan
-        server = LlamaServer(plan.spec)
-        self.server = server
-        try:
-            async with anyio.create_task_group() as tg:
-                await tg.start(server.run)
-                if not self._stop_requested:  # a stop asked during the load: never announced ready
-                    await self._restore_context(server, plan)
-                    self._on_ready(server)
-                tg.start_soon(watch_health, self, server)
-                if backend_of(self.config).has_slots:  # whisper-server, a command: no /slots to watch
-                    tg.start_soon(watch_progress, self, server)
-                tg.start_soon(watch_ttl, self)
-                if self.config.sleep_idle:
-                    tg.start_soon(watch_sleep, self, server)
-                await server.exited.wait()
-                tg.cancel_scope.cancel()
-        except BaseException as exc:
-            inner = unwrap_group(exc)
-            if server.died_unasked and isinstance(inner, Exception) and not isinstance(inner, StartFailed):
-                # Something broke while the child was dying (issue 19, 5: an unmapped error from a
-                # connection to it). The child's own exit is the reason; the error goes to the log.
-                log.warning("model %s: %r as its child died", self.name, inner, exc_info=inner)
-                return self._crashed(server)
-            return self._start_failed(inner, exc)
-        return self._crashed(server)
-
-    def _crashed(self, server: LlamaServer) -> Outcome:
-        """The child is gone: its exit (and what its log says about why) is the crash's reason."""
-        if self._stop_requested:
-            return Outcome.STOPPED
-        how = describe_returncode(server.returncode)
-        if self.kill_reason is not None:  # we killed it (a stall): that is the cause
-            how, self.kill_reason = f"{how}: {self.kill_reason}", None
-        # What its log and its exit say about why (an RPC worker it placed layers on died; a CPU
-        # fault): the kind's crash advice.
-        cause = server.crash_cause(amx="amx_int8" in cpu_flags())
-        self.last_error = f"llama-server {how}" + (f": {cause}" if cause else "")
-        self.last_stderr = server.log.tail(15)
-        self._events.publish(
-            self.name, EventKind.CRASH, returncode=server.returncode, message=self.last_error
-        )
-        log.warning("model %s: child %s", self.name, how, extra={"model": self.name})
-        if self.ready_since:
-            self.restart.ran_for(time.monotonic() - self.ready_since)  # stable long enough: start over
-        return Outcome.CRASHED
-
-    def _keeps_context(self, plan: LaunchPlan | None) -> bool:
-        """The child was started to keep its context (``--slot-save-path`` in its flags)."""
-        return self.contexts is not None and plan is not None and plan.slot_save_dir is not None
-
-    async def _restore_context(self, server: LlamaServer, plan: LaunchPlan) -> None:
-        """Saved slots back into the new child before ``ready`` lets the first request through."""
-        if self._keeps_context(plan) and self.contexts is not None and not self._stop_requested:
-            await self.contexts.restore(server, plan)
-
-    async def _save_context(self, server: LlamaServer, reason: str) -> float:
-        """At a planned stop: save the slots within ``stop_timeout``. Returns the seconds left of
-        it for the stop itself (at least 1 s of grace: the save never takes the child's SIGTERM
-        grace away entirely)."""
-        budget = self.policy.stop_timeout
-        plan = self.plan
-        if reason in _NO_SAVE or not self._keeps_context(plan) or not server.alive:
-            return budget
-        if self.sleeping:  # sleeping freed the KV cache, and a save would wake (reload) the model
-            return budget
-        assert self.contexts is not None and plan is not None
-        started = time.monotonic()
-        await self.contexts.save(server, plan, timeout=budget)
-        return max(1.0, budget - (time.monotonic() - started))
-
-    async def snapshot_context(self) -> None:
-        """Save the slots of the running child without stopping it (bounded by ``stop_timeout``):
-        a reload's replacement restores them while this child still serves (start-new-first)."""
-        server = self.server
-        if self.state == ModelState.READY and server is not None:
-            await self._save_context(server, "reload")
-
-    def _on_ready(self, server: LlamaServer) -> None:
-        # Recovered: the last crash is history (``last_crash``, the events, ``restarts``), not
-        # the model's present error.
-        if self.last_error is not None:
-            self.last_crash = self.last_error
-        self.last_error, self.failure_kind = None, None
-        self.warming = False  # loaded: its restarts place it like any start
-        self._warm_cause = None
-        self.load_seconds = server.load_seconds
-        self.ready_since = self.last_used = time.monotonic()
-        self._set_state(ModelState.READY, pid=server.pid, port=server.port, load_seconds=server.load_seconds)
-        for cb in self.on_ready:
-            cb(self)
-
-    def _gave_up_warming(self, exc: PlacementError) -> None:
-        """The warm default does not fit now (or would unload another model): no failure, no
-        refusal; the supervisor tries again when memory is freed. Why is logged once per cause
-        (a rule, or memory), not at every try."""
-        cause = (type(exc).__name__, getattr(exc, "rule", None))
-        level = logging.DEBUG if cause == self._warm_cause else logging.INFO
-        self._warm_cause = cause
-        log.log(
-            level,
-            "model %s: the warm default stays unloaded for now: %s",
-            self.name,
-            exc,
-            extra={"model": self.name},
-        )
-        return None
-
-    def _start_failed(self, inner: BaseException, exc: BaseException) -> Outcome:
-        """A start that did not come up (or a bug while supervising)."""
-        if not isinstance(inner, StartFailed):
-            if isinstance(inner, Exception):  # a bug: fail this model, keep the service
-                log.exception("model %s: supervision failed", self.name, exc_info=inner)
-                self._fail(f"internal error: {inner!r}", [], kind="internal")
-                return Outcome.FAILED
-            raise exc  # cancellation and the like: not ours to handle
-        if self._stop_requested:  # a requested stop during the load is no crash
-            return Outcome.STOPPED
-        self.last_error = str(inner)
-        self.last_stderr = inner.stderr_tail
-        self._events.publish(self.name, EventKind.CRASH, reason=inner.reason, message=inner.message)
-        if inner.reason in _FATAL_START:  # restarting cannot fix the input
-            self._fail(str(inner), inner.stderr_tail, kind=inner.reason)
-            return Outcome.FAILED
-        return Outcome.CRASHED
-
-    async def _wait_backoff(self) -> None:
-        """Step 4: wait before the next start (an unload ends the wait), then double it."""
-        await self.restart.wait(self._stop_event)
 
     async def _cleanup(self) -> None:
         if self.server is not None:
@@ -500,6 +287,13 @@ class ManagedModel:
         own = self.config.stall_timeout
         return self.policy.stall_timeout if own is None else own
 
+    async def snapshot_context(self) -> None:
+        """Save the slots of the running child without stopping it (bounded by ``stop_timeout``):
+        a reload's replacement restores them while this child still serves (start-new-first)."""
+        server = self.server
+        if self.state == ModelState.READY and server is not None:
+            await save_context(self, server, "reload")
+
     async def unload(self, reason: str = "unload", *, save: bool = True) -> None:
         """Drain in-flight requests (bounded), save the slots (``keep_context``; not with
         ``save=False``: ``--forget``), then stop the child. Idempotent."""
@@ -517,10 +311,10 @@ class ManagedModel:
             self._drain_scope = None
         server = self.server
         if server is not None:
-            grace = await self._save_context(server, reason) if save else self.policy.stop_timeout
+            grace = await save_context(self, server, reason) if save else self.policy.stop_timeout
             await server.stop(timeout=grace)
         await self._done.wait()
-        if self.contexts is not None and self._keeps_context(self.plan):
+        if self.contexts is not None and keeps_context(self, self.plan):
             self.contexts.after_stop()
 
     def cut_drain(self) -> None:
@@ -531,33 +325,9 @@ class ManagedModel:
     # -- requests ------------------------------------------------------------------------------
 
     async def wait_ready(self, start: Callable[[ManagedModel], None]) -> LlamaServer:
-        """Until ready; starts the child (via ``start``) when nothing runs. Raises when it failed."""
-        joined = False  # a start this waiter caused or waited on: its refusal is this one's
-        while True:
-            if self.retired:
-                raise ModelRetired(f"model {self.name!r} was replaced or removed", hint="retry")
-            server = self.server
-            if self.state == ModelState.READY and server is not None and server.serving:
-                return server
-            if self.state == ModelState.FAILED:
-                raise ModelFailed(
-                    f"model {self.name!r} failed: {self.last_error}",
-                    kind=self.failure_kind,
-                    hint=f"fix the cause, then `forge load {self.name}` or reload the config",
-                )
-            if joined and not self._running and self.refused is not None:
-                raise self.refused.again()
-            changed = self._changed
-            joined = joined or self._running
-            if not self._running:
-                self.refused = None  # a new start: the rules are asked again
-                self.warming = False
-                start(self)
-                joined = True
-            elif self.state == ModelState.DRAINING:
-                await self._done.wait()
-                continue
-            await changed.wait()
+        """Until ready; starts the child (via ``start``) when nothing runs. Raises when it failed
+        (:func:`~._acquire.wait_until_ready`)."""
+        return await wait_until_ready(self, start)
 
     async def child_gone(self, timeout: float) -> None:
         """After a request found the child unreachable: until its death has been noticed (at most
@@ -569,57 +339,15 @@ class ManagedModel:
         with anyio.move_on_after(timeout):
             await server.exited.wait()
 
-    @asynccontextmanager
-    async def acquire(
+    def acquire(
         self,
         start: Callable[[ManagedModel], None],
         load_wait: float | None = None,
         loaded: Callable[[], None] | None = None,
         priority: PriorityClass = "interactive",
         key: str | None = None,
-    ) -> AsyncIterator[LlamaServer]:
+    ) -> AbstractAsyncContextManager[LlamaServer]:
         """A slot at the child for one request: waits for load (``loaded`` is called once it is
         ready) and for the concurrency limit, in its ``priority`` class, fair between ``key``s
-        (the API key's name; see :mod:`._admission`)."""
-        # Only what is beyond the in-flight limit waits in the queue: `queue = 0` admits a request
-        # while a slot is free (or will be, once the model loads) and refuses only the surplus.
-        # The admission holds the in-flight limit resolved from the config (at start and at each
-        # ``update_limits``): read there, not worked out again per request.
-        if self.in_flight + self.waiting >= self.admission.slots + self.queue_limit:
-            raise QueueFull(
-                f"model {self.name!r} has {self.in_flight} requests in flight and {self.waiting} "
-                f"waiting (max_concurrency = {self.max_concurrency}, queue = {self.queue_limit})",
-                retry_after=1.0,
-                hint="retry later, or raise the model's queue / max_concurrency",
-            )
-        self.waiting += 1
-        try:
-            while True:
-                server = self.server
-                # Every request to a loaded model: no load to wait for, no timeout scope to build.
-                if self.state != ModelState.READY or self.retired or server is None or not server.serving:
-                    server = await wait_ready_within(self, start, load_wait)
-                if loaded is not None:
-                    loaded()
-                admission = self.admission
-                await admission.take(priority, key)
-                # The wait for a slot can be long: the child may have died, or the model may be
-                # draining by now. Then give the slot back and wait for the next ready child.
-                # (A child the watchdog just killed is alive until its exit is noticed: not serving.)
-                if self.state == ModelState.READY and server is self.server and server.serving:
-                    break
-                admission.give(priority, key)
-        finally:
-            self.waiting -= 1
-        self.in_flight += 1
-        self.requests_total += 1
-        if self._idle.is_set():
-            self._idle = anyio.Event()
-        try:
-            yield server
-        finally:
-            self.in_flight -= 1
-            admission.give(priority, key)
-            self.last_used = time.monotonic()
-            if self.in_flight == 0:
-                self._idle.set()
+        (the API key's name; see :mod:`._admission`, :func:`~._acquire.acquire_slot`)."""
+        return acquire_slot(self, start, load_wait, loaded, priority, key)

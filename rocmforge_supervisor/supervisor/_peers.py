@@ -34,7 +34,8 @@ from ..access import PriorityClass
 from ..client import Upstream
 from ..config import ModelConfig, PeerConfig
 from ._admission import Admission
-from ._status import ModelState, ModelStatus
+from ._backends import backend_of
+from ._status import ROUTE_WORDS, ModelState, ModelStatus
 
 __all__ = ["MESSAGES_ROUTES", "OPENAI_ROUTES", "Peer", "PeerModel", "PeerSet"]
 
@@ -316,19 +317,22 @@ class PeerSet:
             max_concurrency=peer.config.max_concurrency,
             requests_total=peer.requests_total,
             backend="peer",
-            label=f"peer · {peer.name}" + (f" ({remote})" if remote else ""),
-            serves=[
-                w
-                for w, p in (
-                    ("chat", "/v1/chat/completions"),
-                    ("completion", "/v1/completions"),
-                    ("embeddings", "/v1/embeddings"),
-                )
-                if p in peer.routes() or (w == "chat" and peer.config.api == "anthropic")
-            ],
+            label=backend_of(pm.config).label,
+            failure_kind=f"its server says: {remote}" if remote and remote != "ready" else None,
+            serves=_serves(pm.config),
             peer=peer.name,
             url=peer.config.url,
         )
+
+
+def _serves(config: ModelConfig) -> list[str]:
+    """What a peer model answers, in :data:`ROUTE_WORDS`: its routes; chat too where its API is
+    Anthropic's Messages (an OpenAI chat is translated to it)."""
+    backend = backend_of(config)
+    words = [w for w, path in ROUTE_WORDS.items() if backend.serves(config, path)]
+    if "/v1/messages" in config.command_routes and "chat" not in words:
+        words.insert(0, "chat")
+    return words
 
 
 def _listed(body: Any) -> list[tuple[str, str | None]]:

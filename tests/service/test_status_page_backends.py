@@ -20,19 +20,21 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from rocmforge_supervisor.supervisor import BACKENDS
 from rocmforge_supervisor.supervisor._status import ROUTE_WORDS
 from tests.support.browser import chromium, model_row, row_state, severe_console_errors, wait_until
+from tests.support.fake_peer import FakePeer
 from tests.support.lora import write_lora
 from tests.support.service import FAST, running_service, write_config
 from tests.support.supervised import fake_config, running
 from tests.support.tiny_clip import write_tiny_audio_clip
 
 #: One model of each backend (the key), the row's name for it.
-ROW = {"llama": "smol", "whisper": "stt", "command": "echo"}
+ROW = {"llama": "smol", "whisper": "stt", "command": "echo", "peer": "far"}
 #: What each model answers, as /api/models says and the row shows.
 SERVES = {
     "smol": ["chat", "completion"],
     "stt": ["transcription"],
     "echo": ["chat", "completion", "embeddings"],
     "vectors": ["embeddings"],
+    "far": ["chat", "completion", "embeddings"],
 }
 
 
@@ -45,7 +47,7 @@ def _whisper_file(path: Path) -> Path:
     return path
 
 
-def _config(tmp_path: Path, tiny_gguf: Path, fake_bin: Path) -> Path:
+def _config(tmp_path: Path, tiny_gguf: Path, fake_bin: Path, peer_url: str) -> Path:
     lora = write_lora(tmp_path / "tuned.gguf", tiny_gguf, targets=("attn_q",))
     stt = _whisper_file(tmp_path / "ggml-base.bin")
     cmd = f'cmd = ["{fake_bin}", "--host", "${{HOST}}", "--port", "${{PORT}}"]\n'
@@ -57,7 +59,8 @@ def _config(tmp_path: Path, tiny_gguf: Path, fake_bin: Path) -> Path:
         + f'[models.smol.adapters.tuned]\npath = "{lora}"\n'
         + f'[models.stt]\npath = "{stt}"\nbackend = "whisper"\ngpu = "cpu"\npreload = true\n'
         + f'[models.echo]\nbackend = "command"\n{cmd}gpu = "cpu"\npreload = true\n'
-        + f'[models.vectors]\nbackend = "command"\n{cmd}routes = ["/v1/embeddings"]\ngpu = "cpu"\n',
+        + f'[models.vectors]\nbackend = "command"\n{cmd}routes = ["/v1/embeddings"]\ngpu = "cpu"\n'
+        + f'[peers.box]\nurl = "{peer_url}"\nmodels = ["far"]\n',
     )
 
 
@@ -136,10 +139,12 @@ def test_each_backend_is_named_by_the_table_and_try_it_offers_what_answers_chat(
     tmp_path: Path, tiny_gguf: Path, fake_bin: Path
 ) -> None:
     assert set(ROW) == set(BACKENDS), "every backend needs a model in this test: add it to ROW and the config"
-    cfg = _config(tmp_path, tiny_gguf, fake_bin)
     env = {"FORGE_WHISPER_SERVER": str(fake_bin)}
     with (
-        running_service(cfg, tmp_path / "state", fake_bin, extra_env=env) as svc,
+        FakePeer(api="openai", models=["far"]) as peer,
+        running_service(
+            _config(tmp_path, tiny_gguf, fake_bin, peer.url), tmp_path / "state", fake_bin, extra_env=env
+        ) as svc,
         chromium(tmp_path / "profile") as d,
     ):
         rows = svc.models()
@@ -157,10 +162,11 @@ def test_each_backend_is_named_by_the_table_and_try_it_offers_what_answers_chat(
         assert _text(d, "vectors", ".modalities") == BACKENDS["command"].label
         assert _text(d, "vectors", ".serves") == "answers embeddings"
 
-        chat = ["smol", "smol:terse", "smol:tuned", "echo"]
+        chat = ["smol", "smol:terse", "smol:tuned", "echo", "far"]
         wait_until(d, lambda d: _chat_models(d) == chat, "the chat names in Try it")
         assert _ask(d, "echo", "hello command")  # a command model answers from Try it
         assert _ask(d, "smol:terse", "hello variant")  # and so does a variant, through its parent
+        assert _ask(d, "far", "hello peer") == "echo from far: hello peer"  # and a peer's model
         with svc.client() as c:
             served = {r["name"]: r["requests_total"] for r in c.get("/api/models").json()["models"]}
         assert served["echo"] == 1 and served["smol"] == 1

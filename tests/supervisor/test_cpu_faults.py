@@ -30,11 +30,11 @@ async def test_sigill_while_loading_fails_at_once_with_the_fix(
     """The advice depends on the CPU: a rebuild where the build lacks an instruction, the
     ``--no-repack`` flag where an AMX CPU's ggml kernels are the cause (the child ran without it).
     Both CPUs are simulated, so the test means the same on every machine."""
-    from rocmforge_supervisor.supervisor import _launch, _managed
+    from rocmforge_supervisor.supervisor import _child_run, _launch
 
     flags = frozenset({"avx2", *(["amx_int8", "amx_tile"] if amx else [])})
     monkeypatch.setattr(_launch, "cpu_flags", lambda: flags)
-    monkeypatch.setattr(_managed, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(_child_run, "cpu_flags", lambda: flags)
     async with running(make_config({"m": {"args": ["--fake-die", "SIGILL"]}}), fake_bin) as sup:
         with pytest.raises(ServiceError, match="killed by SIGILL") as info:
             await sup.load("m")

@@ -35,7 +35,8 @@ from tests.support.supervised import fake_config, running, wait_state
 
 pytestmark = pytest.mark.anyio
 
-KINDS = tuple(BACKENDS)
+#: Every backend that runs a process here (a peer's models are placed on their own server).
+KINDS = tuple(name for name, b in BACKENDS.items() if not b.remote)
 Size = Literal["big", "small", "huge"]
 _GIB = 1024**3
 

@@ -1,0 +1,332 @@
+"""``[models.NAME]`` with its variants and adapters: one model the service serves, every
+backend's keys (``config/_backends.py`` says which key means something to which backend).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BeforeValidator,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag, resolve_kv_unified
+from ._backends import (
+    DEFAULT_COMMAND_ROUTES,
+    ONE_AT_A_TIME,
+    BackendName,
+    key_problem,
+    path_problem,
+)
+from ._explain import custom
+from ._fields import (
+    _HF_FILE_RE,
+    CtxSizeField,
+    GpuChoiceField,
+    GpuLayersField,
+    _bytes_or_none,
+    _empty_is_none,
+    _Section,
+)
+from ._speculative import speculative_problem
+from ._variants import served_names_problem
+
+__all__ = ["NOT_IN_FINGERPRINT", "AdapterConfig", "ModelConfig", "VariantConfig"]
+
+NOT_IN_FINGERPRINT = frozenset(
+    {
+        "ttl",
+        "max_concurrency",
+        "queue",
+        "interactive_slots",
+        "preload",
+        "load_wait",
+        "max_tokens",
+        "pinned",
+        "swap",
+        "evict_cost",
+        "default",
+        "capture",
+        "stall_timeout",
+        "routes",  # the gateway's side: which requests it sends, not how the child runs
+        "tools",  # what the listings show, not how the child runs
+        "variants",  # request rules the gateway applies; the child is the same
+        "fallback",  # where the gateway sends a request this model cannot take
+    }
+)
+
+
+class VariantConfig(_Section):
+    """``[models.X.variants.Y]``: model ``X`` served again as ``X:Y`` with its own request rules
+    (the same child: no second load). Keys are the request fields llama-server reads (OpenAI's
+    ``temperature``, ``max_tokens``, ``response_format``…, and its own ``top_k``, ``n_predict``…)."""
+
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    """Set when the request does not send them."""
+    force: dict[str, Any] = Field(default_factory=dict)
+    """Always set, over what the request sends."""
+    strip: list[str] = Field(default_factory=list)
+    """Removed from the request before ``defaults`` and ``force`` apply."""
+    system: str | None = None
+    """A system prompt, put first unless the request has its own (chat routes)."""
+    adapter: str | None = None
+    """One of ``X``'s ``[models.X.adapters.NAME]``, applied to every request of the variant."""
+
+
+class AdapterConfig(_Section):
+    """``[models.X.adapters.NAME]``: a LoRA adapter of model ``X``, served as ``X:NAME``. The child
+    loads every adapter of ``X`` at start, none applied; a request to ``X:NAME`` applies this one."""
+
+    path: str = Field(min_length=1)
+    """A LoRA GGUF path or ``hf:org/repo:FILE``."""
+    scale: float = 1.0
+    """How strongly it applies (llama-server's per-request ``lora`` scale)."""
+
+
+class ModelConfig(_Section):
+    """``[models.NAME]``: one model the service can serve under ``NAME``."""
+
+    path: str = Field(default="", min_length=1)
+    """A GGUF path, an embedded default's name (``gemma-3-270m``) or ``hf:org/repo:QUANT``; for
+    ``backend = "command"`` what ``${MODEL}`` stands for (empty when ``cmd`` does not use it)."""
+    backend: BackendName = "llama"
+    """The server that runs it: ``llama`` (llama-server), ``whisper`` (whisper.cpp's
+    whisper-server, for a whisper GGML model: speech to text on ``/v1/audio/transcriptions`` and
+    ``/v1/audio/translations``; it serves one request at a time, so ``max_concurrency`` is 1), or
+    ``command``: any OpenAI-compatible server, started as ``cmd`` (vLLM, SGLang, koboldcpp,
+    another llama-server build…); then ``path`` is what ``${MODEL}`` stands for."""
+    ctx_size: CtxSizeField = None
+    """Tokens of KV cache (shared by the slots, or split among them with ``kv_unified = false``);
+    0: the model's trained context; ``"auto"``: the largest context that fits the devices the
+    model is placed on, beside what stays loaded, capped by the trained context and chosen again
+    at each load. None: ``[supervisor] ctx_size``, else the trained context."""
+    ctx_min: int | None = Field(default=None, ge=256)
+    """With ``ctx_size = "auto"``: the fewest tokens one request must be able to use (default
+    ``[supervisor] ctx_min``, 2048); below it the load is refused, saying what it needs."""
+    gpu_layers: GpuLayersField = None
+    """None: forge decides from the memory estimate; or a number, ``"auto"`` (llama-server fits),
+    ``"all"``."""
+    parallel: int | None = Field(default=None, ge=1)
+    kv_unified: bool | None = None
+    """One KV cache of ``ctx_size`` tokens shared by all ``parallel`` slots (``--kv-unified``), so
+    that one request can use the whole context: forge's default (None), as it is llama-server's
+    with automatic slots. ``false``: each slot gets ``ctx_size / parallel`` tokens of its own, so
+    concurrent requests can never crowd each other out of the cache, but none can be longer."""
+    gpu: GpuChoiceField = "auto"
+    preload: bool = False
+    ttl: float = Field(default=0.0, ge=0)
+    """Idle seconds before the model is unloaded; 0 = never."""
+    max_concurrency: int | None = Field(default=None, ge=1)
+    """Requests in flight at the child; more wait in the queue. Default: ``parallel``, else 4."""
+    queue: int = Field(default=64, ge=0)
+    """Requests allowed to wait beyond ``max_concurrency`` (0: none); past it the gateway answers 429."""
+    interactive_slots: int = Field(default=0, ge=0)
+    """Of ``max_concurrency``, slots kept for the ``interactive`` class: ``batch`` and
+    ``background`` requests never hold more than the rest (at least one)."""
+    load_wait: float | None = Field(default=None, ge=0)
+    """This model's ``server.load_wait`` (seconds a request waits for its load)."""
+    fallback: list[str] = Field(default_factory=list)
+    """Where a request goes when this model cannot take it (failed, refused by a residency rule,
+    its queue full, its peer cooling down), in order, before a byte was sent to the client:
+    another ``[models.*]`` name or ``PEER/MODEL`` of a ``[peers.*]`` entry."""
+    stall_timeout: float | None = Field(default=None, ge=0)
+    """This model's ``supervisor.stall_timeout`` (seconds busy without progress; 0: off)."""
+    pinned: bool = False
+    """Never evicted: not to make room for another model (a load that would need it gone is
+    refused with 409), not by a group's rules, not to yield memory to other programs."""
+    swap: Literal["auto", "never"] = "auto"
+    """``never``: once loaded, placement never unloads it (a load that would need it gone gets
+    409); its ``ttl``, an explicit unload and memory pressure still may (llama-swap's
+    ``swappable: false``)."""
+    evict_cost: float = Field(default=1.0, gt=0)
+    """Weight against eviction: among idle models the one idle longest per unit of cost goes
+    first (score = idle seconds / evict_cost), so a model slow to load can be made the last."""
+    default: bool = False
+    """The warm default (at most one): loaded at start and, whenever it is not loaded and its
+    memory is free again, loaded back without a request (it never evicts anything to get there)."""
+    sleep_idle: int | None = Field(default=None, ge=1)
+    """Idle seconds after which the child frees its model, context and projector but keeps running
+    (llama-server's ``--sleep-idle-seconds``); the next request reloads them. None: never."""
+    embeddings: bool = False
+    """Serve ``/v1/embeddings``: starts llama-server with ``--embeddings`` and, unless ``args``
+    choose one, ``--pooling mean`` (OpenAI-shaped embeddings need a pooled vector)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Default ``max_tokens`` for chat/completions requests that send none (None: to the end of
+    the slot's context)."""
+    capture: bool | None = None
+    """This model's ``server.capture`` (keep request and response bodies in the activity log)."""
+    args: list[str] = Field(default_factory=list)
+    """Extra llama-server arguments; flags forge sets itself are refused."""
+    keep_context: bool = False
+    """Save the child's KV-cache slots when forge stops it on purpose (ttl, unload, eviction, a
+    restarting reload, shutdown) and restore them into its next child before the first request:
+    a resumed conversation skips its prefill. Off by default: the files are big and hold prompts."""
+    keep_conversations: bool = False
+    """With ``keep_context``: also save each long chat turn's state per conversation (and API key)
+    and restore it into a free slot at the conversation's next turn when the child lost it."""
+    mmproj: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    """A multimodal (vision/audio) projector for this model: a GGUF path, ``"hf:org/repo:FILE"``, or
+    ``"auto"``: the ``mmproj*.gguf`` beside the model in its Hugging Face repo or folder. The child
+    gets ``--mmproj``; requests may then carry images (or audio)."""
+    mmproj_offload: bool | None = None
+    """The projector on the GPU (``--mmproj-offload``, llama-server's default) or in system RAM
+    (false: ``--no-mmproj-offload``). None: on the GPU when the model is on one, else off."""
+    workers: Literal["auto", "never", "only", "all"] = "auto"
+    """RPC workers (``[[workers]]``): ``auto`` uses the fewest that hold it when the model does not
+    fit on this machine; ``only``: always on the fewest workers, never here; ``all``: a share on every
+    usable worker; ``never``: this machine only."""
+    cmd: list[str] = Field(default_factory=list)
+    """``backend = "command"``: the server's command line; ``${PORT}`` (required), ``${HOST}``,
+    ``${MODEL}`` (``path``) and ``${NAME}`` are filled in at each start, ``args`` appended."""
+    health: str | None = None
+    """``backend = "command"``: the path that answers 200 once it is ready (default ``/health``)."""
+    ready_log: str | None = None
+    """``backend = "command"``: ready when it prints a line matching this regular expression
+    (instead of ``health``)."""
+    routes: list[str] | None = None
+    """``backend = "command"``: the OpenAI routes it serves (default: chat/completions,
+    completions, embeddings); a request on another route is refused before it is queued."""
+    memory: Annotated[int | None, BeforeValidator(_bytes_or_none)] = None
+    """``backend = "command"``: the device memory it takes on each device it is placed on
+    (``"12GiB"``), for placement; None: placed without a memory check."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """``backend = "command"``: extra environment for the command (the device mask is forge's)."""
+
+    # -- speculative decoding, reranking, tools (issue 34): checked by config/_speculative.py --
+    draft: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    """A draft model for speculative decoding: a GGUF path, an embedded name or
+    ``hf:org/repo:QUANT``. It must share the model's vocabulary (refused at config check when it
+    does not). Its weights and KV cache (the model's context, ``f16``) count in placement."""
+    draft_max: int | None = Field(default=None, ge=1)
+    """Tokens the draft proposes per step (``--spec-draft-n-max``; llama-server's default 3)."""
+    draft_min: int | None = Field(default=None, ge=0)
+    """The fewest draft tokens worth checking (``--spec-draft-n-min``; default 0)."""
+    draft_gpu: Literal["auto", "cpu"] = "auto"
+    """Where the draft sits: ``auto``, on the model's GPUs (split as the model is) or in RAM when
+    the model is; ``cpu``: always in system RAM (saves GPU memory, drafts slower)."""
+    speculative: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    """llama-server's ``--spec-type``, comma-separated: ``draft-simple`` (the default with a
+    ``draft``), ``draft-eagle3``, ``draft-mtp`` (the model's own MTP head), ``draft-dflash``,
+    ``draft-dspark``, or a draft-free n-gram mode: ``ngram-simple``, ``ngram-map-k``,
+    ``ngram-map-k4v``, ``ngram-mod``, ``ngram-cache``."""
+    rerank: bool = False
+    """A reranker (``--reranking``): served on ``/v1/rerank`` and ``/rerank`` only; a chat or
+    completion request to it is a 400."""
+    tools: bool | None = None
+    """The ``tools`` capability in ``/v1/models`` and ``/api/show``: None from the chat template
+    (the running child's ``/props``), false hides it (and tool requests get a 400), true shows it."""
+
+    # -- variants and LoRA adapters (issue 34): served as NAME:VARIANT / NAME:ADAPTER (service/_names.py) --
+    variants: dict[str, VariantConfig] = Field(default_factory=dict)
+    """``[models.X.variants.Y]``: ``X:Y``, the same child with request rules of its own."""
+    adapters: dict[str, AdapterConfig] = Field(default_factory=dict)
+    """``[models.X.adapters.NAME]``: LoRA adapters, loaded with the child and served as ``X:NAME``."""
+
+    @model_validator(mode="after")
+    def _served_names(self) -> ModelConfig:
+        problem = served_names_problem(self)
+        if problem is not None:
+            raise custom(*problem)
+        return self
+
+    @model_validator(mode="after")
+    def _conversations_need_context(self) -> ModelConfig:
+        """The tier saves into the context directory through the child's ``--slot-save-path``,
+        which only ``keep_context`` gives it: without it the key would do nothing, silently."""
+        if self.keep_conversations and not self.keep_context:
+            raise custom(
+                "keep_conversations",
+                "keep_conversations = true needs keep_context = true (the conversations are kept "
+                "through its saved slots): add keep_context = true, or remove keep_conversations",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _speculative_keys(self) -> ModelConfig:
+        problem = speculative_problem(self)
+        if problem is not None:
+            raise custom(*problem)
+        return self
+
+    @property
+    def unified_kv(self) -> bool:
+        """Whether its child shares one KV cache across slots: ``args``' own ``-kvu``/``-no-kvu``,
+        else ``kv_unified``, else yes (forge's default)."""
+        return resolve_kv_unified(self.kv_unified, self.args)
+
+    @property
+    def context_per_request(self) -> int | None:
+        """Tokens one request can use as configured: the whole ``ctx_size`` with a unified KV
+        cache, else one slot's share. None: ``ctx_size`` unset (the model's trained context,
+        known only from its GGUF)."""
+        if not self.ctx_size or self.ctx_size == "auto":
+            return None  # the trained context, or chosen at load
+        return self.ctx_size if self.unified_kv else self.ctx_size // (self.parallel or 4)
+
+    @property
+    def effective_max_concurrency(self) -> int:
+        if self.backend in ONE_AT_A_TIME:
+            return 1  # whisper-server serves one request at a time (a global mutex): the rest queue
+        return self.max_concurrency or self.parallel or 4
+
+    @property
+    def command_routes(self) -> tuple[str, ...]:
+        """What a ``backend = "command"`` model serves (its ``routes``, else the OpenAI ones)."""
+        return tuple(self.routes) if self.routes is not None else DEFAULT_COMMAND_ROUTES
+
+    @model_validator(mode="after")
+    def _backend_keys(self) -> ModelConfig:
+        """A key that means nothing to the model's server would be silently ignored: refused by
+        name (the rules per backend are ``config/_backends.py``'s)."""
+        problem = key_problem(self) or path_problem(self)
+        if problem is not None:
+            raise custom(*problem)
+        return self
+
+    @field_validator("mmproj")
+    @classmethod
+    def _mmproj_reference(cls, value: str | None) -> str | None:
+        if value is None or value == "auto" or not value.startswith("hf:"):
+            return value
+        if not _HF_FILE_RE.match(value[3:]):
+            raise custom(
+                "mmproj_reference",
+                f"mmproj {value!r} is not hf:org/repo:FILE (e.g. "
+                '"hf:ggml-org/SmolVLM-500M-Instruct-GGUF:mmproj-SmolVLM-500M-Instruct-f16.gguf")',
+            )
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _no_owned_flags(cls, args: list[str], info: ValidationInfo) -> list[str]:
+        if info.data.get("backend") == "command":
+            return args  # the user's own command line: forge owns none of its flags
+        for arg in args:
+            if arg.partition("=")[0].replace("_", "-") == "--slot-save-path":
+                raise custom(
+                    "owned_flag",
+                    f"{arg!r} is set by forge itself and cannot be passed in args "
+                    "(use keep_context = true, and [server] context_dir for where)",
+                )
+            key = OWNED_BY_KEY.get(normalise_flag(arg) or "")
+            if key is not None:
+                raise custom(
+                    "owned_flag", f"{arg!r} is set by forge itself: use the model's key {key} instead"
+                )
+            if normalise_flag(arg) == "--media-path":
+                raise custom(
+                    "owned_flag",
+                    f"{arg!r} is refused: file:// media would let any request read the server's files "
+                    "(send images as base64 data URLs)",
+                )
+            if is_owned_flag(arg):
+                raise custom(
+                    "owned_flag",
+                    f"{arg!r} is set by forge itself and cannot be passed in args "
+                    "(use the model's own keys: path, ctx_size, gpu_layers, parallel, gpu)",
+                )
+        return args
