@@ -79,6 +79,7 @@ bench: setup dev ## the benchmarks (numbers, not pass/fail): see scripts/bench/
 	$(BIN)/python scripts/bench/bench_activity.py
 	$(BIN)/python scripts/bench/bench_keep_context.py
 	$(BIN)/python scripts/bench/bench_whisper.py
+	$(BIN)/python scripts/bench/bench_peer.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

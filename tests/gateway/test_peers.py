@@ -291,3 +291,23 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_openai_client_to_an_anthropic_only_peer_is_translated(svc: Service, an_peer: FakePeer) -> None:
+    client = openai.OpenAI(base_url=f"{svc.url}/v1", api_key=ADMIN, timeout=30, max_retries=0)
+    before = len(an_peer.requests)
+    r = client.chat.completions.create(
+        model="claude-x",
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi from openai"}],
+    )
+    assert r.choices[0].message.content is not None and "hi from openai" in r.choices[0].message.content
+    assert r.usage is not None and r.usage.completion_tokens > 0
+    streamed = client.chat.completions.create(
+        model="claude-x", messages=[{"role": "user", "content": "streamed too"}], stream=True
+    )
+    text = "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices)
+    assert "streamed too" in text
+    sent = [q for q in an_peer.requests[before:] if q.path == "/v1/messages"]
+    assert len(sent) == 2 and sent[0].json is not None
+    assert sent[0].json["system"] == "be brief" and sent[0].json["max_tokens"] > 0
+    assert sent[0].headers["x-api-key"] == AN_KEY

@@ -2,7 +2,7 @@
 Ollama's: a variant's forced length caps the request in the route's own field whatever spelling
 the request used (llama-server reads ``n_predict`` before ``max_tokens``), a variant's or the
 model's default applies only when the request sends none, and a route that generates no text gets
-none. What the child is sent is read off the one forwarder (``_forward.open_upstream``)."""
+none. What the child is sent is read off the one forwarder (``_forwarder.open_upstream``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from rocmforge_supervisor.service.core._names import LENGTH_FIELD, LENGTHS, length_field, lengths_read
 from rocmforge_supervisor.service.core._routes import FORWARDED
-from rocmforge_supervisor.service.proxy import _forward
+from rocmforge_supervisor.service.proxy import _forwarder
 from tests.gateway_fast.conftest import Serve
 from tests.gateway_fast.dialects import HELLO
 
@@ -57,13 +57,13 @@ QUIET = [p for p in JSON_ROUTES if length_field(p) is None]
 def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
     """(upstream path, body) of every request the forwarder sends to a child."""
     seen: list[tuple[str, dict[str, Any]]] = []
-    real = _forward.open_upstream
+    real = _forwarder.open_upstream
 
     def spy(st: Any, name: str, method: str, path: str, body: bytes, rid: str | None, **kw: Any) -> Any:
         seen.append((path, json.loads(body) if body else {}))
         return real(st, name, method, path, body, rid, **kw)
 
-    monkeypatch.setattr(_forward, "open_upstream", spy)
+    monkeypatch.setattr(_forwarder, "open_upstream", spy)
     yield seen
 
 

@@ -1,5 +1,5 @@
 """Whether a model serves a forwarded route is checked once per configuration
-(``proxy/_forward._check_fits``), not on every request: a reload that replaces the configuration
+(``proxy/_forwarder.check_fits``), not on every request: a reload that replaces the configuration
 (here: the model becomes a reranker) is checked afresh."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from rocmforge_supervisor._errors import InvalidRequest
 from rocmforge_supervisor.config import ModelConfig
-from rocmforge_supervisor.service.proxy._forward import _check_fits
+from rocmforge_supervisor.service.proxy._forwarder import check_fits as _check_fits
 
 
 def test_a_replaced_configuration_is_checked_again() -> None:
