@@ -32,7 +32,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, completion_cr
 from pydantic import TypeAdapter
 
 from rocmforge_supervisor._errors import ForgeError, InvalidRequest, ServerError, StreamError
-from rocmforge_supervisor.service.proxy import _openai_upstream
+from rocmforge_supervisor.service.proxy import _to_messages
 from rocmforge_supervisor.service.proxy._openai_upstream import (
     DEFAULT_MAX_TOKENS,
     ChatAnswer,
@@ -449,10 +449,10 @@ def test_dropped_fields_and_anthropics_own() -> None:
 def test_every_field_of_openais_request_is_decided() -> None:
     """A field the openai SDK adds shows up here: translated, refused or dropped, on purpose."""
     fields = set(typing.get_type_hints(completion_create_params.CompletionCreateParamsStreaming))
-    decided = _openai_upstream._TRANSLATED | _openai_upstream._REFUSED | _openai_upstream._DROPPED
+    decided = _to_messages._TRANSLATED | _to_messages._REFUSED | _to_messages._DROPPED
     assert fields - decided == set()
-    assert not _openai_upstream._TRANSLATED & _openai_upstream._REFUSED
-    assert not _openai_upstream._DROPPED & (_openai_upstream._TRANSLATED | _openai_upstream._REFUSED)
+    assert not _to_messages._TRANSLATED & _to_messages._REFUSED
+    assert not _to_messages._DROPPED & (_to_messages._TRANSLATED | _to_messages._REFUSED)
 
 
 # -- the anthropic side's fakes -----------------------------------------------------------------------
