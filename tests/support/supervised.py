@@ -57,12 +57,13 @@ def fake_config(
     machine: str = "no_gpu",
     server: dict[str, Any] | None = None,
     groups: dict[str, dict[str, Any]] | None = None,
+    peers: dict[str, dict[str, Any]] | None = None,
     **supervisor: Any,
 ) -> ForgeConfig:
     """``folder/forge.toml`` with ``[server]`` (its state in ``folder/state``, plus ``server``; a
     list of tables, such as ``keys``, as ``[[server.keys]]``),
     ``[supervisor]`` (:data:`FAKE_TIMERS`, plus ``supervisor``), one ``[models.NAME]`` per entry
-    (``path`` defaults to ``default_model``) and one ``[groups.NAME]`` per ``groups`` entry, loaded on the ``machine`` fixture's hardware."""
+    (``path`` defaults to ``default_model``) and one ``[groups.NAME]`` per ``groups`` entry (``[peers.NAME]`` per ``peers`` entry), loaded on the ``machine`` fixture's hardware."""
     server = server or {}
     tables = {k: v for k, v in server.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
     lines = ["[server]", f'state_dir = "{folder / "state"}"']
@@ -77,6 +78,8 @@ def fake_config(
         lines += [f"{k} = {_toml(v)}" for k, v in keys.items() if k != "path"]
     for name, keys in (groups or {}).items():
         lines += ["", f"[groups.{name}]", *(f"{k} = {_toml(v)}" for k, v in keys.items())]
+    for name, keys in (peers or {}).items():
+        lines += ["", f"[peers.{name}]", *(f"{k} = {_toml(v)}" for k, v in keys.items())]
     path = folder / "forge.toml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

@@ -320,11 +320,20 @@ class Forwarder:
                     self.body = _named(self.body, target)
 
     def _next_fallback(self, fallback: list[str]) -> str | None:
-        """The next entry of ``fallback`` this request may go to (taken off the list)."""
+        """The next entry of ``fallback`` this request may go to (taken off the list): one the
+        request's key may use, that can take a request now, and whose server answers the route
+        the request is in the terms of (an Anthropic request passed through to a llama-server
+        goes to no OpenAI-only peer)."""
+        sup = self.st.supervisor
         while fallback:
             target = fallback.pop(0)
-            if may_use(target) and self.st.supervisor.takes(target):
-                return target
+            if not (may_use(target) and sup.takes(target)):
+                continue
+            try:
+                check_fits(target, sup.config_of(target), self.upstream_path)
+            except ForgeError:
+                continue
+            return target
         return None
 
     async def _open_retrying(self, loaded: Callable[[], None]) -> Opened:
