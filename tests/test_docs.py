@@ -33,7 +33,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: A fenced block, with the HTML comment (if any) on the line just before it.
 _FENCE = re.compile(r"(?:^<!--(?P<marker>.*?)-->\n)?^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```$", re.M | re.S)
 #: What makes a toml block a forge config rather than some other TOML.
-_FORGE_TABLE = re.compile(r"^\[\[?(models\.|server\b|supervisor\b|groups\.|workers\b)", re.M)
+_FORGE_TABLE = re.compile(r"^\[\[?(models\.|server\b|supervisor\b|groups\.|workers\b|peers\.)", re.M)
 _LINK = re.compile(r"!?\[[^\]\n]*\]\(([^)\s]+)\)")
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.M)

@@ -310,7 +310,7 @@ class PeerSet:
             name=pm.served,
             state=state,
             since=peer.since,
-            path=f"{peer.config.url} · {pm.model_id}",
+            path=f"peer {peer.name}: {peer.config.url} · {pm.model_id}",
             last_error=peer.last_error,
             in_flight=peer.in_flight,
             waiting=peer.waiting,
