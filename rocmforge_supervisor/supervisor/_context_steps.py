@@ -11,12 +11,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from ._status import ModelState
+
 if TYPE_CHECKING:
     from ..process import LlamaServer
     from ._launch import LaunchPlan
     from ._managed import ManagedModel
 
-__all__ = ["keeps_context", "restore_context", "save_context"]
+__all__ = ["keeps_context", "restore_context", "save_context", "snapshot_context"]
 
 #: Planned stops whose slots are not worth saving (the model is gone from the config).
 _NO_SAVE = frozenset({"removed", "failed replacement"})
@@ -47,3 +49,11 @@ async def save_context(m: ManagedModel, server: LlamaServer, reason: str) -> flo
     started = time.monotonic()
     await m.contexts.save(server, plan, timeout=budget)
     return max(1.0, budget - (time.monotonic() - started))
+
+
+async def snapshot_context(m: ManagedModel) -> None:
+    """Save the slots of the running child without stopping it (bounded by ``stop_timeout``):
+    a reload's replacement restores them while this child still serves (start-new-first)."""
+    server = m.server
+    if m.state == ModelState.READY and server is not None:
+        await save_context(m, server, "reload")

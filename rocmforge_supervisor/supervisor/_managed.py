@@ -29,14 +29,14 @@ from ..process import Breaker, LlamaServer, Outcome, RestartPolicy, restart_loop
 from ._acquire import acquire_slot, wait_until_ready
 from ._admission import Admission, PriorityClass
 from ._child_run import run_child
-from ._context_steps import keeps_context, save_context
+from ._context_steps import keeps_context, save_context, snapshot_context
 from ._events import EventBus, EventKind
 from ._keep_context import ContextKeeper
 from ._launch import LaunchPlan
 from ._placement import LoadedModel
 from ._residency import Residency
 from ._starting import plan_start
-from ._status import ModelState, ModelStatus, check_transition, model_status
+from ._status import ModelState, ModelStatus, check_transition, loaded_model, model_status
 
 __all__ = ["ManagedModel", "PlanFn"]
 
@@ -191,21 +191,7 @@ class ManagedModel:
 
     def as_loaded(self) -> LoadedModel | None:
         """This model as placement counts it, or None when it holds no memory."""
-        plan = self.plan
-        if plan is None or not self._running:
-            return None
-        ready = self.state == ModelState.READY
-        held = plan.held_bytes() if ready else dict(plan.estimated_bytes)
-        return LoadedModel(
-            name=self.name,
-            devices=tuple(plan.devices),
-            bytes_by_device=held,
-            # A model still loading is busy: never evicted, and not yet in the counters.
-            in_flight=self.in_flight + self.waiting + (0 if ready else 1),
-            last_used=self.last_used,
-            counted=ready,
-            residency=self.residency,
-        )
+        return loaded_model(self)
 
     # -- the child's life ----------------------------------------------------------------------
 
@@ -288,11 +274,8 @@ class ManagedModel:
         return self.policy.stall_timeout if own is None else own
 
     async def snapshot_context(self) -> None:
-        """Save the slots of the running child without stopping it (bounded by ``stop_timeout``):
-        a reload's replacement restores them while this child still serves (start-new-first)."""
-        server = self.server
-        if self.state == ModelState.READY and server is not None:
-            await save_context(self, server, "reload")
+        """Save the running child's slots for a reload's replacement (:mod:`._context_steps`)."""
+        await snapshot_context(self)
 
     async def unload(self, reason: str = "unload", *, save: bool = True) -> None:
         """Drain in-flight requests (bounded), save the slots (``keep_context``; not with
@@ -325,8 +308,7 @@ class ManagedModel:
     # -- requests ------------------------------------------------------------------------------
 
     async def wait_ready(self, start: Callable[[ManagedModel], None]) -> LlamaServer:
-        """Until ready; starts the child (via ``start``) when nothing runs. Raises when it failed
-        (:func:`~._acquire.wait_until_ready`)."""
+        """Until ready, starting the child when nothing runs (:func:`~._acquire.wait_until_ready`)."""
         return await wait_until_ready(self, start)
 
     async def child_gone(self, timeout: float) -> None:
@@ -347,7 +329,6 @@ class ManagedModel:
         priority: PriorityClass = "interactive",
         key: str | None = None,
     ) -> AbstractAsyncContextManager[LlamaServer]:
-        """A slot at the child for one request: waits for load (``loaded`` is called once it is
-        ready) and for the concurrency limit, in its ``priority`` class, fair between ``key``s
-        (the API key's name; see :mod:`._admission`, :func:`~._acquire.acquire_slot`)."""
+        """A slot at the child for one request, fair between priority classes and keys
+        (:func:`~._acquire.acquire_slot`)."""
         return acquire_slot(self, start, load_wait, loaded, priority, key)

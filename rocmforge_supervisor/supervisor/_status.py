@@ -1,4 +1,5 @@
-"""A supervised model's states, the moves allowed between them, its crash breaker, its status.
+"""A supervised model's states, the moves allowed between them, its crash breaker, its status
+(and, for placement, the memory it holds: :func:`loaded_model`).
 
 States::
 
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .._argv import EMBEDDING_ARCHITECTURES, normalise_flag
 from ..process import Breaker  # the one restart policy's breaker, shared with `forge worker`
 from ._backends import backend_of
-from ._placement_types import WorkerShare
+from ._placement_types import LoadedModel, WorkerShare
 
 if TYPE_CHECKING:
     from ._managed import ManagedModel
@@ -37,6 +38,7 @@ __all__ = [
     "ModelState",
     "ModelStatus",
     "check_transition",
+    "loaded_model",
     "model_status",
 ]
 
@@ -310,6 +312,25 @@ def _log_path(m: ManagedModel) -> str | None:
     if m.server is not None and m.server.log.path is not None:
         return str(m.server.log.path)
     return str(m.plan.spec.log_path) if m.plan and m.plan.spec.log_path else None
+
+
+def loaded_model(m: ManagedModel) -> LoadedModel | None:
+    """``m`` as placement counts it (``ManagedModel.as_loaded``), or None when it holds no memory."""
+    plan = m.plan
+    if plan is None or not m.running:
+        return None
+    ready = m.state == ModelState.READY
+    held = plan.held_bytes() if ready else dict(plan.estimated_bytes)
+    return LoadedModel(
+        name=m.name,
+        devices=tuple(plan.devices),
+        bytes_by_device=held,
+        # A model still loading is busy: never evicted, and not yet in the counters.
+        in_flight=m.in_flight + m.waiting + (0 if ready else 1),
+        last_used=m.last_used,
+        counted=ready,
+        residency=m.residency,
+    )
 
 
 def _ttl_left(m: ManagedModel) -> float | None:
