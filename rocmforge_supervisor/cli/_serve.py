@@ -270,7 +270,7 @@ def _ps_cells(r: dict[str, Any]) -> list[str]:
     return [
         str(r["name"]),
         str(r["state"]) + (" (sleeping)" if r.get("sleeping") else ""),
-        str(r.get("backend") or "llama"),
+        str(r.get("backend") or "llama") + (f" {r['peer']}" if r.get("peer") else ""),
         _rules(r.get("residency") or {}),
         str(r.get("pid") or "-"),
         _devices(r),

@@ -9,7 +9,9 @@ get a service of their own (they change a peer's state).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ import openai
 import pytest
 
 from tests.support.fake_peer import FakePeer
-from tests.support.service import FAST, Service, model_section, running_service, wait_for, write_config
+from tests.support.service import FAST, FORGE, Service, model_section, running_service, wait_for, write_config
 
 ADMIN = "admin-key"
 SCOPED = "scoped-key"
@@ -311,3 +313,13 @@ def test_openai_client_to_an_anthropic_only_peer_is_translated(svc: Service, an_
     assert len(sent) == 2 and sent[0].json is not None
     assert sent[0].json["system"] == "be brief" and sent[0].json["max_tokens"] > 0
     assert sent[0].headers["x-api-key"] == AN_KEY
+
+
+def test_forge_ps_names_each_peer_models_peer(svc: Service) -> None:
+    env = dict(
+        os.environ, FORGE_STATE_DIR=str(svc.state_dir), FORGE_API_KEY=ADMIN, COLUMNS="250", NO_COLOR="1"
+    )
+    out = subprocess.run([*FORGE, "ps"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split("│")[1].strip(): line for line in out.stdout.splitlines() if line.count("│") > 3}
+    assert "peer oa" in rows["m1"] and "peer an" in rows["claude-x"], out.stdout
