@@ -16,6 +16,8 @@ from pydantic import (
 
 from .._argv import OWNED_BY_KEY, is_owned_flag, normalise_flag, resolve_kv_unified
 from ._backends import (
+    BACKEND_NAMES,
+    CONFIGURABLE,
     DEFAULT_COMMAND_ROUTES,
     ONE_AT_A_TIME,
     BackendName,
@@ -60,6 +62,15 @@ NOT_IN_FINGERPRINT = frozenset(
 )
 
 
+def _backend(value: Any) -> Any:
+    """The backends a ``[models.*]`` entry may name, listed in the error (a peer's models come
+    from ``[peers.*]``: ``backend = "peer"`` gets its own error, naming that)."""
+    if value not in BACKEND_NAMES:
+        choices = ", ".join(repr(b) for b in CONFIGURABLE[:-1]) + f" or {CONFIGURABLE[-1]!r}"
+        raise custom("backend", f"Input should be {choices}")
+    return value
+
+
 class VariantConfig(_Section):
     """``[models.X.variants.Y]``: model ``X`` served again as ``X:Y`` with its own request rules
     (the same child: no second load). Keys are the request fields llama-server reads (OpenAI's
@@ -93,7 +104,7 @@ class ModelConfig(_Section):
     path: str = Field(default="", min_length=1)
     """A GGUF path, an embedded default's name (``gemma-3-270m``) or ``hf:org/repo:QUANT``; for
     ``backend = "command"`` what ``${MODEL}`` stands for (empty when ``cmd`` does not use it)."""
-    backend: BackendName = "llama"
+    backend: Annotated[BackendName, BeforeValidator(_backend)] = "llama"
     """The server that runs it: ``llama`` (llama-server), ``whisper`` (whisper.cpp's
     whisper-server, for a whisper GGML model: speech to text on ``/v1/audio/transcriptions`` and
     ``/v1/audio/translations``; it serves one request at a time, so ``max_concurrency`` is 1), or
