@@ -390,7 +390,7 @@ def ps(
         error = str(r.get("last_error") or "")
         if error and (keep < len(_PS_COLUMNS) or len(error) > _ERROR_CELL):
             console.print(f"{r['name']}: {error}", markup=False, highlight=False)
-    for r in rows:  # issue 36: the queue per priority class and key, where anything waits
+    for r in rows:  # the queue per priority class and key, where anything waits
         queued = queue_line(r)
         if queued:
             console.print(queued, markup=False, highlight=False)

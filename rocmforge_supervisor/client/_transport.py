@@ -200,8 +200,8 @@ def socket_gone_as_httpx_error(url: str) -> Iterator[None]:
     coming up) no longer has a socket, and anyio's socket attributes then raise
     ``AttributeError: 'NoneType' object has no attribute 'getpeername'``. httpcore asks for them
     when it opens a connection and when it checks whether a pooled one is still good, so the
-    error came out of a plain ``client.get`` — and once became a model's failure reason
-    (issue 19, 5). Only that error is mapped (recognised by where it was raised); any other
+    error came out of a plain ``client.get`` — and once became a model's failure reason.
+    Only that error is mapped (recognised by where it was raised); any other
     AttributeError is a bug and stays one.
     """
     try:

@@ -207,7 +207,7 @@ class ModelConfig(_Section):
     env: dict[str, str] = Field(default_factory=dict)
     """``backend = "command"``: extra environment for the command (the device mask is forge's)."""
 
-    # -- speculative decoding, reranking, tools (issue 34): checked by config/_speculative.py --
+    # -- speculative decoding, reranking, tools: checked by config/_speculative.py --
     draft: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
     """A draft model for speculative decoding: a GGUF path, an embedded name or
     ``hf:org/repo:QUANT``. It must share the model's vocabulary (refused at config check when it
@@ -231,7 +231,7 @@ class ModelConfig(_Section):
     """The ``tools`` capability in ``/v1/models`` and ``/api/show``: None from the chat template
     (the running child's ``/props``), false hides it (and tool requests get a 400), true shows it."""
 
-    # -- variants and LoRA adapters (issue 34): served as NAME:VARIANT / NAME:ADAPTER (service/_names.py) --
+    # -- variants and LoRA adapters: served as NAME:VARIANT / NAME:ADAPTER (service/_names.py) --
     variants: dict[str, VariantConfig] = Field(default_factory=dict)
     """``[models.X.variants.Y]``: ``X:Y``, the same child with request rules of its own."""
     adapters: dict[str, AdapterConfig] = Field(default_factory=dict)

@@ -126,7 +126,7 @@ class ServerConfig(_Section):
     """Keep the client's connection open after a streamed answer (SSE). Off by default, as
     llama-server and its router do: a client that pools its connections (httpx, so the OpenAI and
     Anthropic SDKs) scans every idle one it holds for each request it sends, so a burst of N streams
-    on kept connections took it O(N^2) work before the requests left (issue 21: 32 streams through
+    on kept connections took it O(N^2) work before the requests left (measured: 32 streams through
     one shared httpx client, ``bench_gateway.py --pin --shared-client [--keep-alive-streams]``: first
     token p50 +109 ms over direct kept, +30 ms closed). Closing costs a client a new loopback
     connection per stream (~1 ms at c=1 here).

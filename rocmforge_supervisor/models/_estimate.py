@@ -72,7 +72,7 @@ _MIB = 1024**2
 #: (the backend's context, kernels, library handles), per backend, until forge measured its own:
 #:
 #: * ``cuda``: 645 MiB, measured on an NVIDIA H100 80GB at the pinned llama.cpp: nvidia-smi showed
-#:   1414 MiB for a child whose logged allocations were 771 MiB (issue 21).
+#:   1414 MiB for a child whose logged allocations were 771 MiB.
 #: * ``hip``: 512 MiB, NOT measured — a conservative stand-in (no ROCm GPU has been measured yet;
 #:   the ROCm runtime also keeps a per-process context and code objects on the device). The first
 #:   child forge runs on an AMD GPU replaces it with the measured figure.

@@ -109,7 +109,7 @@ async def line_blocks_of(
     read as one list, the last unterminated line at the end. ``on_chunk`` runs for every read,
     newline or not (llama-server's load progress dots have none).
 
-    Why blocks (issue 21): at ``-lv 4`` a llama-server with 32 slots prints ~110 lines per request
+    Why blocks: at ``-lv 4`` a llama-server with 32 slots prints ~110 lines per request
     (its prompt-cache trace), thousands in a burst when a batch of requests lands; taken a line at
     a time (a write, listeners, patterns each) they held the gateway's event loop for tens of ms
     while those requests waited to be read."""

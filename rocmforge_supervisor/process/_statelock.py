@@ -4,7 +4,7 @@ The state directory holds what a running service owns alone: ``children.json`` (
 the next run's orphan sweep trusts) and ``service.json`` (how ``forge ps`` finds it). A second
 service on the same directory started silently, and when it exited it wrote an empty ledger and
 removed nothing of its own — ``forge ps`` said no service was running while the first one served,
-and the first one's children were no longer on record (issue 19, 2). So the second one refuses to
+and the first one's children were no longer on record. So the second one refuses to
 start, naming the first one's pid.
 
 ``flock``, not a pid file: the kernel drops the lock when the holder dies, however it dies, so a

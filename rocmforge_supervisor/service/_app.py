@@ -55,7 +55,7 @@ def create_app(
         *_control.routes(),
         *ollama.routes(ollama_api),
         *_openapi.routes(),
-        *_batch_api.routes(),  # /v1/files and /v1/batches (issue 36)
+        *_batch_api.routes(),  # /v1/files and /v1/batches
         *extra_routes,
     ]
     routes += [

@@ -61,7 +61,7 @@ async def run_child(m: ManagedModel, plan: LaunchPlan) -> Outcome:
     except BaseException as exc:
         inner = unwrap_group(exc)
         if server.died_unasked and isinstance(inner, Exception) and not isinstance(inner, StartFailed):
-            # Something broke while the child was dying (issue 19, 5: an unmapped error from a
+            # Something broke while the child was dying (an unmapped error from a
             # connection to it). The child's own exit is the reason; the error goes to the log.
             log.warning("model %s: %r as its child died", m.name, inner, exc_info=inner)
             return _crashed(m, server)

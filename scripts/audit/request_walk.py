@@ -1,5 +1,5 @@
 """Which of forge's modules one request walks through, in order of first entry, and whether the
-walk re-enters one (issue 32's "files a streamed chat crosses", "no re-entry of the same module").
+walk re-enters one (the files a streamed chat crosses; no module re-entered).
 Only the request's own task counts (the one uvicorn or starlette called the gateway in), and the
 tasks it starts in the gateway (the relay's keep-alive and disconnect watch).
 

@@ -1,4 +1,4 @@
-"""A/B of the gateway's relay (issue 21): a baseline source tree of the package against this one, in
+"""A/B of the gateway's relay: a baseline source tree of the package against this one, in
 one interleaved session, both against the same llama-server served directly.
 
 Two `forge serve` processes (the baseline's package first on PYTHONPATH, and this tree's), each with

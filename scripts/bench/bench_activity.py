@@ -1,4 +1,4 @@
-"""Benchmark: does the activity log move the gateway's relay (issue 27)? Two real `forge serve`
+"""Benchmark: does the activity log move the gateway's relay? Two real `forge serve`
 processes on the same tiny random-weight GGUF (never emits EOS; one slot per stream), one with
 ``activity = false`` and one with the log on (the default), driven in one run with interleaved
 rounds (off/on order alternating) at 16 and 64 streams; medians of chunks/s and of the gateway

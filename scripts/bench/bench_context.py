@@ -1,4 +1,4 @@
-"""What a returning chat turn costs when many conversations share one model (issue 35): the
+"""What a returning chat turn costs when many conversations share one model: the
 first-token time of each conversation's next turn, p50 and p95, for llama-server directly (its RAM
 prompt cache only), llama.cpp's router, `forge serve` as it was (keep_context off) and `forge serve`
 with the per-conversation disk tier (``keep_context = true``, ``keep_conversations = true``); then

@@ -1,6 +1,6 @@
 """Time hardware discovery on the 8 × MI300X fixture (no amdsmi, no NVML): detect() and refresh_usage().
 
-The budget (issue 3) is 20 ms for detect() on this fixture. Prints median / p95 / max in ms.
+The budget is 20 ms for detect() on this fixture. Prints median / p95 / max in ms.
 
 Usage: .venv/bin/python scripts/bench/bench_detect.py [--runs 300] [--machine mi300x_8] [--check]
   --check  exit 1 when the median detect() exceeds the budget

@@ -1,4 +1,4 @@
-"""What a draft model buys and costs (speculative decoding, issue 34): tokens/s and first-token time
+"""What a draft model buys and costs (speculative decoding): tokens/s and first-token time
 of the same prompt with and without ``draft``, the acceptance rate, and the memory the draft adds
 (the estimate's share vs what the child logged).
 

@@ -1,4 +1,4 @@
-"""Benchmark of the gateway's data path (issue 11): `forge serve` as a real process, against the same
+"""Benchmark of the gateway's data path: `forge serve` as a real process, against the same
 llama-server served directly and through llama.cpp's own router (`llama-server --models-dir`).
 
 Processes (all real): `forge serve` (its child serves the model), a *direct* llama-server started with
@@ -10,7 +10,7 @@ closes a connection after every streamed answer and the gateway keeps it, so a s
 connections only on the gateway's path, and httpcore's pool scans every connection it holds for each
 request it assigns (O(N) per request, with a poll of each idle socket): at 32 streams that spread the
 requests' sending over 0.3–0.5 s, which this bench then reported as the gateway's added TTFT
-(issue 21: the requests reached the gateway's socket that late, the gateway's loop was idle).
+(measured: the requests reached the gateway's socket that late, the gateway's loop was idle).
 Rounds are interleaved — for each round, each concurrency, the three paths in rotating order — and
 medians reported, because the machine is shared and noisy.
 
@@ -19,7 +19,7 @@ latency (20 GETs on one connection), gateway CPU per streamed chunk (the gateway
 time, children excluded, over its streaming rounds), RSS, errors; then the ceiling test: the tiny
 random-weight GGUF (never emits EOS) with one slot per stream, 32/64 streams, chunks/s through the
 gateway and the router vs direct, their added TTFT p50 and CPU per chunk, and the gateway's CPU
-share while it forwards them (the figures of issue 21's goal).
+share while it forwards them (the goal's figures).
 
 Usage: .venv/bin/python scripts/bench/bench_gateway.py [--model PATH] [--rounds 3] [--tokens 64]
        [--concurrency 1 4 16] [--ceiling 32 64] [--pin] [--no-ceiling-router]
@@ -128,7 +128,7 @@ def proc(
     (forge serve's URL line). Nobody reads any other pipe: llama.cpp's router forwards its
     children's logs to its stdout, and with a pipe there (as every process here once had) the
     router's child blocked on a full pipe at the first burst of 32 streams — the "router hangs at
-    the ceiling" of issue 21's earlier runs was this bench's."""
+    the ceiling" of earlier runs was this bench's."""
     with log.open("w") as f:
         stdout = subprocess.PIPE if read_stdout else f
         p = subprocess.Popen(args, stdout=stdout, stderr=f, text=True, env=env)
@@ -419,7 +419,7 @@ async def ceiling(
     gw: Path_, direct: Path_, router: Path_ | None, streams: list[int], tokens: int, *, pin: bool
 ) -> list[str]:
     """Each stream count ``reps`` times, the paths in rotating order (the box is shared: medians).
-    The goal of issue 21 is read off the table: gateway ratio >= 0.98, its added TTFT p50 within
+    The goal is read off the table: gateway ratio >= 0.98, its added TTFT p50 within
     10 ms of the router's, its CPU per chunk <= 0.08 ms."""
     paths = [p for p in (direct, router, gw) if p is not None]
     others = paths[1:]
@@ -477,7 +477,9 @@ async def ceiling(
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
-        "--model", default=None, help="GGUF (default: the demo extra's gemma-3-270m, as in issue 11's table)"
+        "--model",
+        default=None,
+        help="GGUF (default: the demo extra's gemma-3-270m, as in docs/benchmarks.md)",
     )
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
@@ -520,7 +522,7 @@ def main() -> None:
         "--kv-separate",
         action="store_true",
         help="each slot its own KV cache (kv_unified = false): the children's command line as forge "
-        "wrote it before round 4 made one shared cache its default, for an A/B against older commits",
+        "wrote it before one shared cache became its default, for an A/B against older commits",
     )
     args = ap.parse_args()
     global SHARED

@@ -1,4 +1,4 @@
-"""Benchmarks of one llama-server child (issue 4), all against the real binary and real models.
+"""Benchmarks of one llama-server child, all against the real binary and real models.
 
 1. Readiness lag: supervisor-ready time minus the moment the child's ``listening on`` line was
    read, over N loads (p50/p95). Also spawn→ready.

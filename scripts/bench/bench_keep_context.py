@@ -1,6 +1,6 @@
 """What ``keep_context`` buys: the first-token time of a resumed conversation after an unload, with
 the model's slot saved and restored vs computed again, at a few prompt lengths; and what the save
-adds to the unload (issue 26).
+adds to the unload.
 
 One real ``forge serve`` (a subprocess, its own state dir) with SmolLM2-135M (the embedded chat
 model) on the CPU, ``keep_context = true``, one slot. For each length:

@@ -1,11 +1,11 @@
-"""Benchmark: does one interactive client stay responsive while a batch load fills the model
-(issue 36)? One real `forge serve` per mode on one model with ``parallel = 2`` and a deep queue;
+"""Benchmark: does one interactive client stay responsive while a batch load fills the
+model? One real `forge serve` per mode on one model with ``parallel = 2`` and a deep queue;
 a background load of ``--batch-clients`` clients (each sending one non-streamed request after
 another, ``X-Priority: batch`` when priorities are on) plus one interactive client sending a
 streamed request every ``--interval`` seconds. Two modes, same load:
 
 - ``fifo``: every request in one class and (no keys) one key: the admission queue is plain FIFO,
-  as before issue 36;
+  as before priority classes;
 - ``priority``: the load in the ``batch`` class, the interactive client in ``interactive``.
 
 Reported per mode: the interactive requests' queue wait (from the activity log: request received →

@@ -1,6 +1,6 @@
 """What the AMX workaround costs: prompt and generation tokens/s of llama-server with its default
 CPU kernels (extra buffer types: CPU_REPACK, and AMX on an AMX CPU) vs ``--no-repack`` (ggml's
-plain kernels), on the same GGUFs, interleaved in one run (issue 18).
+plain kernels), on the same GGUFs, interleaved in one run.
 
 Models: a Q4_K_M GGUF (the ``gemma-3-270m`` demo model) and a Q4_0 one (the same model
 requantised with llama.cpp's ``llama-quantize``, built from the build tree of the llama-server in

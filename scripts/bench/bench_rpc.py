@@ -1,4 +1,4 @@
-"""The RPC cost floor (issue 15): one model split across two loopback llama.cpp RPC workers vs the
+"""The RPC cost floor: one model split across two loopback llama.cpp RPC workers vs the
 same model in one llama-server process, on this machine's CPU, all real processes.
 
 Two `forge worker`-style rpc-servers (supervised by process.run_supervised, ``-t`` threads each),

@@ -1,4 +1,4 @@
-"""Benchmark of the whisper backend (issue 23): readiness lag and the gateway's added latency.
+"""Benchmark of the whisper backend: readiness lag and the gateway's added latency.
 
 Processes (all real): the project's whisper-server (`forge build --whisper`) and `forge serve` with one
 ``backend = "whisper"`` model. The audio is espeak-ng speaking one sentence (about 3 s of WAV).

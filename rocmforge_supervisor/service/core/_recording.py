@@ -140,7 +140,7 @@ class Wire:
     head and, for a model request (``draft``), its status, the bytes captured and whether the last
     byte went out, for :meth:`Recorder.finish`. Here, below the routes, not as closures of the
     middleware: the relay calls :meth:`send` for every chunk, and a call back up into the edge
-    would be the walk re-entering it (issue 32)."""
+    would be the walk re-entering it (scripts/audit/request_walk.py)."""
 
     __slots__ = ("_send", "completed", "draft", "recorder", "rid_header", "source", "status")
 

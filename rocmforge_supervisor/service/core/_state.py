@@ -60,7 +60,7 @@ class GatewayState:
         #: Set when the service starts stopping: endless responses (events, log follow) end then.
         self.closing = anyio.Event()
         self.upstream: httpx.AsyncClient = async_pool(httpx.Timeout(None, connect=5.0), max_keepalive=512)
-        #: The relay's own connections for streamed answers (``_upstream_http``: issue 21).
+        #: The relay's own connections for streamed answers (``_upstream_http``).
         self.streams = StreamPool(connect_timeout=5.0, max_idle=512)
         #: The Batch API's records and its runner (``ops._server`` sets them; None: no batches).
         self.batches: BatchStore | None = None

@@ -1,6 +1,6 @@
 """The relay's streaming upstream: a small HTTP/1.1 client for a child's streamed answers only.
 
-Why not httpx here (issue 21): at the CPU ceiling (32 streams of the tiny GGUF,
+Why not httpx here: at the CPU ceiling (32 streams of the tiny GGUF,
 ``scripts/bench/bench_gateway.py``) httpx/httpcore/h11 reading each HTTP chunk of a child's SSE
 body was ~24 % of the gateway's CPU (cProfile), one h11 event and several layers of async
 generators per chunk. This reads the socket in blocks and hands them to httptools' response
@@ -8,8 +8,8 @@ parser (llhttp, in C; uvicorn's own parser), yielding the payload of every chunk
 together as one block, so the relay (and uvicorn's one socket write per ``send``) handles it once.
 Measured (``scripts/bench/ab_relay.py``, the httpx relay vs a hand-written chunk parser
 interleaved in one session, 7 rounds, medians): gateway CPU per streamed chunk 0.065 -> 0.034 ms
-at 32 streams, 0.068 -> 0.050 ms at 64 (paired per round x0.50 / x0.71). Round 4 replaced the
-hand-written parser (~120 lines) with httptools': see the README's table for that A/B. The
+at 32 streams, 0.068 -> 0.050 ms at 64 (paired per round x0.50 / x0.71). A later change replaced the
+hand-written parser (~120 lines) with httptools': see docs/benchmarks.md for that A/B. The
 asyncio protocol below instead of anyio's socket stream: a further x0.84-0.89. asyncio only: it
 runs on uvicorn's loop (uvloop or not), as the whole gateway does.
 

@@ -180,7 +180,7 @@ async def _run_locked(
     info_path = service_info_path(supervisor.state_dir)
     metrics_port = sockets[-1].getsockname()[1] if config.server.metrics_port is not None else None
     state, uv = _gateway(config, supervisor, None, metrics_port)
-    close_batches = open_batches(config, state, state.app)  # issue 36: /v1/batches' runner
+    close_batches = open_batches(config, state, state.app)  # /v1/batches' runner
     reload = state.reload = _reloader(supervisor, state, load_config, notifier) if load_config else None
     forced: int | None = None
     signame: str | None = None  # the signal that stopped it, and the models that were running
@@ -455,8 +455,8 @@ async def _close_connections_when_drained(uv: _Uvicorn, gateway_done: anyio.Even
     waits until the set of connections is empty. A connection it did not ask — accepted in the same
     loop turn as the shutdown, so that it joined the set after uvicorn went through it (uvloop
     calls ``connection_made`` a turn after the accept) — stays open as long as its client likes,
-    and the service would wait the whole drain period on it with nothing in flight: one way to the
-    stall of issue 19, 1. uvicorn polls every 0.1 s; so does this, on its request tasks.
+    and the service would wait the whole drain period on it with nothing in flight: a drain
+    that stalls. uvicorn polls every 0.1 s; so does this, on its request tasks.
 
     Over TLS a close is a handshake: the transport sends ``close_notify`` and is gone only once
     the client answers with its own. An idle keep-alive connection in a client's pool is not read,
