@@ -27,6 +27,7 @@ from tests.support.service import FAST, FORGE, Service, model_section, running_s
 
 ADMIN = "admin-key"
 SCOPED = "scoped-key"
+LIMITED = "limited-key"
 OA_KEY = "oa-peer-secret"
 AN_KEY = "an-peer-secret"
 ENV = {"OA_PEER_KEY": OA_KEY, "AN_PEER_KEY": AN_KEY}
@@ -60,6 +61,10 @@ api_key = "{ADMIN}"
 name = "scoped"
 key = "{SCOPED}"
 models = ["m1"]
+[[server.keys]]
+name = "limited"
+key = "{LIMITED}"
+requests_per_minute = 2
 {FAST}
 {model_section("local", broken, fallback=["oa/m1"])}
 [peers.oa]
@@ -323,3 +328,27 @@ def test_forge_ps_names_each_peer_models_peer(svc: Service) -> None:
     assert out.returncode == 0, out.stderr
     rows = {line.split("│")[1].strip(): line for line in out.stdout.splitlines() if line.count("│") > 3}
     assert "peer oa" in rows["m1"] and "peer an" in rows["claude-x"], out.stdout
+
+
+def test_a_peer_request_is_logged_charged_and_limited_like_a_local_one(svc: Service) -> None:
+    body = {"model": "m2", "messages": [{"role": "user", "content": "count me please"}]}
+    with httpx.Client(base_url=svc.url, timeout=30, headers=_auth(LIMITED)) as c:
+        first = c.post("/v1/chat/completions", json=body)
+        assert first.status_code == 200, first.text
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+        over = c.post("/v1/chat/completions", json=body)
+        assert over.status_code == 429 and "Retry-After" in over.headers
+    used = first.json()["usage"]["total_tokens"]
+    assert used > 0
+
+    def charged() -> dict[str, Any] | None:
+        with svc.client() as c:
+            rows = c.get("/api/usage", params={"by": "key", "since": "1h"}).json()["usage"]
+        row = next((r for r in rows if r["key"] == "limited"), None)
+        return row if row is not None and row["total_tokens"] == 2 * used else None
+
+    assert wait_for(charged, timeout=30, what="the peer's usage charged to the key")
+    with svc.client() as c:
+        items = c.get("/api/activity", params={"key": "limited", "limit": 10}).json()["activity"]
+    assert [r["model"] for r in items if r["status"] == 200] == ["m2", "m2"], items
+    assert [r["status"] for r in items].count(429) == 1
