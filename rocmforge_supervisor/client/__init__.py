@@ -13,6 +13,7 @@ from ._transport import (
     pinned_context,
     socket_gone_as_httpx_error,
     trust_context,
+    with_model,
 )
 from ._types import GenerateOptions, Message, Token, Usage
 
@@ -34,4 +35,5 @@ __all__ = [
     "pinned_context",
     "socket_gone_as_httpx_error",
     "trust_context",
+    "with_model",
 ]

@@ -40,6 +40,7 @@ __all__ = [
     "socket_gone_as_httpx_error",
     "sync_pool",
     "trust_context",
+    "with_model",
 ]
 
 #: How a client checks a server's certificate: httpx's own (``True``: the public CAs), a context,
@@ -84,17 +85,7 @@ class Upstream:
         (a body that is no JSON object goes as it is: the peer answers it)."""
         if self.model is None:
             return body
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return body
-        if not isinstance(payload, dict):
-            return body
-        for name in self.strip_fields:
-            payload.pop(name, None)
-        payload.update(self.set_fields)
-        payload["model"] = self.model
-        return json.dumps(payload).encode()
+        return with_model(body, self.model, strip=self.strip_fields, force=self.set_fields)
 
     def alive(self) -> bool:
         return self.is_alive()
@@ -120,6 +111,24 @@ class Upstream:
             return None
         connect, first_byte, _idle = self.timeouts
         return httpx.Timeout(connect=connect, read=first_byte, write=first_byte, pool=connect)
+
+
+def with_model(
+    body: bytes, model: str, *, strip: tuple[str, ...] = (), force: Mapping[str, Any] | None = None
+) -> bytes:
+    """A JSON request body naming ``model``, ``strip`` removed and ``force`` set first; a body
+    that is no JSON object goes as it is (its server answers it)."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(payload, dict):
+        return body
+    for name in strip:
+        payload.pop(name, None)
+    payload.update(force or {})
+    payload["model"] = model
+    return json.dumps(payload).encode()
 
 
 def trust_context(cafile: str | Path) -> ssl.SSLContext:

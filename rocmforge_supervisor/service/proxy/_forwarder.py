@@ -9,7 +9,6 @@ ingress's (``_forward``); this module never reads a client's request.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -28,7 +27,7 @@ from ..._errors import (
     ServerUnavailable,
     StreamError,
 )
-from ...client import Upstream, asend
+from ...client import Upstream, asend, with_model
 from ...config import ModelConfig
 from ...supervisor import ConversationTurn, EventKind, backend_of
 from ..core._dialect import Translator
@@ -177,18 +176,6 @@ async def open_upstream(
 _FALLS_BACK = (ModelFailed, PlacementError, QueueFull, ServerUnavailable, ModelLoading)
 
 
-def _named(body: bytes, name: str) -> bytes:
-    """A JSON body naming model ``name`` (a fallback's), else the body as it is."""
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        return body
-    if not isinstance(payload, dict):
-        return body
-    payload["model"] = name
-    return json.dumps(payload).encode()
-
-
 async def _to_peer(
     st: GatewayState, upstream: Upstream, method: str, path: str, body: bytes, headers: dict[str, str]
 ) -> httpx.Response:
@@ -317,7 +304,7 @@ class Forwarder:
                 )
                 self.name = target
                 if self.content_type.startswith("application/json"):
-                    self.body = _named(self.body, target)
+                    self.body = with_model(self.body, target)
 
     def _next_fallback(self, fallback: list[str]) -> str | None:
         """The next entry of ``fallback`` this request may go to (taken off the list): one the
