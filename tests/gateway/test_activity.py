@@ -28,6 +28,7 @@ from tests.support.service import (
     FORGE,
     Service,
     chat_and_plain_models,
+    model_section,
     running_service,
     wait_for,
     write_config,
@@ -54,10 +55,15 @@ HELLO = [{"role": "user", "content": "Hello"}]
 
 
 @pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path) -> Iterator[Service]:
+def svc(
+    tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, smollm2_path: Path
+) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("activity")
+    # ``real``: the real SmolLM2 (~100 tokens/s here), for the request a client leaves mid-stream:
+    # the tiny models write 900 tokens in under half a second, before the client's close is seen.
+    real = model_section("real", smollm2_path, parallel=1, preload=True)
     config = write_config(
-        d / "forge.toml", f'[server]\napi_key = "{ADMIN}"\n' + KEYS + chat_and_plain_models(d)
+        d / "forge.toml", f'[server]\napi_key = "{ADMIN}"\n' + KEYS + chat_and_plain_models(d) + real
     )
     with running_service(config, d / "state", llama_server_bin, api_key=ADMIN) as s:
         yield s
@@ -236,9 +242,11 @@ def test_activity_rows_of_a_streamed_a_plain_a_cancelled_and_a_failed_request(sv
             "POST",
             "/v1/chat/completions",
             headers={"X-Request-ID": "act-cancelled"},
-            json={"model": "chat", "messages": HELLO, "max_tokens": 900, "ignore_eos": True, "stream": True},
+            json={"model": "real", "messages": HELLO, "max_tokens": 900, "ignore_eos": True, "stream": True},
         ) as s:
-            next(s.iter_bytes())  # the first token came: the client leaves
+            for line in s.iter_lines():  # the first token came: the client leaves
+                if '"content":"' in line and '"content":""' not in line:
+                    break
     assert failed.status_code == 400 and stream_usage
 
     streamed = _row_of(svc, "act-stream")
