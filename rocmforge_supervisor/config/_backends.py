@@ -18,7 +18,7 @@ from .._argv import is_owned_flag
 from .._whisper_argv import whisper_owned_flag
 
 if TYPE_CHECKING:
-    from ._model import ModelConfig
+    from ._model_keys import ModelKeys
 
 __all__ = [
     "BACKEND_NAMES",
@@ -117,7 +117,7 @@ def check_command(
     return None
 
 
-def key_problem(model: ModelConfig) -> tuple[str, str] | None:
+def key_problem(model: ModelKeys) -> tuple[str, str] | None:
     """(kind, message) for a key set on a model whose backend has no such setting, or a
     command whose keys do not make a command; None when the model's keys fit its backend."""
     backend = model.backend
@@ -166,7 +166,7 @@ _PATH_IS = {
 }
 
 
-def path_problem(model: ModelConfig) -> tuple[str, str] | None:
+def path_problem(model: ModelKeys) -> tuple[str, str] | None:
     """(kind, message) for a model without the ``path`` its server needs: every llama and whisper
     model, and a command whose ``cmd`` passes ``${MODEL}``; None when it has one or needs none."""
     if model.path:

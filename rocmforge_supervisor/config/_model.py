@@ -34,6 +34,7 @@ from ._fields import (
     _empty_is_none,
     _Section,
 )
+from ._model_keys import AdapterConfig, VariantConfig
 from ._speculative import speculative_problem
 from ._variants import served_names_problem
 
@@ -69,33 +70,6 @@ def _backend(value: Any) -> Any:
         choices = ", ".join(repr(b) for b in CONFIGURABLE[:-1]) + f" or {CONFIGURABLE[-1]!r}"
         raise custom("backend", f"Input should be {choices}")
     return value
-
-
-class VariantConfig(_Section):
-    """``[models.X.variants.Y]``: model ``X`` served again as ``X:Y`` with its own request rules
-    (the same child: no second load). Keys are the request fields llama-server reads (OpenAI's
-    ``temperature``, ``max_tokens``, ``response_format``…, and its own ``top_k``, ``n_predict``…)."""
-
-    defaults: dict[str, Any] = Field(default_factory=dict)
-    """Set when the request does not send them."""
-    force: dict[str, Any] = Field(default_factory=dict)
-    """Always set, over what the request sends."""
-    strip: list[str] = Field(default_factory=list)
-    """Removed from the request before ``defaults`` and ``force`` apply."""
-    system: str | None = None
-    """A system prompt, put first unless the request has its own (chat routes)."""
-    adapter: str | None = None
-    """One of ``X``'s ``[models.X.adapters.NAME]``, applied to every request of the variant."""
-
-
-class AdapterConfig(_Section):
-    """``[models.X.adapters.NAME]``: a LoRA adapter of model ``X``, served as ``X:NAME``. The child
-    loads every adapter of ``X`` at start, none applied; a request to ``X:NAME`` applies this one."""
-
-    path: str = Field(min_length=1)
-    """A LoRA GGUF path or ``hf:org/repo:FILE``."""
-    scale: float = 1.0
-    """How strongly it applies (llama-server's per-request ``lora`` scale)."""
 
 
 class ModelConfig(_Section):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from .._argv import normalise_flag
 
 if TYPE_CHECKING:
-    from ._model import ModelConfig
+    from ._model_keys import ModelKeys
 
 __all__ = ["DRAFT_TYPES", "KEY_FLAGS", "NGRAM_TYPES", "SPEC_TYPES", "spec_types", "speculative_problem"]
 
@@ -50,14 +50,14 @@ def spec_types(value: str | None) -> list[str]:
     return [t.strip() for t in (value or "").split(",") if t.strip()]
 
 
-def _set(model: ModelConfig, key: str) -> bool:
+def _set(model: ModelKeys, key: str) -> bool:
     value = getattr(model, key)
     if key == "draft_gpu":
         return model.draft is not None  # forge places the draft whenever there is one
     return value not in (None, False)
 
 
-def _duplicate_in_args(model: ModelConfig) -> tuple[str, str] | None:
+def _duplicate_in_args(model: ModelKeys) -> tuple[str, str] | None:
     for arg in model.args:
         flag = normalise_flag(arg)
         for key, flags in KEY_FLAGS.items():
@@ -68,7 +68,7 @@ def _duplicate_in_args(model: ModelConfig) -> tuple[str, str] | None:
     return None
 
 
-def speculative_problem(model: ModelConfig) -> tuple[str, str] | None:
+def speculative_problem(model: ModelKeys) -> tuple[str, str] | None:
     """(kind, one sentence with the fix) for keys that cannot work together; None when they can."""
     types = spec_types(model.speculative)
     unknown = [t for t in types if t not in SPEC_TYPES]

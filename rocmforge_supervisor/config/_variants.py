@@ -18,7 +18,7 @@ from .._errors import ModelNotFound
 from ._names import MODEL_NAME
 
 if TYPE_CHECKING:
-    from ._model import ModelConfig
+    from ._model_keys import ModelKeys
 
 __all__ = ["served_names_problem", "unknown_served_name"]
 
@@ -26,7 +26,7 @@ __all__ = ["served_names_problem", "unknown_served_name"]
 _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
 
 
-def served_names_problem(model: ModelConfig) -> tuple[str, str] | None:
+def served_names_problem(model: ModelKeys) -> tuple[str, str] | None:
     """(kind, one sentence with the fix) for a variant or adapter name that cannot be served as
     ``X:NAME``, or a variant that names no adapter of the model; None when all are fine."""
     # adapters on another backend: config/_backends.py's LLAMA_ONLY refuses them (one table)
@@ -79,7 +79,7 @@ def _did_you_mean(asked: str, names: list[str]) -> str:
     return f" — did you mean {guess[0]!r}?" if guess else ""
 
 
-def unknown_served_name(asked: str, models: Mapping[str, ModelConfig]) -> ModelNotFound:
+def unknown_served_name(asked: str, models: Mapping[str, ModelKeys]) -> ModelNotFound:
     """The 404 for a name that is no model, variant or adapter: the closest served name ("did you
     mean 'x:terse'?") and, for ``X:Y`` of a configured ``X``, the names ``X`` is served under."""
     parent, colon, sub = asked.partition(":")

@@ -10,10 +10,10 @@ in ``process/`` asks which backend a model has.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from .._argv import server_argv
 from .._whisper_argv import whisper_argv
@@ -22,10 +22,36 @@ from ._command_server import CommandServerKind, command_argv
 from ._llama_kind import LlamaServerKind
 from ._whisper_server import WhisperServerKind
 
-if TYPE_CHECKING:
-    from ._spec import InstanceSpec
+__all__ = ["LLAMA_SERVER", "WHISPER_SERVER", "CommandProgram", "ServerProgram", "SpecFields"]
 
-__all__ = ["LLAMA_SERVER", "WHISPER_SERVER", "CommandProgram", "ServerProgram"]
+
+class SpecFields(Protocol):
+    """What a program reads of the :class:`~._spec.InstanceSpec` it runs (which holds its program:
+    a protocol here, so neither module imports the other back)."""
+
+    @property
+    def binary(self) -> Path: ...
+    @property
+    def model_path(self) -> Path: ...
+    @property
+    def alias(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def ctx_size(self) -> int | None: ...
+    @property
+    def n_gpu_layers(self) -> int | str | None: ...
+    @property
+    def parallel(self) -> int | None: ...
+    @property
+    def cpu_only(self) -> bool: ...
+    @property
+    def verbosity(self) -> int | None: ...
+    @property
+    def extra_args(self) -> Sequence[str]: ...
+    @property
+    def log_path(self) -> Path | None: ...
+    def amx_unprotected(self) -> bool: ...
 
 
 class ServerProgram(Protocol):
@@ -36,9 +62,9 @@ class ServerProgram(Protocol):
         """It reads forge's per-child key (``--api-key-file``); else it listens on loopback unkeyed."""
         ...
 
-    def argv(self, spec: InstanceSpec, port: int, api_key_file: Path | None) -> list[str]: ...
+    def argv(self, spec: SpecFields, port: int, api_key_file: Path | None) -> list[str]: ...
 
-    def kind(self, spec: InstanceSpec) -> ChildKind: ...
+    def kind(self, spec: SpecFields) -> ChildKind: ...
 
     def readiness(self) -> Readiness | None:
         """None: the kind's own."""
@@ -72,7 +98,7 @@ class _KnownServer:
 class _LlamaServer(_KnownServer):
     takes_key: bool = True
 
-    def argv(self, spec: InstanceSpec, port: int, api_key_file: Path | None) -> list[str]:
+    def argv(self, spec: SpecFields, port: int, api_key_file: Path | None) -> list[str]:
         return server_argv(
             binary=spec.binary,
             model_path=spec.model_path,
@@ -88,7 +114,7 @@ class _LlamaServer(_KnownServer):
             extra_args=spec.extra_args,
         )
 
-    def kind(self, spec: InstanceSpec) -> ChildKind:
+    def kind(self, spec: SpecFields) -> ChildKind:
         log_path = str(spec.log_path) if spec.log_path else None
         return LlamaServerKind(spec.alias, log_path, amx=spec.amx_unprotected())
 
@@ -97,7 +123,7 @@ class _LlamaServer(_KnownServer):
 class _WhisperServer(_KnownServer):
     takes_key: bool = False  # whisper-server has no API key
 
-    def argv(self, spec: InstanceSpec, port: int, api_key_file: Path | None) -> list[str]:
+    def argv(self, spec: SpecFields, port: int, api_key_file: Path | None) -> list[str]:
         return whisper_argv(
             binary=spec.binary,
             model_path=spec.model_path,
@@ -107,7 +133,7 @@ class _WhisperServer(_KnownServer):
             extra_args=spec.extra_args,
         )
 
-    def kind(self, spec: InstanceSpec) -> ChildKind:
+    def kind(self, spec: SpecFields) -> ChildKind:
         return WhisperServerKind(spec.alias, str(spec.log_path) if spec.log_path else None)
 
 
@@ -129,11 +155,11 @@ class CommandProgram:
     model: str = ""
     takes_key: bool = False
 
-    def argv(self, spec: InstanceSpec, port: int, api_key_file: Path | None) -> list[str]:
+    def argv(self, spec: SpecFields, port: int, api_key_file: Path | None) -> list[str]:
         filled = command_argv(self.cmd, port=port, host=spec.host, model=self.model, name=spec.alias)
         return [*filled, *spec.extra_args]
 
-    def kind(self, spec: InstanceSpec) -> ChildKind:
+    def kind(self, spec: SpecFields) -> ChildKind:
         sign = f"the log line {self.ready_log!r}" if self.ready_log else f"GET {self.health} = 200"
         return CommandServerKind(spec.alias, str(spec.log_path) if spec.log_path else None, ready_sign=sign)
 

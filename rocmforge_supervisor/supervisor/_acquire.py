@@ -12,23 +12,25 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
 from .._errors import ModelFailed, ModelRetired, QueueFull
 from ._loading import wait_ready_within
-from ._status import ModelState
+from ._status import ModelState, SupervisedModel
 
 if TYPE_CHECKING:
     from ..process import LlamaServer
     from ._admission import PriorityClass
-    from ._managed import ManagedModel
 
 __all__ = ["acquire_slot", "wait_until_ready"]
 
+#: The model itself: the ``start`` it is handed calls back with the same model.
+M = TypeVar("M", bound=SupervisedModel)
 
-async def wait_until_ready(m: ManagedModel, start: Callable[[ManagedModel], None]) -> LlamaServer:
+
+async def wait_until_ready(m: M, start: Callable[[M], None]) -> LlamaServer:
     """Until ready; starts the child (via ``start``) when nothing runs. Raises when it failed."""
     joined = False  # a start this waiter caused or waited on: its refusal is this one's
     while True:
@@ -60,8 +62,8 @@ async def wait_until_ready(m: ManagedModel, start: Callable[[ManagedModel], None
 
 @asynccontextmanager
 async def acquire_slot(
-    m: ManagedModel,
-    start: Callable[[ManagedModel], None],
+    m: M,
+    start: Callable[[M], None],
     load_wait: float | None = None,
     loaded: Callable[[], None] | None = None,
     priority: PriorityClass = "interactive",

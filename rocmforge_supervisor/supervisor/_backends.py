@@ -19,26 +19,22 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .._errors import UsageError
 from ..config import ModelConfig
 from ..config._backends import BACKEND_NAMES, BackendName
 from ._command import plan_command
-from ._host import PlacementHost
+from ._host import HostedModel, PlacementHost
 from ._launch import LaunchPlan
 from ._llama_plan import plan_llama
 from ._whisper import plan_whisper
 
-if TYPE_CHECKING:
-    from ._managed import ManagedModel
-
 __all__ = ["AUDIO_ROUTES", "BACKENDS", "Backend", "backend_of"]
 
-PlanFn = Callable[[PlacementHost, "ManagedModel"], Awaitable[LaunchPlan]]
+PlanFn = Callable[[PlacementHost, HostedModel], Awaitable[LaunchPlan]]
 
 
-async def _never_planned(_host: PlacementHost, m: ManagedModel) -> LaunchPlan:
+async def _never_planned(_host: PlacementHost, m: HostedModel) -> LaunchPlan:
     raise UsageError(f"model {m.name!r} is a peer's: it has no process to start here")
 
 

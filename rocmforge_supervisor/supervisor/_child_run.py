@@ -22,12 +22,11 @@ from ..process import LlamaServer, Outcome, describe_returncode, unwrap_group
 from ._backends import backend_of
 from ._context_steps import restore_context
 from ._events import EventKind
-from ._status import ModelState
+from ._status import ModelState, SupervisedModel
 from ._watchers import watch_health, watch_progress, watch_sleep, watch_ttl
 
 if TYPE_CHECKING:
     from ._launch import LaunchPlan
-    from ._managed import ManagedModel
 
 __all__ = ["run_child"]
 
@@ -39,7 +38,7 @@ _FATAL_START = frozenset(
 )
 
 
-async def run_child(m: ManagedModel, plan: LaunchPlan) -> Outcome:
+async def run_child(m: SupervisedModel, plan: LaunchPlan) -> Outcome:
     """Step 2: one child, from spawn to exit. Returns how it ended."""
     m.plan = plan
     server = LlamaServer(plan.spec)
@@ -69,7 +68,7 @@ async def run_child(m: ManagedModel, plan: LaunchPlan) -> Outcome:
     return _crashed(m, server)
 
 
-def _crashed(m: ManagedModel, server: LlamaServer) -> Outcome:
+def _crashed(m: SupervisedModel, server: LlamaServer) -> Outcome:
     """The child is gone: its exit (and what its log says about why) is the crash's reason."""
     if m.stopping():
         return Outcome.STOPPED
@@ -88,7 +87,7 @@ def _crashed(m: ManagedModel, server: LlamaServer) -> Outcome:
     return Outcome.CRASHED
 
 
-def _on_ready(m: ManagedModel, server: LlamaServer) -> None:
+def _on_ready(m: SupervisedModel, server: LlamaServer) -> None:
     # Recovered: the last crash is history (``last_crash``, the events, ``restarts``), not
     # the model's present error.
     if m.last_error is not None:
@@ -103,7 +102,7 @@ def _on_ready(m: ManagedModel, server: LlamaServer) -> None:
         cb(m)
 
 
-def _start_failed(m: ManagedModel, inner: BaseException, exc: BaseException) -> Outcome:
+def _start_failed(m: SupervisedModel, inner: BaseException, exc: BaseException) -> Outcome:
     """A start that did not come up (or a bug while supervising)."""
     if not isinstance(inner, StartFailed):
         if isinstance(inner, Exception):  # a bug: fail this model, keep the service

@@ -14,18 +14,14 @@ devices, so a GPU server sees only them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..config import ModelConfig
 from ..models import GGUFInfo
 from ..process import CommandProgram
-from ._host import PlacementHost
+from ._host import HostedModel, PlacementHost
 from ._launch import LaunchPlan
 from ._placement_types import SizedRequest
 from ._sized_plan import SizedChild, plan_sized
-
-if TYPE_CHECKING:
-    from ._managed import ManagedModel
 
 __all__ = ["command_info", "command_request", "plan_command"]
 
@@ -65,7 +61,7 @@ def program_of(config: ModelConfig) -> CommandProgram:
     )
 
 
-async def plan_command(host: PlacementHost, m: ManagedModel) -> LaunchPlan:
+async def plan_command(host: PlacementHost, m: HostedModel) -> LaunchPlan:
     """The supervisor's plan for a command model."""
     config = m.config
     child = SizedChild(

@@ -11,12 +11,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ._status import ModelState
+from ._status import ModelState, SupervisedModel
 
 if TYPE_CHECKING:
     from ..process import LlamaServer
     from ._launch import LaunchPlan
-    from ._managed import ManagedModel
 
 __all__ = ["keeps_context", "restore_context", "save_context", "snapshot_context"]
 
@@ -24,18 +23,18 @@ __all__ = ["keeps_context", "restore_context", "save_context", "snapshot_context
 _NO_SAVE = frozenset({"removed", "failed replacement"})
 
 
-def keeps_context(m: ManagedModel, plan: LaunchPlan | None) -> bool:
+def keeps_context(m: SupervisedModel, plan: LaunchPlan | None) -> bool:
     """The child was started to keep its context (``--slot-save-path`` in its flags)."""
     return m.contexts is not None and plan is not None and plan.slot_save_dir is not None
 
 
-async def restore_context(m: ManagedModel, server: LlamaServer, plan: LaunchPlan) -> None:
+async def restore_context(m: SupervisedModel, server: LlamaServer, plan: LaunchPlan) -> None:
     """Saved slots back into the new child before ``ready`` lets the first request through."""
     if keeps_context(m, plan) and m.contexts is not None and not m.stopping():
         await m.contexts.restore(server, plan)
 
 
-async def save_context(m: ManagedModel, server: LlamaServer, reason: str) -> float:
+async def save_context(m: SupervisedModel, server: LlamaServer, reason: str) -> float:
     """At a planned stop: save the slots within ``stop_timeout``. Returns the seconds left of
     it for the stop itself (at least 1 s of grace: the save never takes the child's SIGTERM
     grace away entirely)."""
@@ -51,7 +50,7 @@ async def save_context(m: ManagedModel, server: LlamaServer, reason: str) -> flo
     return max(1.0, budget - (time.monotonic() - started))
 
 
-async def snapshot_context(m: ManagedModel) -> None:
+async def snapshot_context(m: SupervisedModel) -> None:
     """Save the slots of the running child without stopping it (bounded by ``stop_timeout``):
     a reload's replacement restores them while this child still serves (start-new-first)."""
     server = m.server

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import anyio
 
 from ..hardware import Inventory
 from ._events import EventKind
-from ._host import PlacementHost
+from ._host import HostedModel, PlacementHost
 from ._placement import LoadedModel, PlacementDecision, PlacementPolicy, PlacementRequest, SizedRequest, place
-
-if TYPE_CHECKING:
-    from ._managed import ManagedModel
 
 __all__ = ["evict", "loaded_others", "place_here"]
 
@@ -29,7 +25,7 @@ _RELEASE_TIMEOUT = 5.0
 _RELEASE_POLL = 0.25
 
 
-def loaded_others(host: PlacementHost, m: ManagedModel) -> list[LoadedModel]:
+def loaded_others(host: PlacementHost, m: HostedModel) -> list[LoadedModel]:
     """Every other model that holds memory now, as placement counts it."""
     return [lm for o in host.models.values() if o is not m and (lm := o.as_loaded()) is not None]
 
@@ -53,7 +49,7 @@ async def evict(host: PlacementHost, decision: PlacementDecision, *, for_model: 
 
 
 async def place_here(
-    host: PlacementHost, m: ManagedModel, request: PlacementRequest | SizedRequest
+    host: PlacementHost, m: HostedModel, request: PlacementRequest | SizedRequest
 ) -> tuple[PlacementDecision, Inventory]:
     """Where ``m`` goes now, with the models it displaces unloaded; the caller holds the placement
     lock. A warm start (the default, loaded without a request) never unloads another model.

@@ -11,17 +11,47 @@ from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
-from ..config import ForgeSettings, SupervisorConfig, WorkerConfig
+from ..config import ForgeSettings, ModelConfig, SupervisorConfig, WorkerConfig
 from ..hardware import Inventory
 from ._device_context import DeviceContexts
 from ._events import EventBus
+from ._launch import LaunchPlan
+from ._placement_types import LoadedModel
 from ._residency import GroupRule
 
 if TYPE_CHECKING:
     from ._keep_context import ContextKeeper
-    from ._managed import ManagedModel
 
-__all__ = ["PlacementHost"]
+__all__ = ["HostedModel", "PlacementHost"]
+
+
+class HostedModel(Protocol):
+    """What planning a start reads of a model, its own or another the supervisor holds: a narrow
+    reference (``ManagedModel`` satisfies it), so no plan function imports the model's lifecycle,
+    not even for its annotations."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def warming(self) -> bool:
+        """A start without a request (the warm default): it never evicts."""
+        ...
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def plan(self) -> LaunchPlan | None: ...
+
+    def as_loaded(self) -> LoadedModel | None:
+        """What it holds now, as placement counts it (None: nothing)."""
+        ...
+
+    async def unload(self, reason: str = "unload", *, save: bool = True) -> None: ...
 
 
 class PlacementHost(Protocol):
@@ -42,7 +72,7 @@ class PlacementHost(Protocol):
     def policy(self) -> SupervisorConfig: ...
 
     @property
-    def models(self) -> Mapping[str, ManagedModel]: ...
+    def models(self) -> Mapping[str, HostedModel]: ...
 
     @property
     def workers(self) -> Sequence[WorkerConfig]: ...

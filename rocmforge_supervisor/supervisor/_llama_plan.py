@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 
 from .._errors import PlacementError, ResidencyBusy, ResidencyConflict
 from ..hardware import Inventory, discover_workers
 from ._evicting import place_here
-from ._host import PlacementHost
+from ._host import HostedModel, PlacementHost
 from ._launch import (
     LaunchPlan,
     ModelSpec,
@@ -27,9 +26,6 @@ from ._launch import (
 )
 from ._placement import PlacementDecision
 
-if TYPE_CHECKING:
-    from ._managed import ManagedModel
-
 __all__ = ["plan_llama"]
 
 log = logging.getLogger("rocmforge.supervisor")
@@ -38,7 +34,7 @@ log = logging.getLogger("rocmforge.supervisor")
 _WORKER_PROBE_TIMEOUT = 10.0
 
 
-async def plan_llama(host: PlacementHost, m: ManagedModel) -> LaunchPlan:
+async def plan_llama(host: PlacementHost, m: HostedModel) -> LaunchPlan:
     spec = ModelSpec.from_config(m.config, workers_configured=bool(host.workers), defaults=host.policy)
     slot_dir = host.keeper(m.name).slot_dir() if m.config.keep_context else None
     # Resolving may download (hf:), inspecting reads the GGUF: not on the event loop.
@@ -67,7 +63,7 @@ async def plan_llama(host: PlacementHost, m: ManagedModel) -> LaunchPlan:
 
 
 async def _decide(
-    host: PlacementHost, m: ManagedModel, spec: ModelSpec, model: ResolvedModel
+    host: PlacementHost, m: HostedModel, spec: ModelSpec, model: ResolvedModel
 ) -> tuple[PlacementDecision, Inventory]:
     """Here (evicting idle models if it must), or on RPC workers when the spec says so or
     (``auto``) when it does not fit here."""
@@ -86,7 +82,7 @@ async def _decide(
 
 
 async def _decide_on_workers(
-    host: PlacementHost, m: ManagedModel, spec: ModelSpec, model: ResolvedModel
+    host: PlacementHost, m: HostedModel, spec: ModelSpec, model: ResolvedModel
 ) -> PlacementDecision:
     """Probe the configured workers no other model holds, then plan on them (pure)."""
     held = {

@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
 from .._errors import ModelLoading
+from ._status import SupervisedModel
 
 if TYPE_CHECKING:
     from ..process import LlamaServer
-    from ._managed import ManagedModel
 
 __all__ = ["loading_info", "wait_ready_within"]
 
+#: The model itself: the ``start`` it is handed calls back with the same model.
+M = TypeVar("M", bound=SupervisedModel)
 
-def loading_info(m: ManagedModel) -> dict[str, object]:
+
+def loading_info(m: M) -> dict[str, object]:
     elapsed = time.monotonic() - m.loading_since if m.loading_since else 0.0
     progress: float | None = None
     eta: float | None = None
@@ -35,9 +38,7 @@ def loading_info(m: ManagedModel) -> dict[str, object]:
     return {"state": m.state.value, "progress": progress, "eta_seconds": eta}
 
 
-async def wait_ready_within(
-    m: ManagedModel, start: Callable[[ManagedModel], None], load_wait: float | None
-) -> LlamaServer:
+async def wait_ready_within(m: M, start: Callable[[M], None], load_wait: float | None) -> LlamaServer:
     """``m.wait_ready(start)``, but at most ``load_wait`` s (None: as long as it takes). Called
     only while the model is not ready (:meth:`ManagedModel.acquire` serves a loaded one itself)."""
     if load_wait is None:

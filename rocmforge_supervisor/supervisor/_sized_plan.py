@@ -12,18 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..hardware import child_env
 from ..models import AllocationLedger, GGUFInfo
 from ..process import InstanceSpec, ServerProgram
 from ._evicting import place_here
-from ._host import PlacementHost
+from ._host import HostedModel, PlacementHost
 from ._launch import LaunchPlan
 from ._placement_types import SizedRequest
-
-if TYPE_CHECKING:
-    from ._managed import ManagedModel
 
 __all__ = ["LedgerFeed", "SizedChild", "plan_sized"]
 
@@ -45,7 +41,7 @@ class SizedChild:
     """None: the child prints no allocation lines forge reads; its size stays the request's."""
 
 
-async def plan_sized(host: PlacementHost, m: ManagedModel, child: SizedChild) -> LaunchPlan:
+async def plan_sized(host: PlacementHost, m: HostedModel, child: SizedChild) -> LaunchPlan:
     """The supervisor's plan for a given-size model: placed (and room made) under the lock."""
     async with host.placement_lock:
         decision, inventory = await place_here(host, m, child.request)

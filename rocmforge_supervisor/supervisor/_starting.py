@@ -19,11 +19,10 @@ import anyio
 from .._errors import ForgeError, ModelNotFound, PlacementError, ResidencyBusy, ResidencyConflict
 from ._events import EventKind
 from ._remote import WorkersUnavailable
-from ._status import ModelState
+from ._status import ModelState, SupervisedModel
 
 if TYPE_CHECKING:
     from ._launch import LaunchPlan
-    from ._managed import ManagedModel
 
 __all__ = ["plan_start"]
 
@@ -33,7 +32,7 @@ log = logging.getLogger("rocmforge.supervisor")
 _GROUP_POLL = 0.5
 
 
-async def plan_start(m: ManagedModel) -> LaunchPlan | None:
+async def plan_start(m: SupervisedModel) -> LaunchPlan | None:
     """Step 1: the launch plan (placement may evict others); None when it cannot be made."""
     if m.state != ModelState.LOADING:
         m._set_state(ModelState.LOADING, restarts=m.restarts)
@@ -88,7 +87,7 @@ async def plan_start(m: ManagedModel) -> LaunchPlan | None:
     return None
 
 
-def _gave_up_warming(m: ManagedModel, exc: PlacementError) -> None:
+def _gave_up_warming(m: SupervisedModel, exc: PlacementError) -> None:
     """The warm default does not fit now (or would unload another model): no failure, no
     refusal; the supervisor tries again when memory is freed. Why is logged once per cause
     (a rule, or memory), not at every try."""

@@ -17,10 +17,10 @@ llama-swap's ``isValidTransition`` does: a move not in it is a bug, raised, not 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from .._argv import EMBEDDING_ARCHITECTURES, normalise_flag
 from ..process import Breaker  # the one restart policy's breaker, shared with `forge worker`
@@ -28,7 +28,16 @@ from ._backends import backend_of
 from ._placement_types import LoadedModel, WorkerShare
 
 if TYPE_CHECKING:
-    from ._managed import ManagedModel
+    import anyio
+
+    from .._errors import ResidencyConflict
+    from ..config import ModelConfig, SupervisorConfig
+    from ..process import LlamaServer, RestartPolicy
+    from ._admission import Admission
+    from ._events import EventBus
+    from ._keep_context import ContextKeeper
+    from ._launch import LaunchPlan
+    from ._residency import Residency
 
 __all__ = [
     "ROUTE_WORDS",
@@ -37,6 +46,7 @@ __all__ = [
     "IllegalTransition",
     "ModelState",
     "ModelStatus",
+    "SupervisedModel",
     "check_transition",
     "loaded_model",
     "model_status",
@@ -204,7 +214,86 @@ class ModelStatus:
         }
 
 
-def model_status(m: ManagedModel) -> ModelStatus:
+class SupervisedModel(Protocol):
+    """A model as the rooms of its life see it (starting, the child's run, the slots, the context
+    steps, the watchers, this status): ``ManagedModel`` satisfies it. They take this, not the
+    class, so the class may import them and none imports it back, not even for annotations."""
+
+    name: str
+    # Written by the rooms as the child's life goes on:
+    server: LlamaServer | None
+    plan: LaunchPlan | None
+    in_flight: int
+    waiting: int
+    requests_total: int
+    last_used: float
+    last_error: str | None
+    last_crash: str | None
+    last_stderr: list[str]
+    failure_kind: str | None
+    kill_reason: str | None
+    load_seconds: float | None
+    loading_since: float | None
+    ready_since: float | None
+    refused: ResidencyConflict | None
+    sleeping: bool
+    stalls: int
+    warming: bool
+    _warm_cause: tuple[str, str | None] | None
+    _idle: anyio.Event
+    on_ready: list[Callable[[Self], None]]
+
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def policy(self) -> SupervisorConfig: ...
+    @property
+    def contexts(self) -> ContextKeeper | None: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def admission(self) -> Admission: ...
+    @property
+    def residency(self) -> Residency: ...
+    @property
+    def restart(self) -> RestartPolicy: ...
+    @property
+    def state(self) -> ModelState: ...
+    @property
+    def state_since(self) -> float: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def pressure_evictions(self) -> int: ...
+    @property
+    def retired(self) -> bool: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def max_concurrency(self) -> int: ...
+    @property
+    def queue_limit(self) -> int: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def stall_timeout(self) -> float: ...
+    @property
+    def stop_event(self) -> anyio.Event: ...
+    @property
+    def _changed(self) -> anyio.Event: ...
+    @property
+    def _done(self) -> anyio.Event: ...
+    @property
+    def _plan(self) -> Callable[[Self], Awaitable[LaunchPlan]]: ...
+
+    def stopping(self) -> bool: ...
+    def _set_state(self, state: ModelState, **data: Any) -> None: ...
+    def _fail(self, reason: str, stderr: list[str], *, kind: str) -> None: ...
+    async def unload(self, reason: str = "unload", *, save: bool = True) -> None: ...
+    async def wait_ready(self, start: Callable[[Self], None]) -> LlamaServer: ...
+
+
+def model_status(m: SupervisedModel) -> ModelStatus:
     """What the control API reports of ``m`` now."""
     server, plan = m.server, m.plan
     alive = server is not None and server.alive
@@ -257,7 +346,7 @@ def model_status(m: ManagedModel) -> ModelStatus:
     )
 
 
-def _serves(m: ManagedModel) -> list[str]:
+def _serves(m: SupervisedModel) -> list[str]:
     """The words of :data:`ROUTE_WORDS` whose route the gateway takes to ``m`` and its child
     answers: its backend's routes (whisper-server's, a command's ``routes``), or, for llama-server,
     which is sent every route, what its child is started as."""
@@ -279,7 +368,7 @@ def _serves(m: ManagedModel) -> list[str]:
     return [w for w in words if w in answers]
 
 
-def _context(m: ManagedModel) -> dict[str, Any]:
+def _context(m: SupervisedModel) -> dict[str, Any]:
     """The context geometry ``forge ps`` shows: the child's (its plan's estimate, which the child
     was started with) once it has one, else the config's; empty for a model without a context."""
     if not backend_of(m.config).has_slots:  # no llama-server: no context, no slots
@@ -306,7 +395,7 @@ def _context(m: ManagedModel) -> dict[str, Any]:
     }
 
 
-def _log_path(m: ManagedModel) -> str | None:
+def _log_path(m: SupervisedModel) -> str | None:
     """The file the model's child writes: the plan's, or ``NAME.PID.log`` when another process
     held that one (see ``process._logs``)."""
     if m.server is not None and m.server.log.path is not None:
@@ -314,7 +403,7 @@ def _log_path(m: ManagedModel) -> str | None:
     return str(m.plan.spec.log_path) if m.plan and m.plan.spec.log_path else None
 
 
-def loaded_model(m: ManagedModel) -> LoadedModel | None:
+def loaded_model(m: SupervisedModel) -> LoadedModel | None:
     """``m`` as placement counts it (``ManagedModel.as_loaded``), or None when it holds no memory."""
     plan = m.plan
     if plan is None or not m.running:
@@ -333,7 +422,7 @@ def loaded_model(m: ManagedModel) -> LoadedModel | None:
     )
 
 
-def _ttl_left(m: ManagedModel) -> float | None:
+def _ttl_left(m: SupervisedModel) -> float | None:
     """Seconds until the TTL unloads an idle ready model; the full TTL while it is busy."""
     if m.ttl <= 0 or m.state != ModelState.READY:
         return None
@@ -342,7 +431,7 @@ def _ttl_left(m: ManagedModel) -> float | None:
     return max(0.0, m.ttl - (time.monotonic() - m.last_used))
 
 
-def _contexts(m: ManagedModel) -> dict[str, Any]:
+def _contexts(m: SupervisedModel) -> dict[str, Any]:
     """Saved contexts on disk, and what this run saved and restored (``/metrics`` reads these)."""
     if m.contexts is None:
         return {}
@@ -353,7 +442,7 @@ def _contexts(m: ManagedModel) -> dict[str, Any]:
     return {**m.contexts.summary().to_json(), **asdict(m.contexts.counters), **conversations}
 
 
-def _queue(m: ManagedModel) -> dict[str, Any]:
+def _queue(m: SupervisedModel) -> dict[str, Any]:
     """The admission queue per class and per key (``/metrics``, ``forge ps`` and the page)."""
     a = m.admission
     return {

@@ -18,14 +18,14 @@ from ._watchdog import ProgressWatch, poll_interval, slots_signature
 
 if TYPE_CHECKING:
     from ..process import LlamaServer
-    from ._managed import ManagedModel
+    from ._status import SupervisedModel
 
 __all__ = ["watch_health", "watch_progress", "watch_sleep", "watch_ttl"]
 
 log = logging.getLogger("rocmforge.supervisor")
 
 
-async def watch_health(m: ManagedModel, server: LlamaServer) -> None:
+async def watch_health(m: SupervisedModel, server: LlamaServer) -> None:
     """A child that has not answered ``/health`` for ``health_interval × health_failures``
     seconds (SIGSTOP, deadlock) is killed.
 
@@ -70,7 +70,7 @@ async def watch_health(m: ManagedModel, server: LlamaServer) -> None:
     server.kill(m.last_error)
 
 
-async def watch_progress(m: ManagedModel, server: LlamaServer) -> None:
+async def watch_progress(m: SupervisedModel, server: LlamaServer) -> None:
     """A child busy with our requests whose slots make no progress for ``stall_timeout`` is
     stalled (a wedged decode answers /health all the same: see ``_watchdog``): killed, and
     restarted through the crash path, which counts it in the breaker. The timeout is read at
@@ -98,7 +98,7 @@ async def watch_progress(m: ManagedModel, server: LlamaServer) -> None:
             return
 
 
-async def watch_sleep(m: ManagedModel, server: LlamaServer) -> None:
+async def watch_sleep(m: SupervisedModel, server: LlamaServer) -> None:
     """Whether the child sleeps (``sleep_idle``): ``/props``' ``is_sleeping``, which does not
     wake it, read every second; a change is an event, and the status says it."""
     try:
@@ -113,7 +113,7 @@ async def watch_sleep(m: ManagedModel, server: LlamaServer) -> None:
         m.sleeping = False  # a new child starts awake
 
 
-async def watch_ttl(m: ManagedModel) -> None:
+async def watch_ttl(m: SupervisedModel) -> None:
     while True:
         if m.ttl <= 0:  # no ttl (yet): a client's keep_alive hint may set one later
             await anyio.sleep(1.0)

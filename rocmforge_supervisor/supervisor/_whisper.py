@@ -18,7 +18,6 @@ holds it, else the CPU; a GPU list places it on its first GPU (the model is load
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -34,13 +33,10 @@ from ..models import (
     whisper_state_bytes,
 )
 from ..process import WHISPER_SERVER
-from ._host import PlacementHost
+from ._host import HostedModel, PlacementHost
 from ._launch import LaunchPlan
 from ._placement_types import SizedRequest
 from ._sized_plan import SizedChild, plan_sized
-
-if TYPE_CHECKING:
-    from ._managed import ManagedModel
 
 __all__ = ["plan_whisper", "whisper_request"]
 
@@ -74,7 +70,7 @@ def _resolve(ref: str, settings: ForgeSettings) -> tuple[Path, GGUFInfo, bool]:
     return binary, info, gpu_capable
 
 
-async def plan_whisper(host: PlacementHost, m: ManagedModel) -> LaunchPlan:
+async def plan_whisper(host: PlacementHost, m: HostedModel) -> LaunchPlan:
     """The supervisor's plan for a whisper model."""
     binary, info, gpu_capable = await anyio.to_thread.run_sync(_resolve, m.config.path, host.settings)
     request = whisper_request(m.name, info, m.config.gpu, gpu_capable=gpu_capable)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
+from typing import Protocol
 
 import anyio
 
@@ -41,10 +43,18 @@ def settle_seconds(interval: float) -> float:
     return max(1.0, 2 * interval)
 
 
+class YieldingHost(PlacementHost, Protocol):
+    """The supervisor as the poll sees it: placement's side, and the models whole (the poll reads
+    their queues and children, which a plan never needs)."""
+
+    @property
+    def models(self) -> Mapping[str, ManagedModel]: ...
+
+
 class PressureMonitor:
     """The poll and its memory (the policy's hysteresis, which models were where)."""
 
-    def __init__(self, supervisor: PlacementHost) -> None:
+    def __init__(self, supervisor: YieldingHost) -> None:
         self._sup = supervisor
         self.watch = PressureWatch(cooldown=settle_seconds(supervisor.policy.pressure_interval))
         self._placed: set[tuple[str, str]] = set()  # (model, device) at the last poll
