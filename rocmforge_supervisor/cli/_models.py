@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..hardware import Inventory
     from ..models import GGUFInfo, PulledModel
     from ..models._fit import HubQuant, RepoQuants
-    from ..supervisor._placement_types import PlacementRequest
+    from ..supervisor.placement._placement_types import PlacementRequest
 
 __all__ = ["register"]
 
@@ -234,7 +234,7 @@ def _as_served(model: str, info: GGUFInfo, served: ModelConfig | None) -> Placem
     """The size settings a child of ``served`` gets, its ``args``' own flags (-c, -np, -kvu, -ctk,
     -fa, --embeddings, …) read as placement reads them; llama-server's defaults without one."""
     from .._argv import embedding_args
-    from ..supervisor._placement_types import PlacementRequest
+    from ..supervisor.placement._placement_types import PlacementRequest
 
     if served is None:
         return PlacementRequest(name=model, info=info)
@@ -371,8 +371,8 @@ def _place_quants(
     with ``ctx`` would go: the estimate and the devices ``forge plan`` would show."""
     from ..config import ModelConfig
     from ..supervisor import ModelSpec
-    from ..supervisor._device_context import CONTEXT_FILE, DeviceContexts
-    from ..supervisor._launch import ResolvedModel, decide
+    from ..supervisor.launch._launch import ResolvedModel, decide
+    from ..supervisor.placement._device_context import CONTEXT_FILE, DeviceContexts
     from ._plan import _binary_args
 
     settings = get_settings()

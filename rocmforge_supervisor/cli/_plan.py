@@ -167,7 +167,7 @@ def plan(
     from ..config import load_config
     from ..hardware import detect
     from ..supervisor import dry_run
-    from ..supervisor._device_context import CONTEXT_FILE, DeviceContexts
+    from ..supervisor.placement._device_context import CONTEXT_FILE, DeviceContexts
 
     settings = get_settings()
     cfg = load_config(config, settings)

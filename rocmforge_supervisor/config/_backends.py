@@ -1,7 +1,7 @@
 """What each ``backend`` of a ``[models.NAME]`` accepts: the config's side of the backends table.
 
 The behaviour of each backend (how it is planned, placed, watched, which routes it serves) is
-``supervisor``'s table (``supervisor/_backends.py``); the config can only say which names exist
+``supervisor``'s table (``supervisor/backends/_backends.py``); the config can only say which names exist
 and which keys mean something to which backend, so that a key set on a model whose server has no
 such setting is refused by name instead of silently ignored. A test keeps the two tables' names
 the same.

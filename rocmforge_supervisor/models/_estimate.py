@@ -34,7 +34,7 @@ decided without a dry run:
 - **device context**: what the GPU backend itself holds on each GPU a process uses — the runtime's
   context, the loaded kernels, library workspaces. It is in no allocation line the child logs, so
   it is a measured figure per backend (:data:`DEVICE_CONTEXT_BYTES`), replaced by what forge
-  measures of its own children on that GPU model once it has (``supervisor/_device_context.py``).
+  measures of its own children on that GPU model once it has (``supervisor/placement/_device_context.py``).
 """
 
 from __future__ import annotations

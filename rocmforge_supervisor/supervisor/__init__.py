@@ -1,16 +1,16 @@
 """Supervision: in-process loads, placement, and the multi-model supervisor behind `forge serve`."""
 
-from ._backends import BACKENDS, Backend, backend_of
-from ._config_plan import ConfigPlan, ModelPlan
-from ._conversations import ConversationTurn
 from ._events import Event, EventBus, EventKind
-from ._launch import LaunchPlan, ModelSpec
 from ._local import LoadOptions, LocalModel, aload_model, load_model, plan_local_load
-from ._managed import ManagedModel
 from ._plan_inputs import dry_run
-from ._status import Breaker, ModelState, ModelStatus
 from ._supervisor import Supervisor
 from ._view import ChildEndpoint, ModelView
+from .backends._backends import BACKENDS, Backend, backend_of
+from .contexts._conversations import ConversationTurn
+from .launch._launch import LaunchPlan, ModelSpec
+from .model._managed import ManagedModel
+from .model._status import Breaker, ModelState, ModelStatus
+from .placement._config_plan import ConfigPlan, ModelPlan
 
 __all__ = [
     "BACKENDS",

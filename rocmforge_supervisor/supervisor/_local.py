@@ -31,8 +31,8 @@ from ..config import ForgeSettings, GpuChoice, GpuLayers, get_settings, parse_gp
 from ..hardware import detect
 from ..models import embedded_models
 from ..process import LlamaServer, describe_returncode, unwrap_group
-from ._device_context import CONTEXT_FILE, DeviceContexts
-from ._launch import LaunchPlan, ModelSpec, build_plan, decide, resolve
+from .launch._launch import LaunchPlan, ModelSpec, build_plan, decide, resolve
+from .placement._device_context import CONTEXT_FILE, DeviceContexts
 
 __all__ = ["LoadOptions", "aload_model", "load_model", "plan_local_load"]
 

@@ -33,9 +33,9 @@ from .._errors import InvalidRequest, ModelNotFound, ServerUnavailable
 from ..access import PriorityClass
 from ..client import Upstream
 from ..config import ModelConfig, PeerConfig
-from ._admission import Admission
-from ._backends import backend_of
-from ._status import ROUTE_WORDS, ModelState, ModelStatus
+from .admission._admission import Admission
+from .backends._backends import backend_of
+from .model._status import ROUTE_WORDS, ModelState, ModelStatus
 
 __all__ = ["MESSAGES_ROUTES", "OPENAI_ROUTES", "Peer", "PeerModel", "PeerSet"]
 

@@ -16,12 +16,12 @@ from ..config import ForgeConfig, ForgeSettings, ModelConfig
 from ..config._backends import CONFIGURABLE, BackendName
 from ..hardware import Inventory
 from ..models import embedded_models, inspect_whisper, resolve_hf_file, resolve_model_path
-from ._command import command_request
-from ._config_plan import ConfigPlan, PlanEntry, plan_config
-from ._launch import ModelSpec, placement_request, resolve
-from ._placement_types import PlacementPolicy, PlacementRequest, SizedRequest
-from ._residency import GroupRule, Residency
-from ._whisper import whisper_request
+from .backends._command import command_request
+from .backends._whisper import whisper_request
+from .launch._launch import ModelSpec, placement_request, resolve
+from .placement._config_plan import ConfigPlan, PlanEntry, plan_config
+from .placement._placement_types import PlacementPolicy, PlacementRequest, SizedRequest
+from .placement._residency import GroupRule, Residency
 
 __all__ = ["dry_run", "group_rules", "plan_entries", "residency_of"]
 

@@ -30,22 +30,22 @@ from ..client import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig, WorkerConfig, unknown_served_name
 from ..hardware import Inventory, detect, refresh_usage
 from ..process import ChildLedger, LlamaServer
-from ._admission import PriorityClass
-from ._backends import backend_of
-from ._config_plan import ConfigPlan, plan_config
-from ._context_store import ContextStore
-from ._device_context import CONTEXT_FILE, DeviceContexts, learn_from_child
 from ._events import Event, EventBus, EventKind
-from ._keep_context import ContextKeeper
-from ._launch import LaunchPlan
-from ._managed import ManagedModel
 from ._peers import PeerModel, PeerSet
-from ._placement import LoadedModel, PlacementDecision, PlacementPolicy
 from ._plan_inputs import group_rules, plan_entries, residency_of
-from ._residency import GroupRule
-from ._status import ModelState, ModelStatus
 from ._view import ModelView, model_view, peer_view
 from ._yielding import PressureMonitor
+from .admission._admission import PriorityClass
+from .backends._backends import backend_of
+from .contexts._context_store import ContextStore
+from .contexts._keep_context import ContextKeeper
+from .launch._launch import LaunchPlan
+from .model._managed import ManagedModel
+from .model._status import ModelState, ModelStatus
+from .placement._config_plan import ConfigPlan, plan_config
+from .placement._device_context import CONTEXT_FILE, DeviceContexts, learn_from_child
+from .placement._placement import LoadedModel, PlacementDecision, PlacementPolicy
+from .placement._residency import GroupRule
 
 __all__ = ["ReloadSummary", "Supervisor"]
 

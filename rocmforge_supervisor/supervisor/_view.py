@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from ..config import ModelConfig
 from ..models import ProjectorInfo
-from ._placement_types import WorkerShare
-from ._status import ModelState, ModelStatus
+from .model._status import ModelState, ModelStatus
+from .placement._placement_types import WorkerShare
 
 if TYPE_CHECKING:
-    from ._managed import ManagedModel
     from ._peers import PeerModel
+    from .model._managed import ManagedModel
 
 __all__ = ["ChildEndpoint", "ModelView", "model_view", "peer_view"]
 

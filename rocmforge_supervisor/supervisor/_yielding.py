@@ -27,10 +27,10 @@ import anyio
 from .._units import format_bytes
 from ..hardware import Device, ProcessMemory, process_memory
 from ._events import EventKind
-from ._host import PlacementHost
-from ._managed import ManagedModel
-from ._pressure import Candidate, DeviceSample, Eviction, PressureWatch
-from ._status import ModelState
+from .backends._host import PlacementHost
+from .model._managed import ManagedModel
+from .model._status import ModelState
+from .placement._pressure import Candidate, DeviceSample, Eviction, PressureWatch
 
 __all__ = ["PressureMonitor"]
 

@@ -16,7 +16,7 @@ import pytest
 from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.hardware import Inventory
 from rocmforge_supervisor.supervisor import _supervisor
-from rocmforge_supervisor.supervisor._placement import PlacementPolicy
+from rocmforge_supervisor.supervisor.placement._placement import PlacementPolicy
 from tests.support.gateway import serving
 from tests.support.supervised import fake_config
 

@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from rocmforge_supervisor.supervisor import EventKind
-from rocmforge_supervisor.supervisor._keep_context import SlotState
+from rocmforge_supervisor.supervisor.contexts._keep_context import SlotState
 from tests.gateway_fast.conftest import Serve
 from tests.support.gateway import Gateway, poll, serving
 from tests.support.supervised import fake_config

@@ -24,12 +24,12 @@ _NOT_ON_A_CHAT = {
     "service/proxy/_listing.py",  # the model listings (and the tools/media checks' model facts)
     "service/proxy/_media.py",  # a body with image/audio parts
     "service/proxy/_rerank.py",  # a reranker's routes: checked once per configuration
-    "supervisor/_backends.py",  # the same route check
+    "supervisor/backends/_backends.py",  # the same route check
     "service/core/_drafting.py",  # an answer that drafted
     "supervisor/_view.py",  # a model's whole view (status, placement)
-    "supervisor/_status.py",
+    "supervisor/model/_status.py",
     "config/_schema.py",  # a config property worked out again per request
-    "supervisor/_loading.py",  # the wait for a model that is still loading
+    "supervisor/model/_loading.py",  # the wait for a model that is still loading
 }
 
 
@@ -54,7 +54,7 @@ async def test_a_text_chat_enters_only_what_it_needs(dialect: Dialect, stream: b
     assert walk.reentered == [], walk.reentered
     # OpenAI and Anthropic go through no translation: 19 modules, 20 with the streams' own client
     # (21 and 29 at 6032c7c, by this script; two more since a model's admission and the
-    # forwarder have modules of their own, supervisor/_acquire.py and proxy/_forwarder.py);
+    # forwarder have modules of their own, supervisor/model/_acquire.py and proxy/_forwarder.py);
     # Ollama's translation adds its API, converter and SSE decoder (31 and 30 at 6032c7c).
     limit = (20 if stream else 19) + (3 if dialect == "ollama" else 0)
     assert len(walk.order) <= limit, walk.order

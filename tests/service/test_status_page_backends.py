@@ -18,7 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from rocmforge_supervisor.supervisor import BACKENDS
-from rocmforge_supervisor.supervisor._status import ROUTE_WORDS
+from rocmforge_supervisor.supervisor.model._status import ROUTE_WORDS
 from tests.support.browser import chromium, model_row, row_state, severe_console_errors, wait_until
 from tests.support.fake_peer import FakePeer
 from tests.support.lora import write_lora

@@ -16,7 +16,7 @@ from anyio import wait_all_tasks_blocked
 from anyio.abc import TaskGroup
 
 from rocmforge_supervisor.access import PriorityClass
-from rocmforge_supervisor.supervisor._admission import Admission
+from rocmforge_supervisor.supervisor.admission._admission import Admission
 from tests.support.supervised import running
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ from rocmforge_supervisor.config._backends import BACKEND_NAMES, BackendName
 from rocmforge_supervisor.supervisor import BACKENDS
 
 PACKAGE = Path(rocmforge_supervisor.__file__).parent
-TABLES = {Path("config/_backends.py"), Path("supervisor/_backends.py")}
+TABLES = {Path("config/_backends.py"), Path("supervisor/backends/_backends.py")}
 
 
 def test_the_config_and_the_supervisor_name_the_same_backends() -> None:

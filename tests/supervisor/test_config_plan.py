@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rocmforge_supervisor.supervisor._config_plan import PlanEntry, plan_config
-from rocmforge_supervisor.supervisor._fit_advice import fit_advice
-from rocmforge_supervisor.supervisor._placement import PlacementPolicy, PlacementRequest, free_memory, place
-from rocmforge_supervisor.supervisor._residency import GroupRule, Residency
+from rocmforge_supervisor.supervisor.placement._config_plan import PlanEntry, plan_config
+from rocmforge_supervisor.supervisor.placement._fit_advice import fit_advice
+from rocmforge_supervisor.supervisor.placement._placement import (
+    PlacementPolicy,
+    PlacementRequest,
+    free_memory,
+    place,
+)
+from rocmforge_supervisor.supervisor.placement._residency import GroupRule, Residency
 from tests.models.conftest import LLAMA_8B, LLAMA_70B
 from tests.supervisor.test_placement import one_7900xtx
 

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from rocmforge_supervisor.supervisor._context_store import ContextKey, ContextStore, SavedContext, context_key
+from rocmforge_supervisor.supervisor.contexts._context_store import (
+    ContextKey,
+    ContextStore,
+    SavedContext,
+    context_key,
+)
 
 
 def _key(tmp_path: Path, *, ctx_size: int = 2048, args: Sequence[str] = ()) -> ContextKey:

@@ -30,7 +30,8 @@ async def test_sigill_while_loading_fails_at_once_with_the_fix(
     """The advice depends on the CPU: a rebuild where the build lacks an instruction, the
     ``--no-repack`` flag where an AMX CPU's ggml kernels are the cause (the child ran without it).
     Both CPUs are simulated, so the test means the same on every machine."""
-    from rocmforge_supervisor.supervisor import _child_run, _launch
+    from rocmforge_supervisor.supervisor.launch import _launch
+    from rocmforge_supervisor.supervisor.model import _child_run
 
     flags = frozenset({"avx2", *(["amx_int8", "amx_tile"] if amx else [])})
     monkeypatch.setattr(_launch, "cpu_flags", lambda: flags)
@@ -76,7 +77,7 @@ def test_no_repack_children_are_placed_without_the_repacked_copy(tmp_path: Path)
     CPU_REPACK copy of the weights that such a child never makes."""
     from rocmforge_supervisor.binaries._tinymodel import write_selftest_gguf
     from rocmforge_supervisor.models import inspect_gguf
-    from rocmforge_supervisor.supervisor._placement_types import PlacementRequest, _apply_args
+    from rocmforge_supervisor.supervisor.placement._placement_types import PlacementRequest, _apply_args
 
     info = inspect_gguf(write_selftest_gguf(tmp_path))
     repacked = sum(info.layer_repack_bytes) + info.output_repack_bytes

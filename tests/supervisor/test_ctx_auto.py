@@ -18,16 +18,16 @@ from rocmforge_supervisor._errors import PlacementError, ResidencyConflict
 from rocmforge_supervisor.config import ForgeConfig, ModelConfig, SupervisorConfig
 from rocmforge_supervisor.hardware._types import Inventory
 from rocmforge_supervisor.models import GGUFInfo, inspect_gguf
-from rocmforge_supervisor.supervisor._ctx_auto import CTX_STEP, choose_context, largest_fitting
-from rocmforge_supervisor.supervisor._launch import ModelSpec, ResolvedModel, build_plan, decide
-from rocmforge_supervisor.supervisor._placement import (
+from rocmforge_supervisor.supervisor.launch._launch import ModelSpec, ResolvedModel, build_plan, decide
+from rocmforge_supervisor.supervisor.placement._ctx_auto import CTX_STEP, choose_context, largest_fitting
+from rocmforge_supervisor.supervisor.placement._placement import (
     LoadedModel,
     PlacementPolicy,
     PlacementRequest,
     free_memory,
     place,
 )
-from rocmforge_supervisor.supervisor._residency import Residency
+from rocmforge_supervisor.supervisor.placement._residency import Residency
 from tests.models.conftest import GIB, LLAMA_8B, MIB, model_like
 from tests.supervisor.test_placement import KFD, amd, cpu, no_gpu, one_7900xtx
 

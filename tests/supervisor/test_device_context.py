@@ -16,13 +16,13 @@ from rocmforge_supervisor._errors import PlacementError
 from rocmforge_supervisor.config import load_config
 from rocmforge_supervisor.hardware import Device, Inventory, detect
 from rocmforge_supervisor.models import DEVICE_CONTEXT_BYTES, estimate_memory
-from rocmforge_supervisor.supervisor._device_context import (
+from rocmforge_supervisor.supervisor.placement._device_context import (
     CONTEXT_FILE,
     DeviceContexts,
     learn_from_child,
     measured_context,
 )
-from rocmforge_supervisor.supervisor._placement import (
+from rocmforge_supervisor.supervisor.placement._placement import (
     LoadedModel,
     PlacementPolicy,
     PlacementRequest,

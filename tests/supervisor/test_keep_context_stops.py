@@ -97,7 +97,7 @@ async def test_status_reads_no_file_on_the_event_loop_and_follows_saves_and_forg
 ) -> None:
     """``status()`` runs on the event loop (every page refresh, every scrape): what it shows of the
     saved contexts is the summary read in a thread after each save or restore, never the disk."""
-    from rocmforge_supervisor.supervisor._context_store import ContextStore
+    from rocmforge_supervisor.supervisor.contexts._context_store import ContextStore
 
     kept = {"keep_context": True, "parallel": 1, "preload": True}
     async with running(make_config({"a": kept, "b": kept}), fake_bin) as sup:

@@ -17,7 +17,7 @@ from rocmforge_supervisor._argv import kv_unified_in_args
 from rocmforge_supervisor.config import ForgeConfig, ModelConfig
 from rocmforge_supervisor.hardware import detect
 from rocmforge_supervisor.models import inspect_gguf
-from rocmforge_supervisor.supervisor._launch import ModelSpec, ResolvedModel, build_plan, decide
+from rocmforge_supervisor.supervisor.launch._launch import ModelSpec, ResolvedModel, build_plan, decide
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from rocmforge_supervisor.config import parse_gpu
 from rocmforge_supervisor.hardware._types import Device, Inventory, KfdStatus
 from rocmforge_supervisor.models import inspect_gguf
 from rocmforge_supervisor.models._gguf import GGUFInfo
-from rocmforge_supervisor.supervisor._placement import (
+from rocmforge_supervisor.supervisor.placement._placement import (
     LoadedModel,
     PlacementDecision,
     PlacementPolicy,
@@ -190,7 +190,7 @@ def test_embeddings_flags_count_a_ubatch_of_logits_on_the_gpu(flags: tuple[str, 
 def test_decide_counts_the_flags_of_embeddings_true() -> None:
     """``embeddings = true`` in forge.toml adds --embeddings --pooling mean at launch: decide()
     must estimate with them (the issue: 196 MiB estimated, 283 MiB allocated)."""
-    from rocmforge_supervisor.supervisor._launch import ModelSpec, ResolvedModel, decide
+    from rocmforge_supervisor.supervisor.launch._launch import ModelSpec, ResolvedModel, decide
 
     model = ResolvedModel(Path("/models/llama-8b.gguf"), LLAMA_8B)
     plain = decide(ModelSpec(path="x", ctx_size=4096), "m", model, one_7900xtx())

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 import pytest
 
 from rocmforge_supervisor.config._values import parse_reserve, reserve_bytes
-from rocmforge_supervisor.supervisor._pressure import Candidate, DeviceSample, PressureWatch, noise_floor
+from rocmforge_supervisor.supervisor.placement._pressure import (
+    Candidate,
+    DeviceSample,
+    PressureWatch,
+    noise_floor,
+)
 
 GIB = 1024**3
 TOTAL = 24 * GIB

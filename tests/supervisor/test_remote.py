@@ -10,8 +10,13 @@ import pytest
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.hardware import WorkerDevice, WorkerReport, detect
 from rocmforge_supervisor.models._gguf import inspect_gguf
-from rocmforge_supervisor.supervisor._launch import ModelSpec, ResolvedModel, build_plan, decide_on_workers
-from rocmforge_supervisor.supervisor._remote import WorkersUnavailable, plan_on_workers
+from rocmforge_supervisor.supervisor.launch._launch import (
+    ModelSpec,
+    ResolvedModel,
+    build_plan,
+    decide_on_workers,
+)
+from rocmforge_supervisor.supervisor.placement._remote import WorkersUnavailable, plan_on_workers
 
 GIB = 1 << 30
 

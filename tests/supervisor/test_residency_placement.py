@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from rocmforge_supervisor._errors import PlacementError, ResidencyBusy, ResidencyConflict
-from rocmforge_supervisor.supervisor._placement import LoadedModel, PlacementPolicy, place
-from rocmforge_supervisor.supervisor._residency import GroupRule, Residency
+from rocmforge_supervisor.supervisor.placement._placement import LoadedModel, PlacementPolicy, place
+from rocmforge_supervisor.supervisor.placement._residency import GroupRule, Residency
 from tests.models.conftest import LLAMA_8B, LLAMA_70B
 from tests.supervisor.test_placement import loaded, one_7900xtx, req, with_used
 

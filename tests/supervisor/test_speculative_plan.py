@@ -13,7 +13,7 @@ from rocmforge_supervisor._errors import ConfigError
 from rocmforge_supervisor.config import ForgeConfig, ForgeSettings
 from rocmforge_supervisor.hardware import detect
 from rocmforge_supervisor.models import AllocationLedger, estimate_memory, inspect_gguf, vocab_mismatch
-from rocmforge_supervisor.supervisor._launch import (
+from rocmforge_supervisor.supervisor.launch._launch import (
     ModelSpec,
     ResolvedDraft,
     ResolvedModel,

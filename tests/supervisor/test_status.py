@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocmforge_supervisor.supervisor._placement_types import WorkerShare
-from rocmforge_supervisor.supervisor._status import (
+from rocmforge_supervisor.supervisor.model._status import (
     TRANSITIONS,
     Breaker,
     IllegalTransition,
@@ -13,6 +12,7 @@ from rocmforge_supervisor.supervisor._status import (
     ModelStatus,
     check_transition,
 )
+from rocmforge_supervisor.supervisor.placement._placement_types import WorkerShare
 
 S = ModelState
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocmforge_supervisor.supervisor._watchdog import ProgressWatch, poll_interval, slots_signature
+from rocmforge_supervisor.supervisor.model._watchdog import ProgressWatch, poll_interval, slots_signature
 
 
 class Clock:

@@ -17,7 +17,7 @@ import pytest
 
 from rocmforge_supervisor.config import ForgeConfig
 from rocmforge_supervisor.supervisor import EventKind, ModelState
-from rocmforge_supervisor.supervisor._watchdog import poll_interval
+from rocmforge_supervisor.supervisor.model._watchdog import poll_interval
 from tests.support.supervised import running
 
 MakeConfig = Callable[..., ForgeConfig]

@@ -1,0 +1,1 @@
+"""The launch pipeline, written once: model spec, resolve, inspect, place, launch plan."""
