@@ -3,7 +3,7 @@ llama-server and rpc-server on top of it."""
 
 from ._env import clean_child_env
 from ._groups import GroupReaper, kill_process_group, stop_process_group
-from ._instance import LlamaServer
+from ._instance import LlamaServer, ModelServer
 from ._ledger import ChildLedger
 from ._logs import IDLE_LINE_RE, LogRing, classify_failure, crash_cause, without_idle
 from ._ports import free_port, port_is_free
@@ -30,6 +30,7 @@ __all__ = [
     "Life",
     "LlamaServer",
     "LogRing",
+    "ModelServer",
     "Outcome",
     "ProbeRun",
     "RestartPolicy",

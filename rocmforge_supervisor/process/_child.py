@@ -459,7 +459,7 @@ class ChildProcess:
 
 
 class OwnsChild:
-    """What a server class built on one :class:`ChildProcess` shows of it (``LlamaServer`` and
+    """What a server class built on one :class:`ChildProcess` shows of it (``ModelServer`` and
     ``RpcWorker`` are; a new kind's class is too)."""
 
     child: ChildProcess

@@ -1,8 +1,8 @@
-"""One llama-server child: spawn, drain, watch, know when it is ready or why not, stop.
+"""One model server child (llama-server, whisper-server, a command): spawn, drain, watch, know when it is ready or why not, stop.
 
 Only ``process/`` signals a child (here; the stale sweep in ``_ledger``). Its life is an async context::
 
-    async with LlamaServer(spec) as server:     # spawned and ready (or StartFailed, child gone)
+    async with ModelServer(spec) as server:     # spawned and ready (or StartFailed, child gone)
         ...server.base_url, server.api_key...
         await server.exited.wait()              # noticed at once: a task waits on the process
     # stopped: SIGTERM to its group, bounded wait, SIGKILL; reaped — even if the caller was cancelled
@@ -47,10 +47,14 @@ from ._logs import LogRing
 from ._ports import free_port, port_is_free
 from ._spec import InstanceSpec, describe_returncode, unwrap_group
 
-__all__ = ["LlamaServer", "LlamaServerKind"]  # the kind lives in _llama_kind; kept here for callers
+__all__ = [
+    "LlamaServer",
+    "LlamaServerKind",
+    "ModelServer",
+]  # the kind lives in _llama_kind; kept here for callers
 
 
-class LlamaServer(OwnsChild):
+class ModelServer(OwnsChild):
     """One running model server: llama-server, or whisper-server for a ``backend = "whisper"``
     model (its :class:`ChildKind`; the rest is the same). Use as ``async with``; see the module
     docstring."""
@@ -94,7 +98,7 @@ class LlamaServer(OwnsChild):
         not the build failing its first compute."""
         return "computed" in self.child.flags
 
-    async def __aenter__(self) -> LlamaServer:
+    async def __aenter__(self) -> ModelServer:
         self._own_tg = anyio.create_task_group()
         await self._own_tg.__aenter__()
         try:
@@ -122,13 +126,13 @@ class LlamaServer(OwnsChild):
             await tg.__aexit__(None, None, None)
 
     async def run(
-        self, *, task_status: anyio.abc.TaskStatus[LlamaServer] = anyio.TASK_STATUS_IGNORED
+        self, *, task_status: anyio.abc.TaskStatus[ModelServer] = anyio.TASK_STATUS_IGNORED
     ) -> int | None:
         """The child's whole life, in one task: spawn, wait ready (``task_status.started``), wait
         for the exit. However it ends (stop(), crash, cancellation, start failure) the child is
         stopped and reaped before this returns; the return value is its exit status."""
         if self.state != "new":
-            raise RuntimeError("a LlamaServer runs once")
+            raise RuntimeError("a ModelServer runs once")
         self.child.state = "starting"
         self.started_at = time.time()
         started = time.monotonic()
@@ -334,3 +338,7 @@ class LlamaServer(OwnsChild):
 
     def _fail(self, reason: str, message: str) -> StartFailed:
         return self.child.kind.failure(reason, message, self.child)
+
+
+#: The class's former name (it runs any model server), kept for code that imports it.
+LlamaServer = ModelServer

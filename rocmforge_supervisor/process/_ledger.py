@@ -3,7 +3,7 @@
 No orphans, third layer (after the parent-death signal and a clean, shielded stop): a supervisor
 that died hard (SIGKILL, power cut of the unit) leaves ``children.json`` behind; the next one reads
 it at start and stops each recorded child that still runs — checked by pid, start time and command
-line, so a reused pid is never touched. This is the only place outside :class:`LlamaServer` that
+line, so a reused pid is never touched. This is the only place outside :class:`ModelServer` that
 signals a process, and it lives in ``process/`` for that reason.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from .._files import write_text_atomic
-from ._instance import LlamaServer
+from ._instance import ModelServer
 
 __all__ = ["ChildLedger"]
 
@@ -38,7 +38,7 @@ class ChildLedger:
     def path(self) -> Path:
         return self.state_dir / "children.json"
 
-    def record(self, children: Iterable[tuple[str, LlamaServer]]) -> None:
+    def record(self, children: Iterable[tuple[str, ModelServer]]) -> None:
         """Replace this supervisor's records with its children that are alive now (written
         atomically). Records of another live ``forge serve`` stay: one instance never rewrites
         another's (the state-dir lock makes two rare; this keeps the ledger right if it happens)."""

@@ -1,5 +1,5 @@
 """llama-server as a :class:`~._child.ChildKind`: its readiness, how its failures read, what its
-crashes mean. Apart from :class:`~._instance.LlamaServer` so that the programs table
+crashes mean. Apart from :class:`~._instance.ModelServer` so that the programs table
 (:mod:`._programs`) and the spec import it without the server class."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A server started for one question and stopped again, through the one lifecycle: the build
 self-tests (llama-server's, whisper-server's) run their child this way, so that spawning, the
 parent-death signal, readiness, the bind retry and the stop (SIGTERM to the group, bounded wait,
-SIGKILL) are :class:`~._instance.LlamaServer`'s and nothing outside ``process/`` signals a child.
+SIGKILL) are :class:`~._instance.ModelServer`'s and nothing outside ``process/`` signals a child.
 
 The callers are synchronous (``forge build``, a binary located at start-up, a supervisor's worker
 thread); the child's life runs on an event loop of its own in a short-lived thread, so the call
@@ -22,7 +22,7 @@ import anyio
 import httpx
 
 from .._errors import StartFailed
-from ._instance import LlamaServer
+from ._instance import ModelServer
 from ._spec import InstanceSpec
 
 __all__ = ["ProbeRun", "probe_server"]
@@ -80,7 +80,7 @@ def probe_server(spec: InstanceSpec, ask: Callable[[httpx.Client], str], *, time
 
 async def _probe(spec: InstanceSpec, ask: Callable[[httpx.Client], str]) -> ProbeRun:
     try:
-        server = LlamaServer(spec)
+        server = ModelServer(spec)
         async with server:
 
             def question() -> str:

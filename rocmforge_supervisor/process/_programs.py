@@ -3,7 +3,7 @@
 
 One value per kind of model server (:data:`LLAMA_SERVER`, :data:`WHISPER_SERVER`, a
 :class:`CommandProgram` per ``backend = "command"`` model) on :attr:`InstanceSpec.program`; the
-rest of a child's life is the same :class:`~._instance.LlamaServer` for all of them, so nothing
+rest of a child's life is the same :class:`~._instance.ModelServer` for all of them, so nothing
 in ``process/`` asks which backend a model has.
 """
 

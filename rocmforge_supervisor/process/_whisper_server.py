@@ -4,9 +4,9 @@ lifecycle (``_child``), beside llama-server and rpc-server.
 Its facts (whisper.cpp ``examples/server/server.cpp`` at the pinned v1.8.5): it loads the model
 *before* it binds its port, so the first ``GET /health`` 200 means ready; a model it cannot read
 ends in ``failed to initialize whisper context`` and exit 3; a port in use in ``couldn't bind to
-server socket`` (classified ``bind``, so :class:`LlamaServer`'s start retries on another port, as
+server socket`` (classified ``bind``, so :class:`ModelServer`'s start retries on another port, as
 for llama-server). Everything else of a model child — the port, the key file, the log, the stop —
-is the same class, :class:`~._instance.LlamaServer`, which picks this kind for
+is the same class, :class:`~._instance.ModelServer`, which picks this kind for
 ``InstanceSpec.program`` :data:`~._programs.WHISPER_SERVER`.
 """
 

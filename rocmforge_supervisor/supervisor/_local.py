@@ -30,7 +30,7 @@ from ..client import TextModel
 from ..config import ForgeSettings, GpuChoice, GpuLayers, get_settings, parse_gpu, parse_gpu_layers
 from ..hardware import detect
 from ..models import embedded_models
-from ..process import LlamaServer, describe_returncode, unwrap_group
+from ..process import ModelServer, describe_returncode, unwrap_group
 from .launch._launch import LaunchPlan, ModelSpec, build_plan, decide, resolve
 from .placement._device_context import CONTEXT_FILE, DeviceContexts
 
@@ -123,7 +123,7 @@ def plan_local_load(model: str | Path, options: LoadOptions, settings: ForgeSett
 class _ServerLiveness:
     """Lets the client ask "did the child die?" without knowing what a process is."""
 
-    def __init__(self, server: LlamaServer) -> None:
+    def __init__(self, server: ModelServer) -> None:
         self._server = server
 
     @property
@@ -160,7 +160,7 @@ class _ServerLiveness:
 class LocalModel(TextModel):
     """A TextModel backed by a child we own; ``server`` exposes the child (pid, port, log)."""
 
-    server: LlamaServer
+    server: ModelServer
     plan: LaunchPlan
     _loop: _LoopThread | None = None
 
@@ -184,7 +184,7 @@ async def aload_model(model: str | Path, *, settings: ForgeSettings | None = Non
     options = LoadOptions(**kw)
     # Resolving may download (hf:), inspecting reads the GGUF: not on the event loop.
     plan = await anyio.to_thread.run_sync(plan_local_load, model, options, settings)
-    server = LlamaServer(plan.spec)
+    server = ModelServer(plan.spec)
     await server.__aenter__()
     tm = LocalModel(
         server.base_url,
@@ -235,7 +235,7 @@ def load_model(model: str | Path, *, settings: ForgeSettings | None = None, **kw
     settings = settings or get_settings()
     plan = plan_local_load(model, LoadOptions(**kw), settings)
     loop = _LoopThread(name=f"forge-{plan.spec.alias}")
-    server = LlamaServer(plan.spec)
+    server = ModelServer(plan.spec)
     try:
         # run() is the child's whole life in one task on the loop thread; start_task returns once
         # it is ready, or raises its start failure.

@@ -29,7 +29,7 @@ from ..binaries import locate_llama_server, selftest_of
 from ..client import Upstream
 from ..config import ForgeConfig, ForgeSettings, ModelConfig, WorkerConfig, unknown_served_name
 from ..hardware import Inventory, detect, refresh_usage
-from ..process import ChildLedger, LlamaServer
+from ..process import ChildLedger, ModelServer
 from ._events import Event, EventBus, EventKind
 from ._peers import PeerModel, PeerSet
 from ._plan_inputs import group_rules, plan_entries, residency_of
@@ -571,10 +571,10 @@ def _groups(config: ForgeConfig) -> dict[str, GroupRule]:
 #: Each serving child's :class:`Upstream`, built at its first request: its URL and key are fixed
 #: for its life, so a request reads them here instead of through the process objects. Weak: it
 #: goes with the child.
-_UPSTREAMS: weakref.WeakKeyDictionary[LlamaServer, Upstream] = weakref.WeakKeyDictionary()
+_UPSTREAMS: weakref.WeakKeyDictionary[ModelServer, Upstream] = weakref.WeakKeyDictionary()
 
 
-def _upstream(server: LlamaServer) -> Upstream:
+def _upstream(server: ModelServer) -> Upstream:
     """Where the HTTP layer sends one request: the child's URL, key and liveness, not the process."""
     upstream = _UPSTREAMS.get(server)
     if upstream is None:

@@ -29,7 +29,7 @@ import httpx
 from rocmforge_supervisor.binaries import locate_llama_server
 from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.models import resolve_model_path
-from rocmforge_supervisor.process import InstanceSpec, LlamaServer, free_port
+from rocmforge_supervisor.process import InstanceSpec, ModelServer, free_port
 from rocmforge_supervisor.supervisor import load_model
 
 
@@ -53,7 +53,7 @@ async def readiness(
             extra_args=flags,  # the self-test's flags on this CPU (--no-repack on AMX), as forge's children
         )
         t0 = time.monotonic()
-        async with LlamaServer(spec) as s:
+        async with ModelServer(spec) as s:
             assert s.ready_monotonic is not None and s.listening_at is not None
             lags.append((s.ready_monotonic - s.listening_at) * 1000)
             totals.append((s.ready_monotonic - t0) * 1000)

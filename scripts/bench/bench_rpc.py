@@ -27,7 +27,7 @@ import httpx
 from rocmforge_supervisor.binaries import locate_llama_server, locate_rpc_server
 from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.models import DEFAULT_MODEL, resolve_model_path
-from rocmforge_supervisor.process import InstanceSpec, LlamaServer, WorkerSpec, free_port, run_supervised
+from rocmforge_supervisor.process import InstanceSpec, ModelServer, WorkerSpec, free_port, run_supervised
 
 PROMPTS = [
     "The capital of France is",
@@ -42,7 +42,7 @@ PROMPTS = [
 _HIDE_GPUS = {"HIP_VISIBLE_DEVICES": "-1", "CUDA_VISIBLE_DEVICES": "-1", "GGML_VK_VISIBLE_DEVICES": ""}
 
 
-async def complete(server: LlamaServer, prompt: str, tokens: int) -> tuple[str, float]:
+async def complete(server: ModelServer, prompt: str, tokens: int) -> tuple[str, float]:
     async with httpx.AsyncClient(timeout=600, trust_env=False) as c:
         r = await c.post(
             f"{server.base_url}/completion",
@@ -108,7 +108,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             binary=llama, alias="single", cpu_only=True, extra_args=["--no-repack"], **common
         )  # type: ignore[arg-type]
         same, tps_split, tps_single = 0, [], []
-        async with LlamaServer(split) as s, LlamaServer(single) as o:
+        async with ModelServer(split) as s, ModelServer(single) as o:
             for prompt in PROMPTS[: args.prompts]:
                 a, ta = await complete(s, prompt, args.tokens)
                 b, tb = await complete(o, prompt, args.tokens)

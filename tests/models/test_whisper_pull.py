@@ -14,7 +14,7 @@ import pytest
 
 from rocmforge_supervisor.config import ForgeSettings
 from rocmforge_supervisor.models import inspect_whisper
-from rocmforge_supervisor.process import WHISPER_SERVER, InstanceSpec, LlamaServer
+from rocmforge_supervisor.process import WHISPER_SERVER, InstanceSpec, ModelServer
 from tests.support.whisper import spoken_wav, whisper_server_or_skip
 
 FORGE = [sys.executable, "-m", "rocmforge_supervisor.cli"]
@@ -55,7 +55,7 @@ async def test_pull_whisper_writes_a_model_whisper_server_transcribes(
         state_dir=tmp_path / "state",
         stop_timeout=5.0,
     )
-    async with LlamaServer(spec) as server, httpx.AsyncClient(timeout=120) as c:
+    async with ModelServer(spec) as server, httpx.AsyncClient(timeout=120) as c:
         resp = await c.post(
             f"{server.base_url}/inference",
             data={"response_format": "json"},

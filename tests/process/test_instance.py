@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from rocmforge_supervisor import StartFailed, UsageError
-from rocmforge_supervisor.process import InstanceSpec, LlamaServer
+from rocmforge_supervisor.process import InstanceSpec, ModelServer
 from rocmforge_supervisor.process import _instance as instance_module
 
 pytestmark = pytest.mark.anyio
@@ -71,7 +71,7 @@ def _gone(pid: int, timeout: float = 5.0) -> bool:
 async def test_ready_means_health_200_and_stop_reaps(
     llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path
 ) -> None:
-    async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
+    async with ModelServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
         assert server.state == "ready"
         assert server.listening_at is not None and server.ready_monotonic is not None
         async with httpx.AsyncClient() as c:
@@ -96,7 +96,7 @@ async def test_inherited_llama_env_does_not_reach_the_child(
     llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path
 ) -> None:
     env = dict(os.environ, LLAMA_ARG_PORT="1", LLAMA_API_KEY="leak", LLAMA_ARG_CTX_SIZE="7")
-    async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path, parent_env=env)) as server:
+    async with ModelServer(_spec(llama_server_bin, tiny_gguf, tmp_path, parent_env=env)) as server:
         assert server.pid is not None
         child_env = psutil.Process(server.pid).environ()
         assert not any(k.startswith("LLAMA_ARG_") for k in child_env)
@@ -112,7 +112,7 @@ async def test_truncated_gguf_is_classified_with_stderr(
     broken = tmp_path / "truncated.gguf"
     broken.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 2])  # noqa: ASYNC240
     with pytest.raises(StartFailed) as info:
-        async with LlamaServer(_spec(llama_server_bin, broken, tmp_path)):
+        async with ModelServer(_spec(llama_server_bin, broken, tmp_path)):
             pass
     err = info.value
     assert err.reason == "invalid_model"
@@ -122,7 +122,7 @@ async def test_truncated_gguf_is_classified_with_stderr(
 
 async def test_missing_file_is_classified(llama_server_bin: Path, tmp_path: Path) -> None:
     with pytest.raises(StartFailed) as info:
-        async with LlamaServer(_spec(llama_server_bin, tmp_path / "nope.gguf", tmp_path)):
+        async with ModelServer(_spec(llama_server_bin, tmp_path / "nope.gguf", tmp_path)):
             pass
     assert info.value.reason == "file_not_found"
 
@@ -130,7 +130,7 @@ async def test_missing_file_is_classified(llama_server_bin: Path, tmp_path: Path
 async def test_sigstop_during_load_hits_the_stall_timeout(
     llama_server_bin: Path, gemma_path: Path, tmp_path: Path
 ) -> None:
-    server = LlamaServer(_spec(llama_server_bin, gemma_path, tmp_path, stall_timeout=1.5))
+    server = ModelServer(_spec(llama_server_bin, gemma_path, tmp_path, stall_timeout=1.5))
 
     async def freeze_when_spawned() -> None:
         while server.pid is None:  # noqa: ASYNC110 — nothing to wait on: pid is set by the spawn
@@ -150,7 +150,7 @@ async def test_sigstop_during_load_hits_the_stall_timeout(
 async def test_cancel_during_load_leaves_no_child(
     llama_server_bin: Path, gemma_path: Path, tmp_path: Path
 ) -> None:
-    server = LlamaServer(_spec(llama_server_bin, gemma_path, tmp_path))
+    server = ModelServer(_spec(llama_server_bin, gemma_path, tmp_path))
     with anyio.move_on_after(0.3) as scope:
         await server.run()
     assert scope.cancelled_caught
@@ -166,7 +166,7 @@ async def test_explicit_port_in_use_is_refused(
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(UsageError, match=f"port {port}"):
-            async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path, port=port)):
+            async with ModelServer(_spec(llama_server_bin, tiny_gguf, tmp_path, port=port)):
                 pass
 
 
@@ -175,7 +175,7 @@ async def test_bind_race_is_retried_on_another_port(
 ) -> None:
     # Fault injection: the first "free" port is taken by someone else before the child binds it.
     with _first_port_taken(monkeypatch) as taken_port:
-        async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
+        async with ModelServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
             assert server.port != taken_port
         log = (tmp_path / "m.log").read_text()
         # The child's own line, or (when it exited before its logging thread wrote anything, seen
@@ -188,12 +188,12 @@ def test_parent_sigkill_takes_the_child_down(llama_server_bin: Path, tiny_gguf: 
         f"""
         import sys, time
         from pathlib import Path
-        from rocmforge_supervisor.process import InstanceSpec, LlamaServer
+        from rocmforge_supervisor.process import InstanceSpec, ModelServer
         import anyio
         async def main():
             spec = InstanceSpec(binary=Path({str(llama_server_bin)!r}), model_path=Path({str(tiny_gguf)!r}),
                                 alias="m", ctx_size=512, cpu_only=True, state_dir=Path({str(tmp_path)!r}))
-            async with LlamaServer(spec) as s:
+            async with ModelServer(spec) as s:
                 print(s.pid, flush=True)
                 await anyio.sleep_forever()
         anyio.run(main)
@@ -231,7 +231,7 @@ async def test_sigill_advice_names_the_amx_workaround_where_it_applies(
     llama-server dies of the real SIGILL while loading.)"""
     spec = _spec(fake_bin, tiny_gguf, tmp_path, amx=amx, extra_args=["--fake-die", "SIGILL", *args])
     with pytest.raises(StartFailed) as info:
-        async with LlamaServer(spec):
+        async with ModelServer(spec):
             pass
     err = info.value
     assert err.reason == reason and "SIGILL" in err.message
@@ -250,12 +250,12 @@ async def test_a_child_that_exits_silently_is_judged_by_what_forge_sees(
     child here (exit 1, no output): a port someone else holds is a bind failure (retried on
     another port), a model file that is not there is named, anything else stays a crash."""
     with _first_port_taken(monkeypatch) as taken_port, pytest.raises(StartFailed) as info:
-        async with LlamaServer(_spec(Path("/bin/false"), tiny_gguf, tmp_path)):
+        async with ModelServer(_spec(Path("/bin/false"), tiny_gguf, tmp_path)):
             pass
     assert info.value.reason == "crashed"  # the second port was free: a plain silent crash
     assert f"port {taken_port} is held by another process" in (tmp_path / "m.log").read_text()
 
     with pytest.raises(StartFailed) as missing:
-        async with LlamaServer(_spec(Path("/bin/false"), tmp_path / "gone.gguf", tmp_path)):
+        async with ModelServer(_spec(Path("/bin/false"), tmp_path / "gone.gguf", tmp_path)):
             pass
     assert missing.value.reason == "file_not_found" and "gone.gguf does not exist" in missing.value.message

@@ -12,7 +12,7 @@ import rocmforge_supervisor
 
 PACKAGE = Path(rocmforge_supervisor.__file__).parent
 #: Calls that signal a process: ``os.kill``/``os.killpg``, any ``send_signal``, and a Popen's or
-#: psutil.Process's ``terminate()``/``kill()`` (no arguments: ``LlamaServer.kill(reason)`` is the
+#: psutil.Process's ``terminate()``/``kill()`` (no arguments: ``ModelServer.kill(reason)`` is the
 #: supervisor asking process/ to do it, which is the rule).
 OS_SENDERS = frozenset({"kill", "killpg"})
 BARE_SENDERS = frozenset({"kill", "terminate"})

@@ -14,7 +14,7 @@ import pytest
 
 from rocmforge_supervisor import StartFailed
 from rocmforge_supervisor.config import ForgeSettings
-from rocmforge_supervisor.process import WHISPER_SERVER, InstanceSpec, LlamaServer
+from rocmforge_supervisor.process import WHISPER_SERVER, InstanceSpec, ModelServer
 from rocmforge_supervisor.process._whisper_server import WhisperServerKind
 from tests.support.whisper import whisper_model_or_skip, whisper_server_or_skip
 
@@ -45,7 +45,7 @@ async def test_ready_is_its_first_health_200_and_stop_reaps(
     whisper_bin: Path, forge_settings: ForgeSettings, tmp_path: Path
 ) -> None:
     model, _real = whisper_model_or_skip(forge_settings)
-    async with LlamaServer(_spec(whisper_bin, model, tmp_path)) as server:
+    async with ModelServer(_spec(whisper_bin, model, tmp_path)) as server:
         assert server.state == "ready"
         assert server.child.kind.program == "whisper-server"
         pid = server.pid
@@ -60,7 +60,7 @@ async def test_a_file_that_is_no_whisper_model_is_named_as_such(whisper_bin: Pat
     bad = tmp_path / "ggml-bad.bin"
     bad.write_bytes(b"not a model" * 100)
     with pytest.raises(StartFailed) as info:
-        async with LlamaServer(_spec(whisper_bin, bad, tmp_path)):
+        async with ModelServer(_spec(whisper_bin, bad, tmp_path)):
             pass
     assert info.value.reason == "invalid_model", info.value
     assert "whisper-server for 'stt' failed to start" in str(info.value)
@@ -70,7 +70,7 @@ async def test_a_file_that_is_no_whisper_model_is_named_as_such(whisper_bin: Pat
 def test_a_port_in_use_is_a_bind_failure(whisper_bin: Path, forge_settings: ForgeSettings) -> None:
     """whisper-server's own words for a port someone holds (run directly: forge itself refuses a
     fixed port in use before spawning, and retries an unfixed one) are classified ``bind``, the
-    reason :class:`LlamaServer` retries on another port."""
+    reason :class:`ModelServer` retries on another port."""
     model, _real = whisper_model_or_skip(forge_settings)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

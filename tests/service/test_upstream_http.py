@@ -19,7 +19,7 @@ import pytest
 
 from rocmforge_supervisor._errors import ServerUnavailable
 from rocmforge_supervisor.client import Upstream
-from rocmforge_supervisor.process import InstanceSpec, LlamaServer
+from rocmforge_supervisor.process import InstanceSpec, ModelServer
 from rocmforge_supervisor.service.core._upstream_http import StreamPool, StreamResponse, _Conn, _read_head
 
 pytestmark = pytest.mark.anyio
@@ -78,7 +78,7 @@ def _spec(binary: Path, model: Path, tmp_path: Path) -> InstanceSpec:
     )
 
 
-async def _wire_bytes(server: LlamaServer, body: bytes) -> bytes:
+async def _wire_bytes(server: ModelServer, body: bytes) -> bytes:
     """One streamed answer exactly as the child writes it (head, chunk framing and all)."""
     host, port = server.base_url.removeprefix("http://").split(":")
     request = (
@@ -101,7 +101,7 @@ async def _wire_bytes(server: LlamaServer, body: bytes) -> bytes:
 async def test_real_stream_parses_as_h11_does_in_any_split(
     llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path
 ) -> None:
-    async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
+    async with ModelServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
         raw = await _wire_bytes(server, BODY)
     assert b"Transfer-Encoding: chunked" in raw  # what the parser is for: llama-server's SSE framing
     expected = _h11_body(raw)
@@ -125,7 +125,7 @@ async def test_real_child_reuses_a_finished_connection_and_a_left_stream_frees_t
     llama_server_bin: Path, tiny_gguf: Path, tmp_path: Path
 ) -> None:
     pool = StreamPool()
-    async with LlamaServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
+    async with ModelServer(_spec(llama_server_bin, tiny_gguf, tmp_path)) as server:
         up = Upstream(server.base_url, server.api_key)
         headers = up.headers({"Content-Type": "application/json"})
         with anyio.fail_after(60):

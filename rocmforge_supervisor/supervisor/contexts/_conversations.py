@@ -46,7 +46,7 @@ from ._context_store import SavedContext
 from ._keep_context import SlotState, child_key
 
 if TYPE_CHECKING:
-    from ...process import LlamaServer
+    from ...process import ModelServer
     from ..launch._launch import LaunchPlan
     from ._keep_context import ContextKeeper, SlotBook
 
@@ -62,7 +62,7 @@ class TurnModel(Protocol):
     @property
     def contexts(self) -> ContextKeeper | None: ...
     @property
-    def server(self) -> LlamaServer | None: ...
+    def server(self) -> ModelServer | None: ...
     @property
     def plan(self) -> LaunchPlan | None: ...
     @property
@@ -154,7 +154,7 @@ class ConversationTurn:
         async with book.lock:
             return await self._prepare(server, book)
 
-    async def _prepare(self, server: LlamaServer, book: SlotBook) -> bytes:
+    async def _prepare(self, server: ModelServer, book: SlotBook) -> bytes:
         slots = SlotState.parse(await server.slots(timeout=_SLOTS_TIMEOUT))
         free = {s.id: s for s in slots if not s.processing and s.id not in book.claimed}
         if not free:  # no idle slot to restore into or save from: an ordinary request, which

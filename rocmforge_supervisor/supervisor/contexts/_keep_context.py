@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 
 from ..._errors import InstanceError
-from ...process import LlamaServer
+from ...process import ModelServer
 from .._events import EventBus, EventKind
 from ..launch._launch import LaunchPlan
 from ._context_store import ContextKey, ContextStore, ContextSummary, SavedContext, context_key
@@ -210,7 +210,7 @@ class ContextKeeper:
 
     # -- the stop ------------------------------------------------------------------------------
 
-    async def save(self, server: LlamaServer, plan: LaunchPlan, *, timeout: float) -> list[SavedContext]:
+    async def save(self, server: ModelServer, plan: LaunchPlan, *, timeout: float) -> list[SavedContext]:
         """Save every slot that holds tokens, within ``timeout`` (what is not done by then is
         dropped). The model's earlier saves are replaced by these; then the budget is applied."""
         key = child_key(plan)
@@ -236,7 +236,7 @@ class ContextKeeper:
         return saved
 
     async def _save_one(
-        self, server: LlamaServer, slot: int, temp: str, key: ContextKey
+        self, server: ModelServer, slot: int, temp: str, key: ContextKey
     ) -> SavedContext | None:
         started = time.monotonic()
         try:
@@ -274,7 +274,7 @@ class ContextKeeper:
 
     # -- the start -----------------------------------------------------------------------------
 
-    async def restore(self, server: LlamaServer, plan: LaunchPlan) -> int:
+    async def restore(self, server: ModelServer, plan: LaunchPlan) -> int:
         """Before the first request is let through: the most recent saves that fit this child, one
         per slot. Saves for another model file, KV layout or build are deleted, never loaded; an
         unusable one is a warning and is deleted. Returns the number restored."""
@@ -306,7 +306,7 @@ class ContextKeeper:
         await self.refresh()
         return restored
 
-    async def _restore_one(self, server: LlamaServer, slot: int, entry: SavedContext) -> bool | None:
+    async def _restore_one(self, server: ModelServer, slot: int, entry: SavedContext) -> bool | None:
         """True: restored; False: the child refused it (deleted); None: the child did not answer."""
         started = time.monotonic()
         try:

@@ -21,7 +21,7 @@ from ._loading import wait_ready_within
 from ._status import ModelState, SupervisedModel
 
 if TYPE_CHECKING:
-    from ...process import LlamaServer
+    from ...process import ModelServer
     from ..admission._admission import PriorityClass
 
 __all__ = ["acquire_slot", "wait_until_ready"]
@@ -30,7 +30,7 @@ __all__ = ["acquire_slot", "wait_until_ready"]
 M = TypeVar("M", bound=SupervisedModel)
 
 
-async def wait_until_ready(m: M, start: Callable[[M], None]) -> LlamaServer:
+async def wait_until_ready(m: M, start: Callable[[M], None]) -> ModelServer:
     """Until ready; starts the child (via ``start``) when nothing runs. Raises when it failed."""
     joined = False  # a start this waiter caused or waited on: its refusal is this one's
     while True:
@@ -68,7 +68,7 @@ async def acquire_slot(
     loaded: Callable[[], None] | None = None,
     priority: PriorityClass = "interactive",
     key: str | None = None,
-) -> AsyncIterator[LlamaServer]:
+) -> AsyncIterator[ModelServer]:
     """A slot at the child for one request: waits for load (``loaded`` is called once it is
     ready) and for the concurrency limit, in its ``priority`` class, fair between ``key``s
     (the API key's name; see :mod:`._admission`)."""

@@ -18,7 +18,7 @@ import anyio
 
 from ..._errors import StartFailed
 from ...hardware import cpu_flags
-from ...process import LlamaServer, Outcome, describe_returncode, unwrap_group
+from ...process import ModelServer, Outcome, describe_returncode, unwrap_group
 from .._events import EventKind
 from ..backends._backends import backend_of
 from ._context_steps import restore_context
@@ -41,7 +41,7 @@ _FATAL_START = frozenset(
 async def run_child(m: SupervisedModel, plan: LaunchPlan) -> Outcome:
     """Step 2: one child, from spawn to exit. Returns how it ended."""
     m.plan = plan
-    server = LlamaServer(plan.spec)
+    server = ModelServer(plan.spec)
     m.server = server
     try:
         async with anyio.create_task_group() as tg:
@@ -68,7 +68,7 @@ async def run_child(m: SupervisedModel, plan: LaunchPlan) -> Outcome:
     return _crashed(m, server)
 
 
-def _crashed(m: SupervisedModel, server: LlamaServer) -> Outcome:
+def _crashed(m: SupervisedModel, server: ModelServer) -> Outcome:
     """The child is gone: its exit (and what its log says about why) is the crash's reason."""
     if m.stopping():
         return Outcome.STOPPED
@@ -87,7 +87,7 @@ def _crashed(m: SupervisedModel, server: LlamaServer) -> Outcome:
     return Outcome.CRASHED
 
 
-def _on_ready(m: SupervisedModel, server: LlamaServer) -> None:
+def _on_ready(m: SupervisedModel, server: ModelServer) -> None:
     # Recovered: the last crash is history (``last_crash``, the events, ``restarts``), not
     # the model's present error.
     if m.last_error is not None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ._status import ModelState, SupervisedModel
 
 if TYPE_CHECKING:
-    from ...process import LlamaServer
+    from ...process import ModelServer
     from ..launch._launch import LaunchPlan
 
 __all__ = ["keeps_context", "restore_context", "save_context", "snapshot_context"]
@@ -28,13 +28,13 @@ def keeps_context(m: SupervisedModel, plan: LaunchPlan | None) -> bool:
     return m.contexts is not None and plan is not None and plan.slot_save_dir is not None
 
 
-async def restore_context(m: SupervisedModel, server: LlamaServer, plan: LaunchPlan) -> None:
+async def restore_context(m: SupervisedModel, server: ModelServer, plan: LaunchPlan) -> None:
     """Saved slots back into the new child before ``ready`` lets the first request through."""
     if keeps_context(m, plan) and m.contexts is not None and not m.stopping():
         await m.contexts.restore(server, plan)
 
 
-async def save_context(m: SupervisedModel, server: LlamaServer, reason: str) -> float:
+async def save_context(m: SupervisedModel, server: ModelServer, reason: str) -> float:
     """At a planned stop: save the slots within ``stop_timeout``. Returns the seconds left of
     it for the stop itself (at least 1 s of grace: the save never takes the child's SIGTERM
     grace away entirely)."""

@@ -20,7 +20,7 @@ from ..._errors import ModelLoading
 from ._status import SupervisedModel
 
 if TYPE_CHECKING:
-    from ...process import LlamaServer
+    from ...process import ModelServer
 
 __all__ = ["loading_info", "wait_ready_within"]
 
@@ -38,7 +38,7 @@ def loading_info(m: M) -> dict[str, object]:
     return {"state": m.state.value, "progress": progress, "eta_seconds": eta}
 
 
-async def wait_ready_within(m: M, start: Callable[[M], None], load_wait: float | None) -> LlamaServer:
+async def wait_ready_within(m: M, start: Callable[[M], None], load_wait: float | None) -> ModelServer:
     """``m.wait_ready(start)``, but at most ``load_wait`` s (None: as long as it takes). Called
     only while the model is not ready (:meth:`ManagedModel.acquire` serves a loaded one itself)."""
     if load_wait is None:

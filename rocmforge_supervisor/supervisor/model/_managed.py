@@ -9,7 +9,7 @@ announced (:meth:`restarting`) and the backoff waited. Requests only wait on sta
 take a slot of the model's admission queue (:mod:`._acquire`, :mod:`._admission`: priority
 classes, fair between keys). The states and the moves between them are in :mod:`._status`;
 ``keep_context``'s saves and restores in :mod:`._context_steps`. Nothing here formats HTTP (errors
-are typed and mapped at the edge) or signals a process (``LlamaServer`` does).
+are typed and mapped at the edge) or signals a process (``ModelServer`` does).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import anyio.abc
 
 from ..._errors import ResidencyConflict
 from ...config import ModelConfig, SupervisorConfig
-from ...process import Breaker, LlamaServer, Outcome, RestartPolicy, restart_loop
+from ...process import Breaker, ModelServer, Outcome, RestartPolicy, restart_loop
 from .._events import EventBus, EventKind
 from ..admission._admission import Admission, PriorityClass
 from ..contexts._keep_context import ContextKeeper
@@ -82,7 +82,7 @@ class ManagedModel:
             crash_loop_max=policy.crash_loop_max,
             crash_loop_window=policy.crash_loop_window,
         )
-        self.server: LlamaServer | None = None
+        self.server: ModelServer | None = None
         self.plan: LaunchPlan | None = None
         self.in_flight = self.waiting = self.requests_total = 0
         self.last_used = time.monotonic()
@@ -307,7 +307,7 @@ class ManagedModel:
 
     # -- requests ------------------------------------------------------------------------------
 
-    async def wait_ready(self, start: Callable[[ManagedModel], None]) -> LlamaServer:
+    async def wait_ready(self, start: Callable[[ManagedModel], None]) -> ModelServer:
         """Until ready, starting the child when nothing runs (:func:`~._acquire.wait_until_ready`)."""
         return await wait_until_ready(self, start)
 
@@ -328,7 +328,7 @@ class ManagedModel:
         loaded: Callable[[], None] | None = None,
         priority: PriorityClass = "interactive",
         key: str | None = None,
-    ) -> AbstractAsyncContextManager[LlamaServer]:
+    ) -> AbstractAsyncContextManager[ModelServer]:
         """A slot at the child for one request, fair between priority classes and keys
         (:func:`~._acquire.acquire_slot`)."""
         return acquire_slot(self, start, load_wait, loaded, priority, key)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from ..._errors import ResidencyConflict
     from ...config import ModelConfig, SupervisorConfig
-    from ...process import LlamaServer, RestartPolicy
+    from ...process import ModelServer, RestartPolicy
     from .._events import EventBus
     from ..admission._admission import Admission
     from ..contexts._keep_context import ContextKeeper
@@ -221,7 +221,7 @@ class SupervisedModel(Protocol):
 
     name: str
     # Written by the rooms as the child's life goes on:
-    server: LlamaServer | None
+    server: ModelServer | None
     plan: LaunchPlan | None
     in_flight: int
     waiting: int
@@ -290,7 +290,7 @@ class SupervisedModel(Protocol):
     def _set_state(self, state: ModelState, **data: Any) -> None: ...
     def _fail(self, reason: str, stderr: list[str], *, kind: str) -> None: ...
     async def unload(self, reason: str = "unload", *, save: bool = True) -> None: ...
-    async def wait_ready(self, start: Callable[[Self], None]) -> LlamaServer: ...
+    async def wait_ready(self, start: Callable[[Self], None]) -> ModelServer: ...
 
 
 def model_status(m: SupervisedModel) -> ModelStatus:

@@ -1,7 +1,7 @@
 """A model's watchers, one task each while its child runs: health (a hung child is killed),
 progress (a stalled decode is killed), sleep (``sleep_idle``: whether the child freed its model)
 and TTL (an idle model is unloaded). Each reads the model it watches and acts through its child
-(``LlamaServer.kill``) or its public steps (``unload``); the lifecycle in :mod:`._managed` starts
+(``ModelServer.kill``) or its public steps (``unload``); the lifecycle in :mod:`._managed` starts
 and cancels them with the child.
 """
 
@@ -17,7 +17,7 @@ from .._events import EventKind
 from ._watchdog import ProgressWatch, poll_interval, slots_signature
 
 if TYPE_CHECKING:
-    from ...process import LlamaServer
+    from ...process import ModelServer
     from ._status import SupervisedModel
 
 __all__ = ["watch_health", "watch_progress", "watch_sleep", "watch_ttl"]
@@ -25,7 +25,7 @@ __all__ = ["watch_health", "watch_progress", "watch_sleep", "watch_ttl"]
 log = logging.getLogger("rocmforge.supervisor")
 
 
-async def watch_health(m: SupervisedModel, server: LlamaServer) -> None:
+async def watch_health(m: SupervisedModel, server: ModelServer) -> None:
     """A child that has not answered ``/health`` for ``health_interval × health_failures``
     seconds (SIGSTOP, deadlock) is killed.
 
@@ -70,7 +70,7 @@ async def watch_health(m: SupervisedModel, server: LlamaServer) -> None:
     server.kill(m.last_error)
 
 
-async def watch_progress(m: SupervisedModel, server: LlamaServer) -> None:
+async def watch_progress(m: SupervisedModel, server: ModelServer) -> None:
     """A child busy with our requests whose slots make no progress for ``stall_timeout`` is
     stalled (a wedged decode answers /health all the same: see ``_watchdog``): killed, and
     restarted through the crash path, which counts it in the breaker. The timeout is read at
@@ -98,7 +98,7 @@ async def watch_progress(m: SupervisedModel, server: LlamaServer) -> None:
             return
 
 
-async def watch_sleep(m: SupervisedModel, server: LlamaServer) -> None:
+async def watch_sleep(m: SupervisedModel, server: ModelServer) -> None:
     """Whether the child sleeps (``sleep_idle``): ``/props``' ``is_sleeping``, which does not
     wake it, read every second; a change is an event, and the status says it."""
     try:
