@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...config import AdapterConfig, ModelConfig, VariantConfig
+from ._routes import FORWARDED
 
 __all__ = [
     "LENGTHS",
@@ -52,46 +53,11 @@ _LATEST = ":latest"
 #: ``max_output_tokens`` into ``max_tokens``).
 LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
 
-_OPENAI, _NATIVE, _RESPONSES = "max_tokens", "n_predict", "max_output_tokens"
+_OPENAI, _RESPONSES = "max_tokens", "max_output_tokens"
 #: Each upstream route → the field its own API bounds an answer's length with; None for a route
-#: that generates no text. Every route of ``_routes.FORWARDED`` is here (a test keeps it so), and
-#: the paths Ollama's requests are translated to are among them.
-LENGTH_FIELD: dict[str, str | None] = {
-    "/v1/chat/completions": _OPENAI,
-    "/chat/completions": _OPENAI,
-    "/v1/completions": _OPENAI,
-    "/v1/messages": _OPENAI,  # Anthropic's max_tokens
-    "/completion": _NATIVE,
-    "/completions": _NATIVE,  # llama-server's native route, as /completion
-    "/infill": _NATIVE,
-    "/v1/responses": _RESPONSES,
-    "/responses": _RESPONSES,
-    **dict.fromkeys(
-        (
-            "/v1/chat/completions/input_tokens",
-            "/chat/completions/input_tokens",
-            "/v1/responses/input_tokens",
-            "/responses/input_tokens",
-            "/v1/messages/count_tokens",
-            "/v1/embeddings",
-            "/embeddings",
-            "/embedding",
-            "/v1/rerank",
-            "/v1/reranking",
-            "/rerank",
-            "/reranking",
-            "/tokenize",
-            "/detokenize",
-            "/apply-template",
-            "/v1/audio/transcriptions",
-            "/audio/transcriptions",
-            "/v1/audio/translations",
-            "/audio/translations",
-            "/props",
-            "/slots",
-        )
-    ),
-}
+#: that generates no text: the route table's column. The paths Ollama's requests are translated
+#: to are among them.
+LENGTH_FIELD: dict[str, str | None] = {r.path: r.length for r in FORWARDED}
 
 
 def length_field(path: str) -> str | None:

@@ -1,4 +1,6 @@
-"""Which llama-server routes the gateway forwards, how each names its model, and its API dialect.
+"""The model routes' table: every llama-server route the gateway forwards, with all it is in one
+row (how it names its model, its dialect, its body's checks, its length field, its stream's end
+marker, reranking, audio) — the other modules read these columns, not lists of their own.
 
 The list is the pinned llama-server's (``tools/server/server.cpp`` at 4df29be, the same set its
 own router mode forwards): every route that takes a model. Nothing is translated for llama-server
@@ -16,7 +18,7 @@ Ollama clients ``{"error":"…"}``, everyone else OpenAI's ``{"error":{"message"
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,12 +31,14 @@ __all__ = [
     "MODEL_PATHS",
     "OLLAMA_MODEL_USE",
     "OLLAMA_PATHS",
+    "ROUTE_OF",
     "Dialect",
     "ForwardRoute",
     "dialect_for_path",
     "model_from_request",
     "replayed",
     "resolve_name",
+    "route_of",
     "takes_json",
 ]
 
@@ -42,33 +46,96 @@ Dialect = Literal["openai", "anthropic", "ollama"]
 ModelFrom = Literal["json", "form", "query"]
 
 
+#: Which field checks (``proxy/_validate.CHECKS``) a JSON route gets; "" checks only ``model``.
+Checks = Literal["", "chat", "completion", "embedding", "messages"]
+#: What an audio upload route asks of a whisper model.
+Audio = Literal["", "transcribe", "translate"]
+
+
 @dataclass(frozen=True)
 class ForwardRoute:
+    """One model route of the gateway, all it is in one row: where its model is named, its
+    dialect, the checks its body gets, the field that bounds its answer, what ends a complete
+    stream of it, whether it reranks or uploads audio. Every part of the gateway that treats a
+    route in its own way reads it here (the scope matrix adds who may see it: a model route's
+    answer is about the model it names)."""
+
     path: str
     method: Literal["GET", "POST"] = "POST"
     model_from: ModelFrom = "json"
     dialect: Dialect = "openai"
+    checks: Checks = ""
+    #: The field its API bounds an answer's length with (None: it generates no text).
+    length: str | None = None
+    #: What the last event of a complete stream contains (a stream that ends without it was cut).
+    end_marker: bytes | None = None
+    rerank: bool = False
+    audio: Audio = ""
+
+    @property
+    def generates(self) -> bool:
+        """It generates text (a reranker refuses it; a generating model refuses reranking)."""
+        return self.length is not None
 
 
-def _post(*paths: str, model_from: ModelFrom = "json", dialect: Dialect = "openai") -> list[ForwardRoute]:
-    return [ForwardRoute(p, "POST", model_from, dialect) for p in paths]
+_route = ForwardRoute
+_DONE = b"[DONE]"
 
 
-#: Every model route of the pinned llama-server, forwarded as-is to the named model's child.
+def _chat(path: str) -> ForwardRoute:
+    return ForwardRoute(path, checks="chat", length="max_tokens", end_marker=_DONE)
+
+
+def _native(path: str) -> ForwardRoute:
+    """llama-server's own completion routes."""
+    return ForwardRoute(path, length="n_predict", end_marker=b'"stop":true')
+
+
+def _responses(path: str) -> ForwardRoute:
+    return ForwardRoute(path, length="max_output_tokens", end_marker=b"response.completed")
+
+
+#: Every model route of the pinned llama-server, forwarded as-is to the named model's child: the
+#: one table of the model routes.
 FORWARDED: tuple[ForwardRoute, ...] = (
-    *_post("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion"),
-    *_post("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"),
-    *_post("/v1/responses", "/responses", "/v1/responses/input_tokens", "/responses/input_tokens"),
-    *_post("/v1/messages", "/v1/messages/count_tokens", dialect="anthropic"),
-    *_post("/v1/embeddings", "/embeddings", "/embedding"),
-    *_post("/v1/rerank", "/v1/reranking", "/rerank", "/reranking"),
-    *_post("/infill", "/tokenize", "/detokenize", "/apply-template"),
-    *_post("/v1/audio/transcriptions", "/audio/transcriptions", model_from="form"),
+    _chat("/v1/chat/completions"),
+    _chat("/chat/completions"),
+    _route("/v1/completions", checks="completion", length="max_tokens", end_marker=_DONE),
+    _native("/completions"),  # llama-server's native route, as /completion
+    _native("/completion"),
+    _route("/v1/chat/completions/input_tokens"),
+    _route("/chat/completions/input_tokens"),
+    _responses("/v1/responses"),
+    _responses("/responses"),
+    _route("/v1/responses/input_tokens"),
+    _route("/responses/input_tokens"),
+    _route("/v1/messages", dialect="anthropic", checks="messages", length="max_tokens", end_marker=b"message_stop"),
+    _route("/v1/messages/count_tokens", dialect="anthropic"),
+    _route("/v1/embeddings", checks="embedding"),
+    _route("/embeddings"),
+    _route("/embedding"),
+    *(_route(p, rerank=True) for p in ("/v1/rerank", "/v1/reranking", "/rerank", "/reranking")),
+    _native("/infill"),
+    _route("/tokenize"),
+    _route("/detokenize"),
+    _route("/apply-template"),
+    _route("/v1/audio/transcriptions", model_from="form", end_marker=_DONE, audio="transcribe"),
+    _route("/audio/transcriptions", model_from="form", end_marker=_DONE, audio="transcribe"),
     # whisper models only (backend = "whisper": service/proxy/_audio translates both audio routes)
-    *_post("/v1/audio/translations", "/audio/translations", model_from="form"),
-    ForwardRoute("/props", "GET", "query"),
-    ForwardRoute("/slots", "GET", "query"),
-)
+    _route("/v1/audio/translations", model_from="form", audio="translate"),
+    _route("/audio/translations", model_from="form", audio="translate"),
+    _route("/props", method="GET", model_from="query"),
+    _route("/slots", method="GET", model_from="query"),
+)  # fmt: skip
+
+#: The model routes by path (each path is one route: one method).
+ROUTE_OF: Mapping[str, ForwardRoute] = {r.path: r for r in FORWARDED}
+
+
+def route_of(path: str) -> ForwardRoute | None:
+    """The model route at ``path`` (an upstream path: its query ignored); None for another."""
+    return ROUTE_OF.get(path.partition("?")[0])
+
 
 #: The Ollama API's paths (Ollama's own server has these under /api; the control API keeps its
 #: paths — /api/models, /api/events, /api/reload, /api/openapi.json — which Ollama does not use).

@@ -18,6 +18,7 @@ from ...config import ForgeConfig, ForgeSettings, ServerConfig
 from ...supervisor import Supervisor
 from ._metrics import Metrics
 from ._recording import Recorder
+from ._routes import FORWARDED
 from ._upstream_http import StreamPool
 
 __all__ = ["AUDIO_PATHS", "GatewayState", "body_limit", "read_body", "request_id", "state_of", "too_large"]
@@ -97,9 +98,7 @@ def request_id(request: Request) -> str | None:
 #: Multipart framing and the text fields beside an audio file: what an upload may add to its file.
 _FORM_OVERHEAD = 1024 * 1024
 #: The audio upload routes (whisper models take files up to ``audio_max_bytes`` on them).
-AUDIO_PATHS = frozenset(
-    {"/v1/audio/transcriptions", "/audio/transcriptions", "/v1/audio/translations", "/audio/translations"}
-)
+AUDIO_PATHS = frozenset(r.path for r in FORWARDED if r.audio)
 
 
 def body_limit(st: GatewayState, path: str) -> int:

@@ -33,6 +33,7 @@ import httpx
 from starlette.requests import Request
 
 from ..._errors import InvalidRequest, PayloadTooLarge, ServerError
+from ..core._routes import FORWARDED
 from ._upload import read_upload
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
-_TRANSLATION_PATHS = frozenset({"/v1/audio/translations", "/audio/translations"})
+_TRANSLATION_PATHS = frozenset(r.path for r in FORWARDED if r.audio == "translate")
 
 #: What whisper.cpp decodes itself (``examples/common-whisper.cpp``: miniaudio's WAV, MP3 and FLAC,
 #: stb_vorbis for Ogg Vorbis); M4A and WebM only through ffmpeg (``--convert``).

@@ -60,15 +60,6 @@ __all__ = ["FORWARDED", "open_upstream", "routes"]
 
 log = logging.getLogger("rocmforge.gateway")
 
-#: Which field checks (``_validate.CHECKS``) a JSON route gets; the others check only ``model``.
-_KINDS: dict[str, str] = {
-    "/v1/chat/completions": "chat",
-    "/chat/completions": "chat",
-    "/v1/completions": "completion",
-    "/v1/embeddings": "embedding",
-    "/v1/messages": "messages",
-}
-
 
 def _checked_json(
     st: GatewayState, route: ForwardRoute, body: bytes
@@ -85,8 +76,7 @@ def _checked_json(
             'the request has no "model" field', param="model", hint="name one of GET /v1/models"
         )
     note_model(asked)  # a request refused for a field still names its model in the activity log
-    kind = _KINDS.get(route.path, "")
-    shape = check_fields(payload, kind)
+    shape = check_fields(payload, route.checks)
     served = split_name(asked, st.supervisor.names(), st.supervisor.config_of)
     default = st.supervisor.config_of(served.model).max_tokens  # 404 before queueing
     rewritten = rewrite(payload, served, anthropic=route.dialect == "anthropic", path=route.path)
@@ -141,7 +131,6 @@ def _anthropic_to_chat(
     return "/v1/chat/completions", json.dumps(chat_body(payload)).encode(), answer
 
 
-_CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 #: Per model: whether its OpenAI chat requests are translated to Anthropic's Messages, with the
 #: configuration that was decided for (as :data:`_TRANSLATED`).
 _TO_MESSAGES: dict[str, tuple[ModelConfig, bool]] = {}
@@ -190,7 +179,7 @@ def _endpoint(route: ForwardRoute) -> Callable[[Request], Any]:
                     check_media(st.supervisor, name, payload, allow_remote=st.server.allow_remote_media)
                 if dialect == "anthropic":  # checked in Anthropic's terms; then, where it must be, translated
                     translated = _anthropic_to_chat(st, name, served.asked, route.path, payload)
-                elif route.path in _CHAT_PATHS:  # OpenAI chat to a server of Anthropic's Messages only
+                elif route.checks == "chat":  # OpenAI chat to a server of Anthropic's Messages only
                     translated = _chat_to_messages(st, name, served.asked, payload)
             else:
                 asked, stream = await model_from_request(route, request, body)

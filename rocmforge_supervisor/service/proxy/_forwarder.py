@@ -40,7 +40,7 @@ from ..core._recording import (
     note_slot,
     note_status,
 )
-from ..core._routes import ForwardRoute
+from ..core._routes import ForwardRoute, route_of
 from ..core._state import GatewayState
 from ..core._upstream_http import StreamResponse, supports
 from ..core._usage import StreamMeter, Used, used_in
@@ -56,22 +56,6 @@ _PASS_HEADERS = ("content-type",)
 
 #: The longest a streamed turn's save may hold its slot after the answer (a slow disk).
 _TURN_SAVE_TIMEOUT = 30.0
-
-#: What the last event of a complete stream contains, per route: a stream that ends without it
-#: was cut (the child died), and the client is told so with an error event.
-_END_MARKERS: dict[str, bytes] = {
-    "/v1/chat/completions": b"[DONE]",
-    "/chat/completions": b"[DONE]",
-    "/v1/completions": b"[DONE]",
-    "/v1/audio/transcriptions": b"[DONE]",
-    "/audio/transcriptions": b"[DONE]",
-    "/v1/messages": b"message_stop",
-    "/v1/responses": b"response.completed",
-    "/responses": b"response.completed",
-    "/completion": b'"stop":true',
-    "/completions": b'"stop":true',
-    "/infill": b'"stop":true',
-}
 
 
 def _upstream_model(st: GatewayState, name: str) -> UpstreamModel:
@@ -456,7 +440,8 @@ class Forwarder:
         self, upstream: httpx.Response | StreamResponse, meter: StreamMeter, kept: list[bytes] | None
     ) -> AsyncGenerator[bytes, None]:
         first = True
-        marker = _END_MARKERS.get(self.upstream_path)
+        route = route_of(self.upstream_path)
+        marker = route.end_marker if route is not None else None
         try:
             translator = self.translator
             if translator is None:  # the hot path: the child's bytes as they come

@@ -15,17 +15,14 @@ from ..._argv import normalise_flag
 from ..._errors import InvalidRequest
 from ...config import ModelConfig
 from ...supervisor import backend_of
+from ..core._routes import FORWARDED
 
 __all__ = ["RERANK_ROUTES", "refuse_wrong_kind", "reranks"]
 
-RERANK_ROUTES = frozenset({"/v1/rerank", "/v1/reranking", "/rerank", "/reranking"})
-#: The routes that generate text (Ollama's /api/chat and /api/generate arrive as the first ones).
-_GENERATING = frozenset(
-    {
-        "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion",
-        "/v1/responses", "/responses", "/v1/messages", "/infill",
-    }
-)  # fmt: skip
+#: The reranking routes, and those that generate text (Ollama's /api/chat and /api/generate
+#: arrive as the first ones): the route table's.
+RERANK_ROUTES = frozenset(r.path for r in FORWARDED if r.rerank)
+_GENERATING = frozenset(r.path for r in FORWARDED if r.generates)
 
 
 def reranks(config: ModelConfig) -> bool:

@@ -182,7 +182,7 @@ _SAMPLING: dict[str, Check] = {
     "user": _str,
 }
 
-#: Field checks per forwarded route kind (see ``_proxy.FORWARDED``).
+#: Field checks per route, by the route table's ``checks`` column (``core/_routes.FORWARDED``).
 CHECKS: dict[str, dict[str, Check]] = {
     "chat": {
         **_SAMPLING,
