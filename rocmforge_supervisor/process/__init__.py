@@ -1,14 +1,17 @@
 """The server processes forge owns: one lifecycle (spawn, logs, readiness, stop, restart policy),
-llama-server and rpc-server on top of it."""
+llama-server and rpc-server on top of it; another model server's kind and program are its
+backend's (``supervisor/backends/``), on the same lifecycle."""
 
+from ._child import ChildKind, ChildProcess, HttpOk, LogLine, Readiness
 from ._env import clean_child_env
 from ._groups import GroupReaper, kill_process_group, stop_process_group
 from ._instance import LlamaServer, ModelServer
 from ._ledger import ChildLedger
 from ._logs import IDLE_LINE_RE, LogRing, classify_failure, crash_cause, without_idle
+from ._model_kind import ModelServerKind
 from ._ports import free_port, port_is_free
 from ._probe import ProbeRun, probe_server
-from ._programs import LLAMA_SERVER, WHISPER_SERVER, CommandProgram, ServerProgram
+from ._programs import LLAMA_SERVER, WHISPER_SERVER, KnownServer, ServerProgram, SpecFields
 from ._restart import Breaker, ChildEvent, Life, Outcome, RestartPolicy, restart_loop
 from ._rpc_worker import RpcWorker, WorkerEvent, WorkerSpec, is_loopback_host, run_supervised, worker_specs
 from ._sdnotify import SdNotifier
@@ -22,21 +25,28 @@ __all__ = [
     "WHISPER_SERVER",
     "Breaker",
     "ChildEvent",
+    "ChildKind",
     "ChildLedger",
-    "CommandProgram",
+    "ChildProcess",
     "GroupReaper",
+    "HttpOk",
     "InstanceSpec",
     "InstanceState",
+    "KnownServer",
     "Life",
     "LlamaServer",
+    "LogLine",
     "LogRing",
     "ModelServer",
+    "ModelServerKind",
     "Outcome",
     "ProbeRun",
+    "Readiness",
     "RestartPolicy",
     "RpcWorker",
     "SdNotifier",
     "ServerProgram",
+    "SpecFields",
     "StateDirLock",
     "WorkerEvent",
     "WorkerSpec",

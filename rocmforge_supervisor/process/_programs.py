@@ -1,28 +1,27 @@
 """Which server program a model child runs: how its command line is built, which
 :class:`~._child.ChildKind` describes it, what tells that it is ready, whether it takes forge's key.
 
-One value per kind of model server (:data:`LLAMA_SERVER`, :data:`WHISPER_SERVER`, a
-:class:`CommandProgram` per ``backend = "command"`` model) on :attr:`InstanceSpec.program`; the
-rest of a child's life is the same :class:`~._instance.ModelServer` for all of them, so nothing
-in ``process/`` asks which backend a model has.
+One value per kind of model server on :attr:`InstanceSpec.program`; the rest of a child's life is
+the same :class:`~._instance.ModelServer` for all of them, so nothing in ``process/`` asks which
+backend a model has. The servers forge builds are here, since their build's self-test (``binaries/``)
+runs them too: llama-server's (:data:`LLAMA_SERVER`, the default) and whisper-server's
+(:data:`WHISPER_SERVER`); a user's command is its backend's (``supervisor/backends/command``).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from .._argv import server_argv
 from .._whisper_argv import whisper_argv
-from ._child import ChildKind, HttpOk, LogLine, Readiness
-from ._command_server import CommandServerKind, command_argv
+from ._child import ChildKind, Readiness
 from ._llama_kind import LlamaServerKind
 from ._whisper_server import WhisperServerKind
 
-__all__ = ["LLAMA_SERVER", "WHISPER_SERVER", "CommandProgram", "ServerProgram", "SpecFields"]
+__all__ = ["LLAMA_SERVER", "WHISPER_SERVER", "KnownServer", "ServerProgram", "SpecFields"]
 
 
 class SpecFields(Protocol):
@@ -80,7 +79,7 @@ class ServerProgram(Protocol):
         ...
 
 
-class _KnownServer:
+class KnownServer:
     """A server forge knows (llama-server, whisper-server): its kind's readiness, no extra
     environment, ``/health`` for liveness."""
 
@@ -95,7 +94,7 @@ class _KnownServer:
 
 
 @dataclass(frozen=True)
-class _LlamaServer(_KnownServer):
+class _LlamaServer(KnownServer):
     takes_key: bool = True
 
     def argv(self, spec: SpecFields, port: int, api_key_file: Path | None) -> list[str]:
@@ -120,7 +119,7 @@ class _LlamaServer(_KnownServer):
 
 
 @dataclass(frozen=True)
-class _WhisperServer(_KnownServer):
+class _WhisperServer(KnownServer):
     takes_key: bool = False  # whisper-server has no API key
 
     def argv(self, spec: SpecFields, port: int, api_key_file: Path | None) -> list[str]:
@@ -139,38 +138,3 @@ class _WhisperServer(_KnownServer):
 
 LLAMA_SERVER: ServerProgram = _LlamaServer()
 WHISPER_SERVER: ServerProgram = _WhisperServer()
-
-
-@dataclass(frozen=True)
-class CommandProgram:
-    """A user's OpenAI-compatible server (``backend = "command"``): ``cmd`` with ``${PORT}``,
-    ``${HOST}``, ``${MODEL}``, ``${NAME}``; ready when ``GET health`` answers 200, or (``ready_log``)
-    when it prints a matching line. ``spec.extra_args`` are appended (the model's ``args``)."""
-
-    cmd: tuple[str, ...]
-    health: str = "/health"
-    ready_log: str | None = None
-    extra_env: Mapping[str, str] = field(default_factory=dict)
-    #: What ``${MODEL}`` becomes: the model's path as configured (not necessarily a file).
-    model: str = ""
-    takes_key: bool = False
-
-    def argv(self, spec: SpecFields, port: int, api_key_file: Path | None) -> list[str]:
-        filled = command_argv(self.cmd, port=port, host=spec.host, model=self.model, name=spec.alias)
-        return [*filled, *spec.extra_args]
-
-    def kind(self, spec: SpecFields) -> ChildKind:
-        sign = f"the log line {self.ready_log!r}" if self.ready_log else f"GET {self.health} = 200"
-        return CommandServerKind(spec.alias, str(spec.log_path) if spec.log_path else None, ready_sign=sign)
-
-    def readiness(self) -> Readiness | None:
-        if self.ready_log:
-            return LogLine(re.compile(self.ready_log))
-        return HttpOk(self.health)
-
-    def env(self) -> Mapping[str, str]:
-        return self.extra_env
-
-    def liveness(self) -> tuple[str, bool]:
-        # Ready by a log line: it may have no health route; any HTTP answer says it is not hung.
-        return ("/", True) if self.ready_log else (self.health, False)

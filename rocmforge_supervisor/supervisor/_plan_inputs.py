@@ -16,8 +16,8 @@ from ..config import ForgeConfig, ForgeSettings, ModelConfig
 from ..config._backends import CONFIGURABLE, BackendName
 from ..hardware import Inventory
 from ..models import embedded_models, inspect_whisper, resolve_hf_file, resolve_model_path
-from .backends._command import command_request
-from .backends._whisper import whisper_request
+from .backends.command import command_request
+from .backends.whisper import whisper_request
 from .launch._launch import ModelSpec, placement_request, resolve
 from .placement._config_plan import ConfigPlan, PlanEntry, plan_config
 from .placement._placement_types import PlacementPolicy, PlacementRequest, SizedRequest

@@ -52,3 +52,19 @@ def test_no_module_outside_the_tables_asks_which_backend() -> None:
 def test_the_check_sees_a_question() -> None:
     code = 'if m.config.backend == "whisper": pass\nif backend != "command": pass\nif b == "hip": pass\n'
     assert _asks_for_a_backend(ast.parse(code)) == [1, 2]
+
+
+def test_each_backend_is_a_folder_whose_entry_is_in_the_table() -> None:
+    """Adding a backend is its folder under supervisor/backends/ (making its ``BACKEND``) and one
+    line of the table: every entry comes from the folder of its name, and every folder is listed."""
+    import importlib
+
+    folders = {
+        p.parent.name
+        for p in (PACKAGE / "supervisor" / "backends").glob("*/__init__.py")
+        if not p.parent.name.startswith("_")
+    }
+    assert folders == set(BACKENDS)
+    for name, entry in BACKENDS.items():
+        module = importlib.import_module(f"rocmforge_supervisor.supervisor.backends.{name}")
+        assert module.BACKEND is entry

@@ -16,8 +16,8 @@ from rocmforge_supervisor._errors import PlacementError, ResidencyConflict
 from rocmforge_supervisor.config import GpuChoice, ModelConfig
 from rocmforge_supervisor.hardware._types import Inventory
 from rocmforge_supervisor.models._gguf import GGUFInfo
-from rocmforge_supervisor.supervisor.backends._command import command_request
-from rocmforge_supervisor.supervisor.backends._whisper import whisper_request
+from rocmforge_supervisor.supervisor.backends.command import command_request
+from rocmforge_supervisor.supervisor.backends.whisper import whisper_request
 from rocmforge_supervisor.supervisor.placement._placement import LoadedModel, PlacementPolicy, place
 from rocmforge_supervisor.supervisor.placement._residency import GroupRule, Residency
 from tests.models.conftest import GIB

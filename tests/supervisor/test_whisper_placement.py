@@ -13,7 +13,7 @@ from rocmforge_supervisor.config import GpuChoice
 from rocmforge_supervisor.hardware._types import Inventory
 from rocmforge_supervisor.models import inspect_whisper, whisper_state_bytes
 from rocmforge_supervisor.models._gguf import GGUFInfo
-from rocmforge_supervisor.supervisor.backends._whisper import whisper_request
+from rocmforge_supervisor.supervisor.backends.whisper import whisper_request
 from rocmforge_supervisor.supervisor.placement._placement import LoadedModel, PlacementDecision, place
 from tests.models.conftest import GIB
 from tests.supervisor.test_placement import KFD, amd, cpu, one_7900xtx

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import anyio
 
-from ...binaries import locate_whisper_server
-from ...binaries._locate import build_info_of
-from ...config import ForgeSettings, GpuChoice
-from ...models import (
+from ....binaries import locate_whisper_server
+from ....binaries._locate import build_info_of
+from ....config import ForgeSettings, GpuChoice
+from ....models import (
     GGUFInfo,
     WhisperLedgerFeed,
     inspect_whisper,
@@ -32,11 +32,11 @@ from ...models import (
     resolve_model_path,
     whisper_state_bytes,
 )
-from ...process import WHISPER_SERVER
-from ..launch._launch import LaunchPlan
-from ..placement._placement_types import SizedRequest
-from ._host import HostedModel, PlacementHost
-from ._sized_plan import SizedChild, plan_sized
+from ....process import WHISPER_SERVER
+from ...launch._launch import LaunchPlan
+from ...placement._placement_types import SizedRequest
+from .._host import HostedModel, PlacementHost
+from .._sized_plan import SizedChild, plan_sized
 
 __all__ = ["plan_whisper", "whisper_request"]
 

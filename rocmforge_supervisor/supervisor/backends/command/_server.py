@@ -21,9 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._errors import StartFailed
-from ._child import ChildProcess
-from ._model_kind import ModelServerKind
+from ...._errors import StartFailed
+from ....process import ChildProcess, ModelServerKind
 
 __all__ = ["CommandServerKind", "command_argv"]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import anyio
 
-from ..._errors import PlacementError, ResidencyBusy, ResidencyConflict
-from ...hardware import Inventory, discover_workers
-from ..launch._launch import (
+from ...._errors import PlacementError, ResidencyBusy, ResidencyConflict
+from ....hardware import Inventory, discover_workers
+from ...launch._launch import (
     LaunchPlan,
     ModelSpec,
     ResolvedModel,
@@ -22,9 +22,9 @@ from ..launch._launch import (
     placement_request,
     resolve,
 )
-from ..placement._placement import PlacementDecision
-from ._evicting import place_here
-from ._host import HostedModel, PlacementHost
+from ...placement._placement import PlacementDecision
+from .._evicting import place_here
+from .._host import HostedModel, PlacementHost
 
 __all__ = ["plan_llama"]
 

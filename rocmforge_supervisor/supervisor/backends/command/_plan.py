@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...config import ModelConfig
-from ...models import GGUFInfo
-from ...process import CommandProgram
-from ..launch._launch import LaunchPlan
-from ..placement._placement_types import SizedRequest
-from ._host import HostedModel, PlacementHost
-from ._sized_plan import SizedChild, plan_sized
+from ....config import ModelConfig
+from ....models import GGUFInfo
+from ...launch._launch import LaunchPlan
+from ...placement._placement_types import SizedRequest
+from .._host import HostedModel, PlacementHost
+from .._sized_plan import SizedChild, plan_sized
+from ._program import CommandProgram
 
 __all__ = ["command_info", "command_request", "plan_command"]
 
