@@ -110,7 +110,9 @@ async def test_slow_but_moving_is_not_reset(
             }
         }
     )
-    async with running(cfg, llama_server_bin) as sup:
+    # The request alone takes ~15-18 s at one thread here (running()'s default bound is 20 s, for
+    # the whole load and request: too tight on a loaded machine).
+    async with running(cfg, llama_server_bin, timeout=120) as sup:
         m = sup.get("m")
         prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 60)
         async with sup.acquire("m") as upstream:
