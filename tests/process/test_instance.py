@@ -128,9 +128,12 @@ async def test_missing_file_is_classified(llama_server_bin: Path, tmp_path: Path
 
 
 async def test_sigstop_during_load_hits_the_stall_timeout(
-    llama_server_bin: Path, gemma_path: Path, tmp_path: Path
+    llama_server_bin: Path, llama_server_flags: tuple[str, ...], gemma_path: Path, tmp_path: Path
 ) -> None:
-    server = ModelServer(_spec(llama_server_bin, gemma_path, tmp_path, stall_timeout=1.5))
+    # gemma's weights are quantized: on an AMX CPU the child needs the flags forge gives its own
+    # (--no-repack), or it dies of SIGILL before the fault this test injects.
+    spec = _spec(llama_server_bin, gemma_path, tmp_path, stall_timeout=1.5, extra_args=llama_server_flags)
+    server = ModelServer(spec)
 
     async def freeze_when_spawned() -> None:
         while server.pid is None:  # noqa: ASYNC110 — nothing to wait on: pid is set by the spawn
@@ -148,9 +151,11 @@ async def test_sigstop_during_load_hits_the_stall_timeout(
 
 
 async def test_cancel_during_load_leaves_no_child(
-    llama_server_bin: Path, gemma_path: Path, tmp_path: Path
+    llama_server_bin: Path, llama_server_flags: tuple[str, ...], gemma_path: Path, tmp_path: Path
 ) -> None:
-    server = ModelServer(_spec(llama_server_bin, gemma_path, tmp_path))
+    # With forge's flags for this CPU (as above): without them an AMX CPU's child may die of SIGILL
+    # before the cancel, and the test would see that failure instead of its cancel.
+    server = ModelServer(_spec(llama_server_bin, gemma_path, tmp_path, extra_args=llama_server_flags))
     with anyio.move_on_after(0.3) as scope:
         await server.run()
     assert scope.cancelled_caught
