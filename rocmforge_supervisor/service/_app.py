@@ -48,7 +48,7 @@ def create_app(
         state.upstream,
         resolve_path=partial(local_model_path, settings=state.settings),
     )
-    ollama_api = ollama.OllamaBackend(facts, forward=partial(_proxy.forward_translated, state))
+    ollama_api = ollama.OllamaBackend(facts)
     routes: list[BaseRoute] = [
         *_observe.routes(),
         *_proxy.routes(),

@@ -1,4 +1,4 @@
-"""What a plain chat walks through (issue 32): ``scripts/audit/request_walk.py``'s walk, kept from
+"""What a plain chat walks through: ``scripts/audit/request_walk.py``'s walk, kept from
 growing back. A text chat sends no tools and no images, names no reranker and did not draft, so the
 modules of those checks are not entered for it; and no request builds a model's whole status view
 (its placement, its saved contexts) on its way to the child. Against the FAKE llama-server."""
@@ -52,11 +52,17 @@ async def test_a_text_chat_enters_only_what_it_needs(dialect: Dialect, stream: b
     # read the body through the middleware, the relay sent through the middleware's wrapper, and
     # Ollama's translator pulled the forwarder's iterator).
     assert walk.reentered == [], walk.reentered
-    # OpenAI and Anthropic go through no translation: 19 modules, 20 with the streams' own client
-    # (21 and 29 at 6032c7c, by this script; two more since a model's admission and the
-    # forwarder have modules of their own, supervisor/model/_acquire.py and proxy/_forwarder.py);
-    # Ollama's translation adds its API, converter and SSE decoder (31 and 30 at 6032c7c).
-    limit = (20 if stream else 19) + (3 if dialect == "ollama" else 0)
+    # Every dialect is prepared by the one ingress, then its own adapter (``_forward``'s for
+    # OpenAI and Anthropic, ``ollama/_api``'s for Ollama).
+    assert "service/proxy/_ingress.py" in walk.order, walk.order
+    adapter = "service/ollama/_api.py" if dialect == "ollama" else "service/proxy/_forward.py"
+    assert walk.order.index("service/proxy/_ingress.py") < walk.order.index(adapter), walk.order
+    # OpenAI and Anthropic go through no translation: 20 modules, 21 with the streams' own client
+    # (21 and 29 at 6032c7c, by this script; three more since a model's admission, the forwarder
+    # and the ingress have modules of their own: supervisor/model/_acquire.py,
+    # proxy/_forwarder.py, proxy/_ingress.py); Ollama's translation adds its converter and SSE
+    # decoder, and its API in place of _forward.py (31 and 30 at 6032c7c).
+    limit = (21 if stream else 20) + (2 if dialect == "ollama" else 0)
     assert len(walk.order) <= limit, walk.order
 
 
@@ -65,17 +71,17 @@ async def test_the_walk_sees_a_call_back_up(monkeypatch: pytest.MonkeyPatch) -> 
     code says it lives in ``edge/_middleware.py``) is a call back up into the middleware, which
     is on the stack below the forwarder."""
     from rocmforge_supervisor.service.edge import _middleware
-    from rocmforge_supervisor.service.proxy import _forward
+    from rocmforge_supervisor.service.proxy import _ingress
 
-    real = _forward.body_limit
+    real = _ingress.body_limit
 
     def body_limit(st: object, path: str) -> int:
         return real(st, path)  # type: ignore[arg-type]
 
     body_limit.__code__ = body_limit.__code__.replace(co_filename=_middleware.__file__)
-    monkeypatch.setattr(_forward, "body_limit", body_limit)
+    monkeypatch.setattr(_ingress, "body_limit", body_limit)
     walk = await _script().walk("openai", False)
     assert any(
-        r.startswith("service/edge/_middleware.py:body_limit <- service/proxy/_forward.py")
+        r.startswith("service/edge/_middleware.py:body_limit <- service/proxy/_ingress.py")
         for r in walk.reentered
     ), walk

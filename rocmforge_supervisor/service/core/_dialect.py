@@ -1,20 +1,16 @@
 """A dialect that is not llama-server's own, as the one forwarder sees it: a translator of the
-child's answers. The request side (its body in llama-server's terms, the upstream path) is made
-by the dialect's routes; the error side is ``_errors_http``'s shape for the dialect. Everything
-between — the load wait, the slot, the watchdog's retry, metrics, the activity record, the
+child's answers. The request side (its body in llama-server's terms, the upstream path) is the
+dialect's adapter to the one ingress (``proxy/_ingress``); the error side is ``_errors_http``'s
+shape for the dialect. Everything between — the load wait, the slot, the watchdog's retry, metrics, the activity record, the
 key's charge — is the forwarder's, the same for every dialect (llama-swap's ``apiconv``
 converters plugged into its one proxy path are the model).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
-from starlette.types import ASGIApp
-
-__all__ = ["DialectRequest", "Forward", "Translator"]
+__all__ = ["Translator"]
 
 
 class Translator(Protocol):
@@ -53,21 +49,3 @@ class Translator(Protocol):
         """The dialect's answer is complete (after an error, or a native ``done``): the rest of
         the child's stream is not read and :meth:`end` is not called."""
         ...
-
-
-@dataclass(frozen=True)
-class DialectRequest:
-    """A request of a translated dialect, already in llama-server's terms."""
-
-    endpoint: str  # the client's route (the metrics' endpoint, the activity row's route)
-    name: str  # the model
-    rid: str | None
-    upstream_path: str  # what the child is asked
-    body: bytes
-    stream: bool
-    translator: Translator
-    asked: str | None = None  # the name the client asked for (a variant ``X:Y``); None: ``name``
-
-
-#: The one forwarder, for a translated dialect: the response to return.
-Forward = Callable[[DialectRequest], ASGIApp]

@@ -29,6 +29,8 @@ from ..._errors import UsageError
 __all__ = [
     "FORWARDED",
     "MODEL_PATHS",
+    "MODEL_ROUTES",
+    "OLLAMA_MODEL_ROUTES",
     "OLLAMA_MODEL_USE",
     "OLLAMA_PATHS",
     "ROUTE_OF",
@@ -128,6 +130,17 @@ FORWARDED: tuple[ForwardRoute, ...] = (
     _route("/slots", method="GET", model_from="query"),
 )  # fmt: skip
 
+#: Ollama's model routes: its adapter (``ollama/``) turns each request into one of the rows above
+#: (``/api/chat`` into OpenAI chat, ``/api/generate`` into chat, ``/completion`` or ``/infill``,
+#: ``/api/embed`` into embeddings), then the same ingress and forwarder as every route.
+OLLAMA_MODEL_ROUTES: tuple[ForwardRoute, ...] = tuple(
+    ForwardRoute(path, dialect="ollama")
+    for path in ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings")
+)
+
+#: Every route that uses a model, in every dialect: one ingress each (``proxy/_ingress``).
+MODEL_ROUTES: tuple[ForwardRoute, ...] = FORWARDED + OLLAMA_MODEL_ROUTES
+
 #: The model routes by path (each path is one route: one method).
 ROUTE_OF: Mapping[str, ForwardRoute] = {r.path: r for r in FORWARDED}
 
@@ -160,9 +173,9 @@ OLLAMA_PATHS = frozenset(
 
 #: The Ollama routes that use a model (any key may call them; the other writes under /api/ are
 #: control routes, for admin keys).
-OLLAMA_MODEL_USE = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show"})
+OLLAMA_MODEL_USE = frozenset(r.path for r in OLLAMA_MODEL_ROUTES) | {"/api/show"}
 #: The requests that get an activity record and count against a key's limits: every model route.
-MODEL_PATHS = frozenset(r.path for r in FORWARDED) | (OLLAMA_MODEL_USE - {"/api/show"})
+MODEL_PATHS = frozenset(r.path for r in MODEL_ROUTES)
 
 _ANTHROPIC_PATHS = frozenset(r.path for r in FORWARDED if r.dialect == "anthropic")
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._names import served_names
 from ._recording import request_key
-from ._routes import FORWARDED
+from ._routes import MODEL_ROUTES
 
 if TYPE_CHECKING:
     from ...access import Key
@@ -76,10 +76,10 @@ ROUTES: Mapping[tuple[str, str], Visibility] = {
     ("GET", "/ui"): _V.PUBLIC,
     # A key's series only, of the model-labelled families (metrics_public: anonymous sees all).
     ("GET", "/metrics"): _V.SCOPED,
-    # The OpenAI-compatible listing and every forwarded llama-server route.
+    # The OpenAI-compatible listing and every model route, in every dialect (Ollama's too).
     ("GET", "/v1/models"): _V.SCOPED,
     ("GET", "/v1/models/{model_id:path}"): _V.MODEL,
-    **{(r.method, r.path): _V.MODEL for r in FORWARDED},
+    **{(r.method, r.path): _V.MODEL for r in MODEL_ROUTES},
     # The control API.
     ("GET", "/api/models"): _V.SCOPED,
     ("POST", "/api/models"): _V.ADMIN,
@@ -101,10 +101,6 @@ ROUTES: Mapping[tuple[str, str], Visibility] = {
     ("GET", "/api/tags"): _V.SCOPED,
     ("GET", "/api/ps"): _V.SCOPED,
     ("POST", "/api/show"): _V.MODEL,
-    ("POST", "/api/chat"): _V.MODEL,
-    ("POST", "/api/generate"): _V.MODEL,
-    ("POST", "/api/embed"): _V.MODEL,
-    ("POST", "/api/embeddings"): _V.MODEL,
     ("POST", "/api/pull"): _V.ADMIN,
     **{
         (method, path): _V.ADMIN

@@ -4,6 +4,6 @@ It depends one way on the core (``service/``'s model facts, forwarder, error map
 imports it, except the app that mounts its routes (an import-linter contract keeps it so).
 """
 
-from ._api import OLLAMA_COMPAT_VERSION, Forward, OllamaBackend, routes
+from ._api import OLLAMA_COMPAT_VERSION, OllamaAdapter, OllamaBackend, routes
 
-__all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "routes"]
+__all__ = ["OLLAMA_COMPAT_VERSION", "OllamaAdapter", "OllamaBackend", "routes"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -32,16 +32,15 @@ from ... import __version__
 from ..._errors import ForgeError, InvalidRequest, ModelNotFound, RequestRejected, UsageError
 from ...client import SSEDecoder
 from ...supervisor import Supervisor, backend_of
-from ..core._dialect import DialectRequest, Forward
-from ..core._names import ServedName, rewrite, served_names, split_name
-from ..core._recording import (
-    admit_model,
-    note_model,
-    request_key,
-)
+from ..core._names import ServedName, served_names, split_name
+from ..core._recording import admit_model, request_key
+from ..core._routes import OLLAMA_MODEL_ROUTES, ForwardRoute
+from ..core._state import GatewayState
 from ..edge._errors_http import error_response
-from ..proxy._listing import ModelFacts, check_media, check_tools, visible_models
-from ..proxy._validate import default_length, has_parts, parse_object
+from ..proxy._ingress import Intent, Outgoing, endpoint
+from ..proxy._ingress import Target as ChildRequest
+from ..proxy._listing import ModelFacts, visible_models
+from ..proxy._validate import parse_object
 from ._convert import (
     ChatStream,
     Target,
@@ -57,7 +56,7 @@ from ._convert import (
 from ._meta import ps_entry, show_entry, tag_entry, with_variant
 from ._pull import api_pull
 
-__all__ = ["OLLAMA_COMPAT_VERSION", "Forward", "OllamaBackend", "routes"]
+__all__ = ["OLLAMA_COMPAT_VERSION", "OllamaAdapter", "OllamaBackend", "routes"]
 
 #: The Ollama version reported by ``/api/version``. Clients gate features on it (VS Code Copilot
 #: refuses servers that look older than it needs: NoLlama#9); this is the Ollama API behaviour
@@ -68,10 +67,9 @@ OLLAMA_COMPAT_VERSION = "0.18.3"
 @dataclass(frozen=True)
 class OllamaBackend:
     """What the Ollama routes need from the core: the models' facts (shared with ``/v1/models``,
-    and through them the supervisor, for load/unload) and the one forwarder."""
+    and through them the supervisor, for load/unload)."""
 
     facts: ModelFacts
-    forward: Forward
 
     @property
     def supervisor(self) -> Supervisor:
@@ -164,79 +162,95 @@ async def api_unsupported(request: Request) -> Response:
     return JSONResponse({"error": f"{request.url.path} is not supported by forge: {what}"}, status_code=501)
 
 
-# -- generation -------------------------------------------------------------------------------------
+# -- generation: Ollama's adapter to the one ingress ------------------------------------------------
 
 
-async def api_chat(b: OllamaBackend, request: Request) -> ASGIApp:
-    return await _generation(b, request, generate=False)
+@dataclass
+class _OllamaIntent(Intent):
+    """An Ollama request as read: its own body (translated once its model is known)."""
+
+    body: dict[str, Any] = field(default_factory=dict)
+    controls: bool = True  # its keep_alive applies (an admin key, or no keys)
 
 
-async def api_generate(b: OllamaBackend, request: Request) -> ASGIApp:
-    return await _generation(b, request, generate=True)
+class OllamaAdapter:
+    """Ollama's ``/api/chat``, ``/generate``, ``/embed`` and ``/embeddings`` on the one ingress
+    (``proxy/_ingress``): read in Ollama's terms, translated to llama-server's (``_convert``), its
+    answer translated back (:class:`_OllamaAnswer`). Ollama's own idioms are its last word: an
+    empty prompt loads the model (``keep_alive: 0`` unloads it), ``keep_alive`` sets its TTL,
+    ``options.num_ctx`` is checked against the served context."""
 
+    remote_media = False  # Ollama sends images as base64 only
+    keepalive = False  # an NDJSON stream has no comment line; the connection is kept, as Ollama keeps it
 
-async def api_embed(b: OllamaBackend, request: Request) -> ASGIApp:
-    return await _generation(b, request, generate=False, embed="embed")
+    def __init__(self, b: OllamaBackend, kind: str) -> None:
+        self.b = b
+        self.kind = kind  # chat | generate | embed | embeddings
 
-
-async def api_embeddings(b: OllamaBackend, request: Request) -> ASGIApp:
-    return await _generation(b, request, generate=False, embed="embeddings")
-
-
-async def _generation(
-    b: OllamaBackend, request: Request, *, generate: bool, embed: str | None = None
-) -> ASGIApp:
-    rid = _rid(request)
-    try:
-        body = await _body(request)
-        named = _model(b, body)
-        name = named.model
-        stream = not embed and body.get("stream") is not False
-        note_model(named.asked, stream=stream)  # a refused unload's row names its model too
-        controls = _may_control(request, name, keep_alive_seconds(body.get("keep_alive")))
-        admit_model(request.scope, named.asked, stream=stream)
-        if embed:
-            target = embed_target(body, name, legacy=embed == "embeddings")
-        elif generate:
-            target = generate_target(body, name)
-        else:
-            if body.get("tools"):  # only a body that sends tools meets the tools check
-                await check_tools(b.facts, name, body)
-            target = chat_target(body, name)
-        rewrite(target.payload, named, path=target.path)  # a variant's rules, an adapter's lora
-        if not embed:
-            # Ollama sends images as base64 only: the translated parts are checked (a text-only
-            # request has none: its contents are strings).
-            if has_parts(target.payload):
-                check_media(b.supervisor, name, target.payload, allow_remote=False)
-            _default_length(b, name, body, target)  # after the variant's: the nearer default wins
-        if controls:
-            _keep_alive(b, name, target.keep_alive)
-        empty = not embed and not (
-            body.get("messages") if not generate else (body.get("prompt") or body.get("suffix"))
+    async def read(self, st: GatewayState, route: ForwardRoute, request: Request, body: bytes) -> Intent:
+        parsed = parse_object(body or b"{}")  # any bad body (depth, range…) is a 400
+        name = parsed.get("model") or parsed.get("name")
+        if not isinstance(name, str) or not name:
+            raise UsageError('the request has no "model" field', hint="name one of GET /api/tags")
+        embed = self.kind in ("embed", "embeddings")
+        options = parsed.get("options")
+        return _OllamaIntent(
+            name,
+            not embed and parsed.get("stream") is not False,
+            parsed,
+            tools=self.kind == "chat" and bool(parsed.get("tools")),  # only a chat body that sends tools
+            length_given=isinstance(options, dict) and "num_predict" in options,
+            body=parsed,
         )
-        if empty:  # Ollama's idiom: no prompt = load the model (or unload it with keep_alive 0)
-            return await _load_or_unload(b, name, target, generate, rid)
+
+    def control(self, request: Request, served: ServedName, intent: Intent) -> None:
+        assert isinstance(intent, _OllamaIntent)
+        intent.controls = _may_control(
+            request, served.model, keep_alive_seconds(intent.body.get("keep_alive"))
+        )
+
+    def target(self, route: ForwardRoute, served: ServedName, intent: Intent) -> ChildRequest | None:
+        assert isinstance(intent, _OllamaIntent)
+        if self.kind in ("embed", "embeddings"):
+            target = embed_target(intent.body, served.model, legacy=self.kind == "embeddings")
+        elif self.kind == "generate":
+            target = generate_target(intent.body, served.model)
+        else:
+            target = chat_target(intent.body, served.model)
+        target.changed = True  # a translation: always serialized
+        return target
+
+    async def outgoing(
+        self,
+        st: GatewayState,
+        route: ForwardRoute,
+        request: Request,
+        served: ServedName,
+        intent: Intent,
+        body: bytes,
+        target: ChildRequest | None,
+    ) -> Outgoing | Response:
+        assert isinstance(intent, _OllamaIntent) and isinstance(target, Target)
+        name, generate = served.model, self.kind == "generate"
+        if intent.controls:
+            _keep_alive(self.b, name, target.keep_alive)
+        asked = (
+            intent.body.get("prompt") or intent.body.get("suffix")
+            if generate
+            else intent.body.get("messages")
+        )
+        if self.kind in ("chat", "generate") and not asked:
+            # Ollama's idiom: no prompt = load the model (or unload it with keep_alive 0)
+            return await _load_or_unload(self.b, name, target, generate)
         if target.num_ctx is not None:
-            served = await b.facts.served_ctx(name)
-            if served is not None and target.num_ctx > served:
+            ctx = await self.b.facts.served_ctx(name)
+            if ctx is not None and target.num_ctx > ctx:
                 raise RequestRejected(
-                    f"options.num_ctx={target.num_ctx} is more than model {name!r} serves ({served} tokens per request)",
+                    f"options.num_ctx={target.num_ctx} is more than model {name!r} serves ({ctx} tokens per request)",
                     hint=f"lower num_ctx, or raise ctx_size for [models.{name}] in forge.toml",
                 )
-    except ForgeError as exc:
-        return error_response(exc, rid, "ollama")
-    return _send(b, request, named, target, rid, generate=generate)
-
-
-def _default_length(b: OllamaBackend, name: str, body: dict[str, Any], target: Target) -> None:
-    """The model's ``max_tokens`` default from forge.toml applies here as on the OpenAI routes,
-    when the request names no ``options.num_predict`` (an explicit -1, "no limit", is kept)."""
-    options = body.get("options")
-    if isinstance(options, dict) and "num_predict" in options:
-        return
-    field = "n_predict" if target.kind == "native" else "max_tokens"
-    default_length(target.payload, b.supervisor.config_of(name).max_tokens, field=field)
+        answer = _OllamaAnswer(served.asked, target, time.perf_counter(), generate)
+        return Outgoing(target.path, json.dumps(target.payload).encode(), "application/json", answer)
 
 
 def _may_control(request: Request, name: str, keep_alive: float | None) -> bool:
@@ -259,9 +273,7 @@ def _keep_alive(b: OllamaBackend, name: str, seconds: float | None) -> None:
     b.supervisor.hint_ttl(name, None if seconds is None or seconds < 0 else max(seconds, 0.01))
 
 
-async def _load_or_unload(
-    b: OllamaBackend, name: str, target: Target, generate: bool, rid: str | None
-) -> Response:
+async def _load_or_unload(b: OllamaBackend, name: str, target: Target, generate: bool) -> Response:
     if target.keep_alive is not None and target.keep_alive == 0:
         await b.supervisor.unload(name)
         b.supervisor.hint_ttl(name, None)  # the unload is done; the next load starts afresh
@@ -273,26 +285,6 @@ async def _load_or_unload(
     head: dict[str, Any] = {"model": name, "created_at": now_iso()}
     head.update({"response": ""} if generate else {"message": {"role": "assistant", "content": ""}})
     return JSONResponse({**head, "done": True, "done_reason": reason})
-
-
-def _send(
-    b: OllamaBackend, request: Request, served: ServedName, target: Target, rid: str | None, *, generate: bool
-) -> ASGIApp:
-    """The translated request through the one forwarder (``Forward``): metrics, activity, the
-    watchdog's retry and the key's charge are the same as on every route; only the answer's shape
-    is Ollama's (:class:`_OllamaAnswer`)."""
-    return b.forward(
-        DialectRequest(
-            endpoint=request.url.path,
-            name=served.model,
-            rid=rid,
-            upstream_path=target.path,
-            body=json.dumps(target.payload).encode(),
-            stream=bool(target.payload.get("stream")),
-            translator=_OllamaAnswer(served.asked, target, time.perf_counter(), generate),
-            asked=served.asked,
-        )
-    )
 
 
 class _OllamaAnswer:
@@ -373,10 +365,15 @@ def routes(b: OllamaBackend) -> list[BaseRoute]:
         Route("/api/tags", bound(api_tags), methods=["GET"], include_in_schema=False),
         Route("/api/show", bound(api_show), methods=["POST"], include_in_schema=False),
         Route("/api/ps", bound(api_ps), methods=["GET"], include_in_schema=False),
-        Route("/api/chat", bound(api_chat), methods=["POST"], include_in_schema=False),
-        Route("/api/generate", bound(api_generate), methods=["POST"], include_in_schema=False),
-        Route("/api/embed", bound(api_embed), methods=["POST"], include_in_schema=False),
-        Route("/api/embeddings", bound(api_embeddings), methods=["POST"], include_in_schema=False),
+        *(
+            Route(
+                r.path,
+                endpoint(r, OllamaAdapter(b, r.path.removeprefix("/api/"))),
+                methods=[r.method],
+                include_in_schema=False,
+            )
+            for r in OLLAMA_MODEL_ROUTES
+        ),
         Route("/api/pull", api_pull, methods=["POST"], include_in_schema=False),
         *(
             Route(p, api_unsupported, methods=["POST", "DELETE"], include_in_schema=False)

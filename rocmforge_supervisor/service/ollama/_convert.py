@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..._errors import UsageError
+from ..proxy._ingress import Target as ChildRequest
 
 __all__ = [
     "ChatStream",
@@ -70,11 +71,10 @@ def now_iso() -> str:
 
 
 @dataclass
-class Target:
-    """Where a translated request goes: the llama-server path, its JSON body, and what to check."""
+class Target(ChildRequest):
+    """Where a translated request goes: the llama-server path, its JSON body (the ingress's
+    :class:`~..proxy._ingress.Target`), and what Ollama's own rules check."""
 
-    path: str
-    payload: dict[str, Any]
     num_ctx: int | None = None  # checked against the served context before sending
     keep_alive: float | None = None  # seconds; None: not given
     kind: str = "chat"  # chat | native | embed | embeddings
@@ -216,7 +216,12 @@ def chat_target(body: dict[str, Any], model: str) -> Target:
     payload["stream"] = stream
     if stream:
         payload["stream_options"] = {"include_usage": True}
-    return Target("/v1/chat/completions", payload, num_ctx, keep_alive_seconds(body.get("keep_alive")))
+    return Target(
+        "/v1/chat/completions",
+        payload,
+        num_ctx=num_ctx,
+        keep_alive=keep_alive_seconds(body.get("keep_alive")),
+    )
 
 
 def generate_target(body: dict[str, Any], model: str) -> Target:
@@ -238,7 +243,7 @@ def generate_target(body: dict[str, Any], model: str) -> Target:
         if "max_tokens" in payload:
             payload["n_predict"] = payload.pop("max_tokens")
         _format(body.get("format"), payload, native=True)
-        return Target(path, payload, num_ctx, keep, kind="native")
+        return Target(path, payload, num_ctx=num_ctx, keep_alive=keep, kind="native")
     messages: list[dict[str, Any]] = []
     if body.get("system"):
         messages.append({"role": "system", "content": body["system"]})
@@ -271,8 +276,8 @@ def embed_target(body: dict[str, Any], model: str, *, legacy: bool) -> Target:
     return Target(
         "/v1/embeddings",
         payload,
-        num_ctx,
-        keep_alive_seconds(body.get("keep_alive")),
+        num_ctx=num_ctx,
+        keep_alive=keep_alive_seconds(body.get("keep_alive")),
         kind="embeddings" if legacy else "embed",
     )
 
