@@ -96,7 +96,7 @@ def gpu_targets_for(settings: ForgeSettings, accel: Accel, given: Sequence[str] 
 
 def job_for(
     settings: ForgeSettings,
-    backend: str,
+    accel: str,
     gpu_targets: Sequence[str] | None,
     *,
     jobs: int | None,
@@ -105,16 +105,17 @@ def job_for(
     rpc: bool = False,
     portable: bool = False,
 ) -> Job:
-    """The build a ``forge build`` asks for; ``backend`` is the user's word for the accel."""
-    accel = choose_accel(backend)
-    targets = gpu_targets_for(settings, accel, gpu_targets)
-    return Job(accel, targets, jobs, progress, force, rpc, portable)
+    """The build a ``forge build`` asks for; ``accel`` as the user gave it (``--accel``, ``auto``
+    included), checked and resolved here."""
+    chosen = choose_accel(accel)
+    targets = gpu_targets_for(settings, chosen, gpu_targets)
+    return Job(chosen, targets, jobs, progress, force, rpc, portable)
 
 
 def build_llama_server(
     settings: ForgeSettings,
     *,
-    backend: str = "auto",
+    accel: str = "auto",
     source: Path | None = None,
     gpu_targets: Sequence[str] | None = None,
     jobs: int | None = None,
@@ -132,7 +133,7 @@ def build_llama_server(
     started = time.monotonic()
     cpu = "portable" if portable else isa_fingerprint(cpu_flags())
     job = job_for(
-        settings, backend, gpu_targets, jobs=jobs, progress=progress, force=force, rpc=rpc, portable=portable
+        settings, accel, gpu_targets, jobs=jobs, progress=progress, force=force, rpc=rpc, portable=portable
     )
     # The cache is checked before sources are resolved: a cache hit must not download anything.
     pinned = source is None and settings.llama_cpp_source is None

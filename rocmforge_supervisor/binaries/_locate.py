@@ -142,7 +142,9 @@ class BinaryInfo:
             "version": self.version,
             "build": self.build,
             "commit": self.commit,
-            "backends": list(self.accels),  # the wire name (`forge build --print-path --json`)
+            "accels": list(self.accels),
+            # The first name of "accels", kept for the scripts that read it.
+            "backends": list(self.accels),
             "devices": [d.__dict__ for d in self.devices],
             "source": self.source,
             "child_args": list(self.child_args),
@@ -292,7 +294,7 @@ def locate_llama_server(
         on_path=not rpc,  # unknown whether one on PATH has --rpc
         not_found=(
             "no llama-server built with the RPC backend found",
-            "run `forge build --rpc` (same backend as the workers'), "
+            "run `forge build --rpc` (same --accel as the workers'), "
             "or set FORGE_LLAMA_SERVER to a llama-server built with -DGGML_RPC=ON",
         )
         if rpc

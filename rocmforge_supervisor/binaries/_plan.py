@@ -1,8 +1,9 @@
 """Which accelerator to build for, and the exact cmake commands for it.
 
-``Accel`` (hip, cuda, vulkan, cpu) is what ggml computes on; the user-visible spelling stays
-``backend`` (``forge build --backend``, build-info.json's ``"backend"``) while ``backend`` in
-config/ and supervisor/ names the kind of child server (llama, whisper, command).
+``Accel`` (hip, cuda, vulkan, cpu) is what ggml computes on, and the user's word for it too
+(``forge build --accel``); ``backend`` in config/ and supervisor/ names the kind of model (llama,
+whisper, command, peer). Only build-info.json keeps the field's first name, ``"backend"``, so the
+caches already written stay readable.
 
 Kept free of side effects (apart from asking ``hipconfig``/``nvcc`` where they are) so the command
 lines are unit-tested for a given set of gfx targets without ROCm being installed.
@@ -196,10 +197,10 @@ def choose_accel(requested: str, which: Which = shutil.which) -> Accel:
 
     A half-installed toolkit (nvcc without cuBLAS is common in containers) would fail the build
     minutes in, so ``auto`` checks completeness; a forced one is checked in :func:`make_plan` and
-    fails with the missing piece named. The messages say "backend": the user's word (``--backend``).
+    fails with the missing piece named. The messages name the option, ``--accel``.
     """
     if requested not in ACCELS:
-        raise UsageError(f"unknown backend {requested!r}", hint=f"use one of: {', '.join(ACCELS)}")
+        raise UsageError(f"unknown accel {requested!r}", hint=f"use --accel with one of: {', '.join(ACCELS)}")
     if requested == "auto":
         rocm = find_rocm(which)
         if rocm is not None and _has_hipblas(rocm):
@@ -289,9 +290,9 @@ def make_plan(
         rocm = rocm or find_rocm(which)
         if rocm is None:
             raise ToolchainMissing(
-                "the HIP backend needs ROCm, but hipconfig was not found",
+                "a HIP build needs ROCm, but hipconfig was not found",
                 hint="install ROCm >= 6.1 with hipBLAS (https://rocm.docs.amd.com), "
-                "or build another backend with --backend cpu|cuda|vulkan",
+                "or build for another accelerator with --accel cpu|cuda|vulkan",
             )
         if not _has_hipblas(rocm):
             raise ToolchainMissing(
@@ -310,7 +311,7 @@ def make_plan(
     elif accel == "cuda":
         if which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists():
             raise ToolchainMissing(
-                "the CUDA backend needs nvcc, which was not found",
+                "a CUDA build needs nvcc, which was not found",
                 hint="install the CUDA toolkit (or put /usr/local/cuda/bin on PATH)",
             )
         if find_cuda(which) is None:
@@ -326,7 +327,7 @@ def make_plan(
     elif accel == "vulkan":
         if which("glslc") is None:
             raise ToolchainMissing(
-                "the Vulkan backend needs glslc and the Vulkan headers",
+                "a Vulkan build needs glslc and the Vulkan headers",
                 hint="install them (Debian/Ubuntu: sudo apt-get install libvulkan-dev glslc)",
             )
         configure.append("-DGGML_VULKAN=ON")

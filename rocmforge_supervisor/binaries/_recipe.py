@@ -289,8 +289,8 @@ def install_build(
             "commit": tree.commit,
             "source": tree.origin,
             "source_path": str(tree.path),
-            # The wire name stays "backend" (existing caches, `forge build --print-path --json`
-            # readers): it holds the Accel (hip, cuda, vulkan, cpu) the build computes on.
+            # The field keeps its first name, "backend" (every cache already written has it): it
+            # holds the Accel (hip, cuda, vulkan, cpu) the build computes on.
             "backend": plan.accel,
             "gpu_targets": list(plan.gpu_targets),
             "rpc": plan.rpc,

@@ -69,7 +69,7 @@ def _key(accel: Accel, targets: Sequence[str], cpu: str) -> str:
 def build_whisper_server(
     settings: ForgeSettings,
     *,
-    backend: str = "auto",
+    accel: str = "auto",
     gpu_targets: Sequence[str] | None = None,
     jobs: int | None = None,
     progress: ProgressFn | None = None,
@@ -77,9 +77,9 @@ def build_whisper_server(
 ) -> WhisperBuild:
     """Build (or find cached) whisper-server from the pinned whisper.cpp, self-tested before it is
     cached: a build that fails, or cannot serve one transcription here, leaves no cache entry.
-    ``backend``: the accel, in the user's word (``forge build --whisper --backend``)."""
+    ``accel``: as the user gave it (``forge build --whisper --accel``, ``auto`` included)."""
     started = time.monotonic()
-    job = job_for(settings, backend, gpu_targets, jobs=jobs, progress=progress, force=force)
+    job = job_for(settings, accel, gpu_targets, jobs=jobs, progress=progress, force=force)
     key = _key(job.accel, job.targets, isa_fingerprint(cpu_flags()))
     builds = settings.builds_dir
     commit = WHISPER.commit

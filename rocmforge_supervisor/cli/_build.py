@@ -25,8 +25,12 @@ _R = TypeVar("_R")
 
 
 def build(
-    # The option keeps the user's word, --backend; binaries/ calls it the accel (hip, cuda, ...).
-    backend: str = typer.Option("auto", "--backend", help=f"One of: {', '.join(ACCELS)}."),
+    accel: str | None = typer.Option(
+        None, "--accel", help=f"The accelerator to build for: one of {', '.join(ACCELS)} (default: auto)."
+    ),
+    # Its old name: scripts and images that still say --backend keep working (not in --help:
+    # "backend" is a model's kind, llama / whisper / command / peer).
+    backend: str | None = typer.Option(None, "--backend", hidden=True),
     source: Path | None = typer.Option(None, "--source", help="A llama.cpp source tree to build instead."),
     gpu_targets: str | None = typer.Option(
         None, "--gpu-targets", help="HIP GPU_TARGETS, e.g. 'gfx1100;gfx1030' (default: the detected GPUs)."
@@ -62,9 +66,10 @@ def build(
     """Build llama-server from the pinned llama.cpp (cached), or print the one in use."""
     from ..binaries import build_llama_server, locate_llama_server, locate_rpc_server  # start-up time
 
+    chosen = _chosen_accel(accel, backend)
     settings = get_settings()
     if whisper:
-        _build_whisper(backend, gpu_targets, jobs, verbose, force, print_path, as_json, source, rpc, portable)
+        _build_whisper(chosen, gpu_targets, jobs, verbose, force, print_path, as_json, source, rpc, portable)
         return
     if print_path:
         info = locate_llama_server(settings, list_devices=True, rpc=rpc)
@@ -75,8 +80,7 @@ def build(
             return
         console.print(str(info.path), markup=False)
         err_console.print(
-            f"version {info.version}, commit {info.commit}, backends: {', '.join(info.accels)} "
-            f"({info.source})",
+            f"version {info.version}, commit {info.commit}, accels: {', '.join(info.accels)} ({info.source})",
             markup=False,
         )
         if info.selftest is not None:
@@ -88,7 +92,7 @@ def build(
     def build(progress: ProgressFn) -> BuildResult:
         return build_llama_server(
             settings,
-            backend=backend,
+            accel=chosen,
             source=source,
             gpu_targets=targets,
             jobs=jobs,
@@ -113,6 +117,21 @@ def build(
     _print_gpu_notes(result.info)
 
 
+def _chosen_accel(accel: str | None, backend: str | None) -> str:
+    """``--accel``, or ``--backend``, its old name (hidden, still accepted); ``auto`` when neither
+    is given. Both given must agree: which one wins would be a guess."""
+    from .._errors import UsageError
+
+    if accel is not None and backend is not None and accel != backend:
+        raise UsageError(
+            f"--accel {accel} and --backend {backend} disagree",
+            hint="--backend is the old name of --accel: give --accel only",
+        )
+    if accel is not None:
+        return accel
+    return backend if backend is not None else "auto"
+
+
 def _print_gpu_notes(info: BinaryInfo) -> None:
     """Whether a GPU build has computed on its GPU here, and the GPU backends it has that see no
     device (a HIP build on a machine without an AMD GPU serves on the CPU: the line says why)."""
@@ -123,7 +142,7 @@ def _print_gpu_notes(info: BinaryInfo) -> None:
 
 
 def _build_whisper(
-    backend: str,
+    accel: str,
     gpu_targets: str | None,
     jobs: int | None,
     verbose: bool,
@@ -157,7 +176,7 @@ def _build_whisper(
 
     def build(progress: ProgressFn) -> WhisperBuild:
         return build_whisper_server(
-            settings, backend=backend, gpu_targets=targets, jobs=jobs, force=force, progress=progress
+            settings, accel=accel, gpu_targets=targets, jobs=jobs, force=force, progress=progress
         )
 
     result = with_progress("whisper-server", build, verbose=verbose)

@@ -40,7 +40,8 @@ MiB = 1 << 20
 #: Name prefixes of GPU devices in ``--list-devices`` (``ROCm0``, ``CUDA1``, ``Vulkan0``).
 GPU_PREFIXES = ("ROCm", "CUDA", "Vulkan", "SYCL", "MUSA", "Metal", "OpenCL", "CANN")
 _PREFIX_OF = {"amd": "ROCm", "nvidia": "CUDA"}
-_BACKEND_OF = {"amd": "hip", "nvidia": "cuda"}
+#: The accel (``forge build --accel``) that computes on each GPU vendor.
+_ACCEL_OF = {"amd": "hip", "nvidia": "cuda"}
 _ROCM_BIN = Path("/opt/rocm/bin")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 BUILD_HINT = "run `forge build` (or set FORGE_LLAMA_SERVER to a llama-server binary)"
@@ -113,13 +114,13 @@ def run_doctor(
 
     binary_checks, info = _binary(settings)
     checks.extend(binary_checks)
-    backends: tuple[str, ...] = tuple(info.accels) if info is not None else ()
+    accels: tuple[str, ...] = tuple(info.accels) if info is not None else ()
     target = None
     if info is not None:
-        checks.extend(_backend_checks(inv, info))
+        checks.extend(_accel_checks(inv, info))
         if cross_check_masks:
-            checks.extend(cross_check(Path(info.path), inv, settings, backends))
-        target = load_target(inv, backends)
+            checks.extend(cross_check(Path(info.path), inv, settings, accels))
+        target = load_target(inv, accels)
         where = target.key if target.vendor != "cpu" else "cpu"
         free = f"{format_bytes(target.vram_free_bytes)} free"
         checks.append(Check("load target", "pass", f"a load would go to {where} ({target.name}, {free})"))
@@ -319,7 +320,7 @@ def _binary(settings: ForgeSettings) -> tuple[list[Check], Any]:
     listed = ", ".join(f"{d.name} ({d.description})" for d in info.devices) or "none"
     message = (
         f"{info.path}: version {info.version}, commit {info.commit}; "
-        f"backends {', '.join(info.accels)}; GPU devices it sees: {listed}"
+        f"accels {', '.join(info.accels)}; GPU devices it sees: {listed}"
     )
     return [Check("llama-server", "pass", message), _selftest_check(info), *_gpu_run_checks(info)], info
 
@@ -399,49 +400,49 @@ def _selftest_check(info: Any) -> Check:
     return Check("self-test", status, f"{result.detail} on {result.cpu_model}{variant}", fix)
 
 
-def _backend_checks(inv: Inventory, info: Any) -> list[Check]:
-    backends = set(info.accels)
+def _accel_checks(inv: Inventory, info: Any) -> list[Check]:
+    """A vendor's usable GPUs that the binary cannot compute on: not built for their accel, or
+    built for it with a runtime that sees none of them."""
+    accels = set(info.accels)
     checks: list[Check] = []
-    for vendor, backend in _BACKEND_OF.items():
+    for vendor, accel in _ACCEL_OF.items():
         usable = [d for d in inv.gpus if d.vendor == vendor]
-        if usable and backend not in backends:
+        if usable and accel not in accels:
             built = getattr(info, "build_accel", None)
             why = (
-                f"was built for {backend} but its runtime sees no {_PREFIX_OF[vendor]} device"
-                if built == backend
-                else f"has no {_PREFIX_OF[vendor]} backend (backends: {', '.join(sorted(backends))})"
+                f"was built for {accel} but its runtime sees no {_PREFIX_OF[vendor]} device"
+                if built == accel
+                else f"was not built for {accel} (accels: {', '.join(sorted(accels))})"
             )
             fix = (
                 "check the ROCm/CUDA runtime (rocminfo / nvidia-smi) and the device permissions"
-                if built == backend
-                else f"run `forge build --backend {backend}`"
+                if built == accel
+                else f"run `forge build --accel {accel}`"
             )
             checks.append(
-                Check(
-                    "backends", "warn", f"{len(usable)} usable {vendor} GPU(s), but llama-server {why}", fix
-                )
+                Check("accels", "warn", f"{len(usable)} usable {vendor} GPU(s), but llama-server {why}", fix)
             )
     return checks
 
 
-def load_target(inventory: Inventory, backends: Sequence[str]) -> Device:
-    """Where a load would go: the usable GPU with the most free memory that the binary has a
-    backend for, else the CPU."""
-    candidates = [d for d in inventory.gpus if _BACKEND_OF.get(d.vendor) in backends]
+def load_target(inventory: Inventory, accels: Sequence[str]) -> Device:
+    """Where a load would go: the usable GPU with the most free memory that the binary has the
+    accel for, else the CPU."""
+    candidates = [d for d in inventory.gpus if _ACCEL_OF.get(d.vendor) in accels]
     if not candidates:
         return inventory.cpu
     return max(candidates, key=lambda d: (d.vram_free_bytes, -d.index))
 
 
-def _placements(inventory: Inventory, backends: Sequence[str]) -> list[tuple[str, list[Device]]]:
+def _placements(inventory: Inventory, accels: Sequence[str]) -> list[tuple[str, list[Device]]]:
     """Each usable GPU alone and all of a vendor's together, then the CPU. A vendor the binary has
-    no backend for gets only the all-together run: alone, each would only repeat the same miss."""
+    no accel for gets only the all-together run: alone, each would only repeat the same miss."""
     placements: list[tuple[str, list[Device]]] = []
     for vendor in ("amd", "nvidia"):
         gpus = [d for d in inventory.gpus if d.vendor == vendor]
         if not gpus:
             continue
-        if _BACKEND_OF[vendor] in backends or len(gpus) == 1:
+        if _ACCEL_OF[vendor] in accels or len(gpus) == 1:
             placements.extend((d.key, [d]) for d in gpus[:8])
         if len(gpus) > 1:
             placements.append((",".join(d.key for d in gpus), gpus))
@@ -457,7 +458,7 @@ def _full_env(overrides: Mapping[str, str | None], settings: ForgeSettings) -> d
 
 def compare_listing(expected: Sequence[Device], listed: Sequence[ListedLike]) -> str | None:
     """Why ``listed`` (``--list-devices`` under a placement's mask) is not what the placement
-    expects, or None when it matches: the same number of devices of the placement's backend, in
+    expects, or None when it matches: the same number of devices of the placement's accel, in
     ordinal order, each with about the expected memory; no GPU device at all for the CPU."""
     gpus = [d for d in expected if d.vendor != "cpu"]
     gpu_lines = [line for line in listed if re.sub(r"\d+$", "", line.name) in GPU_PREFIXES]
@@ -487,10 +488,10 @@ def cross_check(
     binary: Path,
     inventory: Inventory,
     settings: ForgeSettings,
-    backends: Sequence[str] = ("cpu", "hip", "cuda"),
+    accels: Sequence[str] = ("cpu", "hip", "cuda"),
 ) -> list[Check]:
     """Run ``--list-devices`` under each placement's mask (in parallel) and compare."""
-    placements = _placements(inventory, backends)
+    placements = _placements(inventory, accels)
 
     def one(item: tuple[str, list[Device]]) -> Check:
         label, devices = item

@@ -14,13 +14,13 @@ AMD (one or more AMD GPUs)
 NVIDIA
     ``CUDA_VISIBLE_DEVICES`` = their UUIDs (ordinals for any without one),
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so ordinals mean what NVML says), ``HIP_VISIBLE_DEVICES=-1``
-    (hides AMD GPUs from a HIP backend of a multi-backend build), ``GPU_DEVICE_ORDINAL`` removed.
+    (hides AMD GPUs from a build for both HIP and CUDA), ``GPU_DEVICE_ORDINAL`` removed.
 CPU (or no device)
     ``HIP_VISIBLE_DEVICES=-1`` and ``CUDA_VISIBLE_DEVICES=-1`` (an invalid first ordinal ends the
     list: HIP and CUDA see no device), ``GGML_VK_VISIBLE_DEVICES=""`` (Vulkan sees none),
     ``GPU_DEVICE_ORDINAL`` removed. The process layer also passes ``-ngl 0 --device none``.
 
-The Vulkan backend's devices are not masked for GPU placements: its numbering is its own.
+A Vulkan build's devices are not masked for GPU placements: its numbering is its own.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def child_env(
     vendors = {d.vendor for d in gpus}
     if len(vendors) > 1:
         raise UsageError(
-            "a placement cannot mix AMD and NVIDIA GPUs: one llama-server uses one GPU backend",
+            "a placement cannot mix AMD and NVIDIA GPUs: one llama-server computes on one GPU accelerator",
             hint="place the model on GPUs of one vendor",
         )
     if not gpus:

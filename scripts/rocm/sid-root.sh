@@ -10,7 +10,7 @@
 #
 # The HIP build, as it was compiled there (2 cores: give it time; `nice` for a shared host):
 #   scripts/rocm/sid-root.sh create && scripts/rocm/sid-root.sh venv
-#   scripts/rocm/sid-root.sh run nice -n 19 forge build --backend hip --gpu-targets gfx1100 -j 2 -v
+#   scripts/rocm/sid-root.sh run nice -n 19 forge build --accel hip --gpu-targets gfx1100 -j 2 -v
 # The recorded outputs the tests replay: scripts/rocm/record-fixtures.sh (see its header).
 #
 # `run` works in a private mount namespace (unshare --mount): /proc, /sys,

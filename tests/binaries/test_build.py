@@ -87,10 +87,10 @@ def test_hip_without_hipblas_is_refused(tmp_path: Path) -> None:
         )
 
 
-def test_missing_cmake_and_unknown_backend() -> None:
+def test_missing_cmake_and_unknown_accel() -> None:
     with pytest.raises(ToolchainMissing, match="cmake"):
         make_plan(accel="cpu", source=Path("/s"), build_dir=Path("/b"), commit="abc", which=_which("c++"))
-    with pytest.raises(UsageError, match="unknown backend 'rocm'"):
+    with pytest.raises(UsageError, match="unknown accel 'rocm'"):
         choose_accel("rocm")
     assert choose_accel("auto", which=_which("cmake")) == "cpu"
 
@@ -98,25 +98,25 @@ def test_missing_cmake_and_unknown_backend() -> None:
 def test_forge_build_hip_without_rocm_fails_clearly(tmp_path: Path) -> None:
     env = dict(os.environ, FORGE_CACHE_DIR=str(tmp_path / "cache"))
     r = subprocess.run(
-        [*FORGE, "build", "--backend", "hip"], capture_output=True, text=True, env=env, timeout=300
+        [*FORGE, "build", "--accel", "hip"], capture_output=True, text=True, env=env, timeout=300
     )
     assert r.returncode == 1
-    assert "HIP backend needs ROCm" in r.stderr and "install ROCm" in r.stderr
+    assert "a HIP build needs ROCm" in r.stderr and "install ROCm" in r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "cache" / "builds").exists() or not any(
         (p / "build-info.json").exists() for p in (tmp_path / "cache" / "builds").iterdir()
     )
     r = subprocess.run(
-        [*FORGE, "build", "--backend", "nope"], capture_output=True, text=True, env=env, timeout=60
+        [*FORGE, "build", "--accel", "nope"], capture_output=True, text=True, env=env, timeout=60
     )
-    assert r.returncode == 2 and "unknown backend 'nope'" in r.stderr
+    assert r.returncode == 2 and "unknown accel 'nope'" in r.stderr
 
 
 def test_source_without_cmakelists_is_refused(tmp_path: Path) -> None:
     settings = ForgeSettings(cache_dir=tmp_path / "cache")
     (tmp_path / "src").mkdir()
     with pytest.raises(SourceError, match=r"not a llama\.cpp source tree"):
-        build_llama_server(settings, backend="cpu", source=tmp_path / "src")
+        build_llama_server(settings, accel="cpu", source=tmp_path / "src")
 
 
 def test_failed_build_reports_the_log_and_installs_nothing(tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_failed_build_reports_the_log_and_installs_nothing(tmp_path: Path) -> No
     )
     settings = ForgeSettings(cache_dir=tmp_path / "cache")
     with pytest.raises(BuildError) as info:
-        build_llama_server(settings, backend="cpu", source=src)
+        build_llama_server(settings, accel="cpu", source=src)
     err = info.value
     assert "configure failed" in err.message
     assert any("broken on purpose" in line for line in err.log_tail)
@@ -211,7 +211,7 @@ def test_print_path_reports_the_binary(llama_server_bin: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(llama_server_bin)
-    assert "commit 4df29be" in r.stderr and "backends: cpu" in r.stderr
+    assert "commit 4df29be" in r.stderr and "accels: cpu" in r.stderr
 
 
 def test_rpc_plan_builds_both_binaries_under_their_own_key() -> None:

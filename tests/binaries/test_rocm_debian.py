@@ -150,6 +150,8 @@ def test_debian_llama_server_is_probed(tmp_path: Path) -> None:
     assert len(log.installed) == 15 and any(p.endswith("/libggml-hip.so") for p in log.installed)
     assert info.unused_gpu_backends == ("ROCm: no ROCm-capable device is detected",)
     assert info.to_json()["unused_gpu_backends"] == ["ROCm: no ROCm-capable device is detected"]
+    # `forge build --print-path --json`: "accels", and its first name "backends" for older readers.
+    assert info.to_json()["accels"] == info.to_json()["backends"] == ["cpu"]
 
 
 def test_backend_log_of_a_self_contained_build_is_empty() -> None:

@@ -281,7 +281,7 @@ def test_an_rpc_build_satisfies_a_plain_request(tmp_path: Path, monkeypatch: pyt
         raise AssertionError("a plain build was started although an RPC build is cached")
 
     monkeypatch.setattr(_builder, "resolve_source", no_source)
-    result = build_llama_server(settings, backend="cpu")
+    result = build_llama_server(settings, accel="cpu")
     assert result.cached and result.key == key
     assert result.info.selftest is not None and result.info.selftest.ok
 
@@ -353,7 +353,7 @@ def test_a_killed_build_leaves_no_compiler_and_no_cache_entry(tmp_path: Path, si
     cache = tmp_path / "cache"
     env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "FORGE_CACHE_DIR": str(cache)}
     proc = subprocess.Popen(
-        [*FORGE, "build", "--backend", "cpu", "--source", str(src)],
+        [*FORGE, "build", "--accel", "cpu", "--source", str(src)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

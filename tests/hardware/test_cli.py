@@ -173,8 +173,8 @@ def test_doctor_cross_check_catches_a_cpu_build_on_an_amd_machine(
     assert masks["amd:0"]["status"] == "warn"
     assert "expected 1 ROCm device(s), llama-server lists no GPU device" in masks["amd:0"]["message"]
     assert masks["cpu"]["status"] == "pass"
-    (backends,) = _checks(data, "backends")
-    assert backends["status"] == "warn" and "forge build --backend hip" in backends["fix"]
+    (accels,) = _checks(data, "accels")
+    assert accels["status"] == "warn" and "forge build --accel hip" in accels["fix"]
     assert data["load_target"] == "cpu"
     gpu = [c for c in _checks(data, "gpu") if "amd:0" in c["message"]]
     assert gpu[0]["status"] == "pass" and "gfx1100" in gpu[0]["message"]
