@@ -67,3 +67,48 @@ async def test_a_client_that_leaves_a_whole_request_cancels_it_and_frees_the_slo
         metrics = (await gw.client.get("/metrics")).text.splitlines()
         counted = [x for x in metrics if x.startswith("forge_requests_total{") and f'"{path}"' in x]
         assert any('status="499"' in x and x.endswith(" 1.0") for x in counted), counted
+
+
+#: (route, body, the end marker the client reads before it closes) of a streamed request, per
+#: dialect: each official client closes its connection as soon as it has read its stream's end.
+STREAMED: dict[str, tuple[str, dict[str, Any], bytes]] = {
+    "openai": ("/v1/chat/completions", {"messages": HELLO, "stream": True}, b"[DONE]"),
+    "openai-completions": ("/v1/completions", {"prompt": "Hi", "stream": True}, b"[DONE]"),
+    "anthropic": ("/v1/messages", {"messages": HELLO, "max_tokens": 3, "stream": True}, b"message_stop"),
+    "ollama-chat": ("/api/chat", {"messages": HELLO}, b'"done":true'),
+    "ollama-generate": ("/api/generate", {"prompt": "Hi"}, b'"done":true'),
+}
+
+
+@pytest.mark.parametrize("case", list(STREAMED))
+async def test_a_client_that_closes_once_it_read_the_end_had_its_whole_answer(
+    serve: Serve, case: str
+) -> None:
+    """The child holds its response open after the stream's last event (the gap between
+    ``[DONE]`` and the end of the body, which a busy machine widens); the client closes right
+    after reading its end marker, as the OpenAI SDK does. The row says a complete answer (not
+    cancelled, 200), and the slot and the request's tasks are freed at once."""
+    models = {"m": {"preload": True, "max_concurrency": 1, "args": ["--fake-linger-after-end", "30"]}}
+    async with serve(models) as gw:
+        m = gw.model("m")
+        path, body, end = STREAMED[case]
+        before = tasks()
+        seen = b""
+        with anyio.fail_after(10):
+            async with (
+                httpx.AsyncClient(base_url=gw.url, timeout=10) as c,
+                c.stream(
+                    "POST", path, json={"model": "m", **body}, headers={"X-Request-ID": f"end-{case}"}
+                ) as r,
+            ):
+                assert r.status_code == 200
+                async for chunk in r.aiter_raw():
+                    seen += chunk
+                    if end in seen.replace(b" ", b""):
+                        break
+            assert end in seen.replace(b" ", b""), seen
+            await poll(lambda: m.in_flight == 0, timeout=5, what="the slot back after the client left")
+            await poll(lambda: not (tasks() - before), what="the request's tasks to end")
+        row = await _row(gw, f"end-{case}")
+        assert not row["cancelled"] and row["status"] == 200 and row["stream"], row
+        assert row["error"] is None and row["model"] == "m", row

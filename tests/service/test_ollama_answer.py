@@ -37,10 +37,20 @@ def test_events_split_at_every_byte_come_out_whole_and_in_order() -> None:
     stream = _sse(_delta("Hel"), _delta("lo"), _delta("", "stop"), "[DONE]")
     answer = _answer()
     out = b"".join(answer.feed(stream[i : i + 1]) for i in range(len(stream)))
-    assert not answer.over
-    out += answer.end()
+    # [DONE] ends the answer: its last line goes out then, not when the child's body ends (the
+    # forwarder reads no more and does not call end()).
+    assert answer.over
     lines = _lines(out)
     assert [line["message"]["content"] for line in lines] == ["Hel", "lo", ""]
+    assert [line["done"] for line in lines] == [False, False, True]
+    assert lines[-1]["done_reason"] == "stop"
+
+
+def test_a_stream_that_ends_without_done_gets_its_last_line_from_end() -> None:
+    answer = _answer()
+    out = answer.feed(_sse(_delta("Hel"), _delta("lo", "stop")))
+    assert not answer.over
+    lines = _lines(out + answer.end())
     assert [line["done"] for line in lines] == [False, False, True]
     assert lines[-1]["done_reason"] == "stop"
 

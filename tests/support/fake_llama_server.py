@@ -28,6 +28,8 @@ supervisor can behave differently):
                            (``{"error": {"code", "message", "type"}}``) and that status
 ``--fake-die-mid-stream N``  SIGKILL itself after sending N chunks of a stream (a crash while
                            generating: the client's stream breaks without its last event)
+``--fake-linger-after-end S``  wait S seconds after a stream's last event before ending the
+                           response (the gap in which a client that has read ``[DONE]`` closes)
 
 A stream the client closes is noticed at the next write: the fake prints ``fake llama-server:
 client closed the stream after N chunks`` and stops generating, as the real one cancels its task.
@@ -322,6 +324,7 @@ def main() -> None:
     first_token_delay = float(opts.get("--fake-first-token-delay", "0"))
     error_status = int(opts.get("--fake-error", "0"))
     die_mid_stream = int(opts.get("--fake-die-mid-stream", "-1"))
+    linger_after_end = float(opts.get("--fake-linger-after-end", "0"))
     sleep_idle = float(opts.get("--sleep-idle-seconds", "-1"))
     reranking = "--reranking" in opts
     tools_caps = opts.get("--fake-tools-caps")
@@ -605,6 +608,7 @@ def main() -> None:
                     self._chunk(text)
                     time.sleep(token_delay)
                 self._chunk(last)
+                time.sleep(linger_after_end)
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):

@@ -37,6 +37,7 @@ __all__ = [
     "admit_model",
     "current",
     "note_answer",
+    "note_answered",
     "note_error",
     "note_model",
     "note_priority",
@@ -61,6 +62,8 @@ class Draft:
     request_body: bytearray = field(default_factory=bytearray)
     response_body: bytearray = field(default_factory=bytearray)
     status_override: int | None = None
+    #: The answer's end (its stream's end marker) reached the client before it left: not a cancel.
+    answered: bool = False
     done: bool = False
     #: The key's limits, counted once the request's model is known and allowed (``admit_model``).
     limiter: Limiter | None = None
@@ -126,6 +129,15 @@ def note_status(status: int, error: str | None = None) -> None:
         d.status_override = status
         if error:
             d.record.error = error
+
+
+def note_answered() -> None:
+    """The client left after its answer's last event: a client library closes its connection as
+    soon as it has read the end marker (the OpenAI SDK after ``[DONE]``), before the stream's own
+    end, so that close is not a cancel."""
+    d = _draft()
+    if d is not None:
+        d.answered = True
 
 
 def note_error(kind: str) -> None:
@@ -269,7 +281,7 @@ class Recorder:
         r = draft.record
         r.duration = time.perf_counter() - draft.t0
         r.status = draft.status_override or status
-        r.cancelled = not completed
+        r.cancelled = not (completed or draft.answered)
         tokens = (r.prompt_tokens or 0) + (r.completion_tokens or 0)
         key = r.key or "-"
         # A label only for a configured model: whatever name a client sends must not grow /metrics

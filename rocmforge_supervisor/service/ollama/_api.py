@@ -331,6 +331,12 @@ class _OllamaAnswer:
         for ev in self._decoder.feed(chunk):
             if self.over:
                 break
+            if ev.data == "[DONE]" and self.target.kind != "native":
+                # The answer is whole: its last line goes out now, not when the child's response
+                # ends (it may hold the connection a while after its last event).
+                lines += _line(self._chat.finish())
+                self.over = True
+                break
             if not ev.data or ev.data == "[DONE]":
                 continue
             data = json.loads(ev.data)

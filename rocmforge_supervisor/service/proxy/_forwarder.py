@@ -405,19 +405,25 @@ class Forwarder:
             headers = {"content-type": self.translator.stream_type}
         kept: list[bytes] | None = [] if turn is not None else None  # the tier reads the answer
         relay = self._relay(upstream, meter, kept)
+        route = route_of(self.upstream_path)
+        marker = route.end_marker if route is not None else None
+
+        def ended() -> bool:
+            """The end marker has been relayed: the client has its whole answer."""
+            return marker is not None and marker in meter.tail
 
         async def close() -> None:
             await relay.aclose()
             # Counted here, not in the relay's finally: a client that left before the first
             # chunk never started it. A stream cut by the client is charged what it produced.
             self._count(self._stream_status, meter.tail, meter.used())
-            if turn is not None and kept is not None and self._stream_done:
+            if turn is not None and kept is not None and (self._stream_done or ended()):
                 # The client has the whole answer; the slot is saved while it is still ours.
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_TURN_SAVE_TIMEOUT):
                     await turn.finish_stream(b"".join(kept))
             await stack.aclose()
 
-        return Opened(200, headers, chunks=relay, close=close)
+        return Opened(200, headers, chunks=relay, close=close, ended=ended)
 
     def _conversation(self) -> ConversationTurn | None:
         """The conversation tier's part in a chat turn of a ``keep_conversations``

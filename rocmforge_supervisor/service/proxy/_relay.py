@@ -37,7 +37,7 @@ import anyio
 from starlette.types import Receive, Scope, Send
 
 from ..._errors import ForgeError
-from ..core._recording import note_status
+from ..core._recording import note_answered, note_status
 from ..core._routes import Dialect
 from ..edge._errors_http import error_response, sse_error_chunk
 
@@ -59,6 +59,10 @@ async def _nothing() -> None:
     return None
 
 
+def _never() -> bool:
+    return False
+
+
 @dataclass
 class Opened:
     """What the opener got: a whole answer (``chunks`` None: ``content`` with ``status``), or a
@@ -69,6 +73,8 @@ class Opened:
     content: bytes = b""
     chunks: AsyncIterator[bytes] | None = None
     close: Callable[[], Awaitable[None]] = _nothing
+    #: Whether the stream's end marker has been relayed (read only when the client leaves).
+    ended: Callable[[], bool] = _never
 
 
 #: Opens the upstream; calls its argument once the model is loaded (the keep-alive may start).
@@ -149,13 +155,16 @@ class RelayResponse:
             """A client that leaves cancels its request at once, whole or streamed: the wait for a
             slot, or for the child's answer (its connection closed: llama-server stops the task),
             or the stream; the slot is freed. Its activity row says ``cancelled`` (the response
-            did not end), with 499 for a status when nothing had been sent."""
+            did not end), with 499 for a status when nothing had been sent. A client that leaves
+            once the stream's end marker went out had its whole answer: the row says so."""
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     if not answering:
                         if not head.started:
                             note_status(CLIENT_GONE, "client_gone")
+                        elif opened is not None and opened.ended():
+                            note_answered()
                         scope_to_cancel.cancel()
                     return
 
