@@ -26,7 +26,9 @@ from .._lazy import lazy_getattr
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ._command_keys import CommandKeys
     from ._file import CONF_D, CONFIG_NAME, SYSTEM_CONFIG_DIR, config_files, config_search_path, load_config
+    from ._llama_keys import LlamaKeys
     from ._names import MODEL_NAME, is_loopback
     from ._peers import PeerApi, PeerConfig, PeerTimeouts
     from ._schema import (
@@ -56,6 +58,8 @@ else:  # mypy sees the imports above (and flags a name that is not there)
     __getattr__ = lazy_getattr(
         __name__,
         {
+            "._command_keys": ("CommandKeys",),
+            "._llama_keys": ("LlamaKeys",),
             "._file": (
                 "CONFIG_NAME",
                 "CONF_D",
@@ -98,6 +102,7 @@ __all__ = [
     "MODEL_NAME",
     "SYSTEM_CONFIG_DIR",
     "AdapterConfig",
+    "CommandKeys",
     "CtxSize",
     "ForgeConfig",
     "ForgeSettings",
@@ -106,6 +111,7 @@ __all__ = [
     "GpuRef",
     "GroupConfig",
     "KeyConfig",
+    "LlamaKeys",
     "ModelConfig",
     "PeerApi",
     "PeerConfig",

@@ -1,10 +1,11 @@
 """What each ``backend`` of a ``[models.NAME]`` accepts: the config's side of the backends table.
 
-The behaviour of each backend (how it is planned, placed, watched, which routes it serves) is
-``supervisor``'s table (``supervisor/backends/_backends.py``); the config can only say which names exist
-and which keys mean something to which backend, so that a key set on a model whose server has no
-such setting is refused by name instead of silently ignored. A test keeps the two tables' names
-the same.
+Which key belongs to which backend is said by the key's class (``_llama_keys.LlamaKeys``,
+``_command_keys.CommandKeys``); this module reads them from there. The behaviour of each backend
+(how it is planned, placed, watched, which routes it serves) is ``supervisor``'s table
+(``supervisor/backends/_backends.py``); the config can only say which names exist and which keys
+mean something to which backend, so that a key set on a model whose server has no such setting is
+refused by name instead of silently ignored. A test keeps the two tables' names the same.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ from typing import TYPE_CHECKING, Literal
 
 from .._argv import is_owned_flag
 from .._whisper_argv import whisper_owned_flag
+from ._command_keys import CommandKeys
+from ._llama_keys import LlamaKeys
 
 if TYPE_CHECKING:
     from ._model_keys import ModelKeys
 
 __all__ = [
     "BACKEND_NAMES",
-    "COMMAND_ONLY",
     "CONFIGURABLE",
     "DEFAULT_COMMAND_ROUTES",
-    "LLAMA_ONLY",
     "ONE_AT_A_TIME",
     "PLACEHOLDERS",
     "WITH_CONTEXT",
@@ -43,18 +44,8 @@ BACKEND_NAMES: tuple[BackendName, ...] = ("llama", "whisper", "command", "peer")
 #: Backends a ``[models.NAME]`` section may name; a peer's models come from ``[peers.NAME]``.
 CONFIGURABLE: tuple[BackendName, ...] = ("llama", "whisper", "command")
 
-#: ``[models.NAME]`` keys that only mean something to llama-server.
-LLAMA_ONLY = (
-    "ctx_size", "ctx_min", "gpu_layers", "parallel", "kv_unified", "sleep_idle", "embeddings", "max_tokens", "keep_context",
-    "mmproj", "mmproj_offload", "workers",
-    "draft", "draft_max", "draft_min", "speculative", "rerank", "adapters", "keep_conversations",
-)  # fmt: skip
-
 #: Backends whose models have a context of tokens: ``[supervisor] ctx_size`` and ``ctx_min`` apply.
 WITH_CONTEXT: frozenset[BackendName] = frozenset({"llama"})
-
-#: Keys that only mean something to a user's command (``backend = "command"``).
-COMMAND_ONLY = ("cmd", "health", "ready_log", "routes", "memory", "env")
 
 #: Backends whose server answers one request at a time (whisper-server holds a global mutex).
 ONE_AT_A_TIME: frozenset[BackendName] = frozenset({"whisper"})
@@ -140,17 +131,17 @@ def key_problem(model: ModelKeys) -> tuple[str, str] | None:
             )
     if backend != "llama":
         server = "whisper-server" if backend == "whisper" else "the command"
-        for key in LLAMA_ONLY:
+        for key, field in LlamaKeys.model_fields.items():
+            # Set: not its default (``workers = "never"``, this machine only, is true of them all).
             value = getattr(model, key)
-            unset: tuple[object, ...] = (None, False, {}) if key == "ctx_size" else (None, False, "auto", {})
-            if value not in unset and not (key == "workers" and value == "never"):
+            if value != field.get_default(call_default_factory=True) and (key, value) != ("workers", "never"):
                 return f"{backend}_key", (
                     f'{key} does not apply to a backend = "{backend}" model: remove it '
                     f"({server} has no such setting; pass its own flags in args)"
                 )
     if backend != "command":
-        for key in COMMAND_ONLY:
-            if getattr(model, key) not in (None, [], {}):
+        for key, field in CommandKeys.model_fields.items():
+            if getattr(model, key) != field.get_default(call_default_factory=True):
                 return "command_key", (
                     f'{key} applies only to a backend = "command" model: remove it, or set backend = "command"'
                 )

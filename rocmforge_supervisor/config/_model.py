@@ -1,5 +1,6 @@
-"""``[models.NAME]`` with its variants and adapters: one model the service serves, every
-backend's keys (``config/_backends.py`` says which key means something to which backend).
+"""``[models.NAME]`` with its variants and adapters: one model the service serves. Its keys are
+the ones every backend reads and, each in its own class, llama-server's (``_llama_keys``) and a
+command's (``_command_keys``); ``_backends.key_problem`` refuses a key on a backend that lacks it.
 """
 
 from __future__ import annotations
@@ -24,16 +25,13 @@ from ._backends import (
     key_problem,
     path_problem,
 )
+from ._command_keys import CommandKeys
 from ._explain import custom
 from ._fields import (
-    _HF_FILE_RE,
-    CtxSizeField,
     GpuChoiceField,
-    GpuLayersField,
-    _bytes_or_none,
-    _empty_is_none,
     _Section,
 )
+from ._llama_keys import LlamaKeys
 from ._model_keys import AdapterConfig, VariantConfig
 from ._speculative import speculative_problem
 from ._variants import served_names_problem
@@ -72,8 +70,8 @@ def _backend(value: Any) -> Any:
     return value
 
 
-class ModelConfig(_Section):
-    """``[models.NAME]``: one model the service can serve under ``NAME``."""
+class _Identity(_Section):
+    """What the model is and which server runs it: first, as a ``[models.*]`` entry reads."""
 
     path: str = Field(default="", min_length=1)
     """A GGUF path, an embedded default's name (``gemma-3-270m``) or ``hf:org/repo:QUANT``; for
@@ -84,23 +82,13 @@ class ModelConfig(_Section):
     ``/v1/audio/translations``; it serves one request at a time, so ``max_concurrency`` is 1), or
     ``command``: any OpenAI-compatible server, started as ``cmd`` (vLLM, SGLang, koboldcpp,
     another llama-server build…); then ``path`` is what ``${MODEL}`` stands for."""
-    ctx_size: CtxSizeField = None
-    """Tokens of KV cache (shared by the slots, or split among them with ``kv_unified = false``);
-    0: the model's trained context; ``"auto"``: the largest context that fits the devices the
-    model is placed on, beside what stays loaded, capped by the trained context and chosen again
-    at each load. None: ``[supervisor] ctx_size``, else the trained context."""
-    ctx_min: int | None = Field(default=None, ge=256)
-    """With ``ctx_size = "auto"``: the fewest tokens one request must be able to use (default
-    ``[supervisor] ctx_min``, 2048); below it the load is refused, saying what it needs."""
-    gpu_layers: GpuLayersField = None
-    """None: forge decides from the memory estimate; or a number, ``"auto"`` (llama-server fits),
-    ``"all"``."""
-    parallel: int | None = Field(default=None, ge=1)
-    kv_unified: bool | None = None
-    """One KV cache of ``ctx_size`` tokens shared by all ``parallel`` slots (``--kv-unified``), so
-    that one request can use the whole context: forge's default (None), as it is llama-server's
-    with automatic slots. ``false``: each slot gets ``ctx_size / parallel`` tokens of its own, so
-    concurrent requests can never crowd each other out of the cache, but none can be longer."""
+
+
+class ModelConfig(CommandKeys, LlamaKeys, _Identity):
+    """``[models.NAME]``: one model the service can serve under ``NAME``. The keys every backend
+    reads are here; llama-server's own are :class:`LlamaKeys`, a command's :class:`CommandKeys`
+    (``_backends.key_problem`` refuses them on another backend's model)."""
+
     gpu: GpuChoiceField = "auto"
     preload: bool = False
     ttl: float = Field(default=0.0, ge=0)
@@ -133,83 +121,25 @@ class ModelConfig(_Section):
     default: bool = False
     """The warm default (at most one): loaded at start and, whenever it is not loaded and its
     memory is free again, loaded back without a request (it never evicts anything to get there)."""
-    sleep_idle: int | None = Field(default=None, ge=1)
-    """Idle seconds after which the child frees its model, context and projector but keeps running
-    (llama-server's ``--sleep-idle-seconds``); the next request reloads them. None: never."""
-    embeddings: bool = False
-    """Serve ``/v1/embeddings``: starts llama-server with ``--embeddings`` and, unless ``args``
-    choose one, ``--pooling mean`` (OpenAI-shaped embeddings need a pooled vector)."""
-    max_tokens: int | None = Field(default=None, ge=1)
-    """Default ``max_tokens`` for chat/completions requests that send none (None: to the end of
-    the slot's context)."""
     capture: bool | None = None
     """This model's ``server.capture`` (keep request and response bodies in the activity log)."""
     args: list[str] = Field(default_factory=list)
     """Extra llama-server arguments; flags forge sets itself are refused."""
-    keep_context: bool = False
-    """Save the child's KV-cache slots when forge stops it on purpose (ttl, unload, eviction, a
-    restarting reload, shutdown) and restore them into its next child before the first request:
-    a resumed conversation skips its prefill. Off by default: the files are big and hold prompts."""
-    keep_conversations: bool = False
-    """With ``keep_context``: also save each long chat turn's state per conversation (and API key)
-    and restore it into a free slot at the conversation's next turn when the child lost it."""
-    mmproj: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
-    """A multimodal (vision/audio) projector for this model: a GGUF path, ``"hf:org/repo:FILE"``, or
-    ``"auto"``: the ``mmproj*.gguf`` beside the model in its Hugging Face repo or folder. The child
-    gets ``--mmproj``; requests may then carry images (or audio)."""
-    mmproj_offload: bool | None = None
-    """The projector on the GPU (``--mmproj-offload``, llama-server's default) or in system RAM
-    (false: ``--no-mmproj-offload``). None: on the GPU when the model is on one, else off."""
-    workers: Literal["auto", "never", "only", "all"] = "auto"
-    """RPC workers (``[[workers]]``): ``auto`` uses the fewest that hold it when the model does not
-    fit on this machine; ``only``: always on the fewest workers, never here; ``all``: a share on every
-    usable worker; ``never``: this machine only."""
-    cmd: list[str] = Field(default_factory=list)
-    """``backend = "command"``: the server's command line; ``${PORT}`` (required), ``${HOST}``,
-    ``${MODEL}`` (``path``) and ``${NAME}`` are filled in at each start, ``args`` appended."""
-    health: str | None = None
-    """``backend = "command"``: the path that answers 200 once it is ready (default ``/health``)."""
-    ready_log: str | None = None
-    """``backend = "command"``: ready when it prints a line matching this regular expression
-    (instead of ``health``)."""
-    routes: list[str] | None = None
-    """``backend = "command"``: the OpenAI routes it serves (default: chat/completions,
-    completions, embeddings); a request on another route is refused before it is queued."""
-    memory: Annotated[int | None, BeforeValidator(_bytes_or_none)] = None
-    """``backend = "command"``: the device memory it takes on each device it is placed on
-    (``"12GiB"``), for placement; None: placed without a memory check."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """``backend = "command"``: extra environment for the command (the device mask is forge's)."""
-
-    # -- speculative decoding, reranking, tools: checked by config/_speculative.py --
-    draft: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
-    """A draft model for speculative decoding: a GGUF path, an embedded name or
-    ``hf:org/repo:QUANT``. It must share the model's vocabulary (refused at config check when it
-    does not). Its weights and KV cache (the model's context, ``f16``) count in placement."""
-    draft_max: int | None = Field(default=None, ge=1)
-    """Tokens the draft proposes per step (``--spec-draft-n-max``; llama-server's default 3)."""
-    draft_min: int | None = Field(default=None, ge=0)
-    """The fewest draft tokens worth checking (``--spec-draft-n-min``; default 0)."""
-    draft_gpu: Literal["auto", "cpu"] = "auto"
-    """Where the draft sits: ``auto``, on the model's GPUs (split as the model is) or in RAM when
-    the model is; ``cpu``: always in system RAM (saves GPU memory, drafts slower)."""
-    speculative: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
-    """llama-server's ``--spec-type``, comma-separated: ``draft-simple`` (the default with a
-    ``draft``), ``draft-eagle3``, ``draft-mtp`` (the model's own MTP head), ``draft-dflash``,
-    ``draft-dspark``, or a draft-free n-gram mode: ``ngram-simple``, ``ngram-map-k``,
-    ``ngram-map-k4v``, ``ngram-mod``, ``ngram-cache``."""
-    rerank: bool = False
-    """A reranker (``--reranking``): served on ``/v1/rerank`` and ``/rerank`` only; a chat or
-    completion request to it is a 400."""
     tools: bool | None = None
     """The ``tools`` capability in ``/v1/models`` and ``/api/show``: None from the chat template
     (the running child's ``/props``), false hides it (and tool requests get a 400), true shows it."""
-
-    # -- variants and LoRA adapters: served as NAME:VARIANT / NAME:ADAPTER (service/_names.py) --
     variants: dict[str, VariantConfig] = Field(default_factory=dict)
     """``[models.X.variants.Y]``: ``X:Y``, the same child with request rules of its own."""
-    adapters: dict[str, AdapterConfig] = Field(default_factory=dict)
-    """``[models.X.adapters.NAME]``: LoRA adapters, loaded with the child and served as ``X:NAME``."""
+
+    @model_validator(mode="after")
+    def _backend_keys(self) -> ModelConfig:
+        """A key that means nothing to the model's server would be silently ignored: refused by
+        name, before any rule among the keys of one backend (the rules per backend are
+        ``config/_backends.py``'s)."""
+        problem = key_problem(self) or path_problem(self)
+        if problem is not None:
+            raise custom(*problem)
+        return self
 
     @model_validator(mode="after")
     def _served_names(self) -> ModelConfig:
@@ -262,28 +192,6 @@ class ModelConfig(_Section):
     def command_routes(self) -> tuple[str, ...]:
         """What a ``backend = "command"`` model serves (its ``routes``, else the OpenAI ones)."""
         return tuple(self.routes) if self.routes is not None else DEFAULT_COMMAND_ROUTES
-
-    @model_validator(mode="after")
-    def _backend_keys(self) -> ModelConfig:
-        """A key that means nothing to the model's server would be silently ignored: refused by
-        name (the rules per backend are ``config/_backends.py``'s)."""
-        problem = key_problem(self) or path_problem(self)
-        if problem is not None:
-            raise custom(*problem)
-        return self
-
-    @field_validator("mmproj")
-    @classmethod
-    def _mmproj_reference(cls, value: str | None) -> str | None:
-        if value is None or value == "auto" or not value.startswith("hf:"):
-            return value
-        if not _HF_FILE_RE.match(value[3:]):
-            raise custom(
-                "mmproj_reference",
-                f"mmproj {value!r} is not hf:org/repo:FILE (e.g. "
-                '"hf:ggml-org/SmolVLM-500M-Instruct-GGUF:mmproj-SmolVLM-500M-Instruct-f16.gguf")',
-            )
-        return value
 
     @field_validator("args")
     @classmethod

@@ -29,7 +29,7 @@ _LENGTHS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_toke
 def served_names_problem(model: ModelKeys) -> tuple[str, str] | None:
     """(kind, one sentence with the fix) for a variant or adapter name that cannot be served as
     ``X:NAME``, or a variant that names no adapter of the model; None when all are fine."""
-    # adapters on another backend: config/_backends.py's LLAMA_ONLY refuses them (one table)
+    # adapters on another backend: they are LlamaKeys, which config/_backends.py refuses on another backend
     for kind, names in (("variant", model.variants), ("adapter", model.adapters)):
         for name in names:
             if not MODEL_NAME.fullmatch(name) or name == "latest":

@@ -68,3 +68,22 @@ def test_each_backend_is_a_folder_whose_entry_is_in_the_table() -> None:
     for name, entry in BACKENDS.items():
         module = importlib.import_module(f"rocmforge_supervisor.supervisor.backends.{name}")
         assert module.BACKEND is entry
+
+
+def test_each_backends_own_keys_are_a_part_of_the_model_config() -> None:
+    """A backend's own ``[models.NAME]`` keys are a class ``ModelConfig`` is made of, named by its
+    entry; every such class belongs to one entry, and no key is in two of them."""
+    from pydantic import BaseModel
+
+    from rocmforge_supervisor.config import ModelConfig
+
+    own = [entry.keys for entry in BACKENDS.values() if entry.keys is not None]
+    assert len(own) == len(set(own)) and all(k in ModelConfig.__mro__[1:] for k in own)
+    parts = {
+        base
+        for base in ModelConfig.__bases__
+        if issubclass(base, BaseModel) and base.__name__.endswith("Keys")
+    }
+    assert parts == set(own)
+    keys = [key for k in own for key in k.model_fields]
+    assert len(keys) == len(set(keys))

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
 from ...config import ModelConfig
 from ...config._backends import BackendName
 from ..launch._launch import LaunchPlan
@@ -42,6 +44,9 @@ class Backend:
     judges_media: bool = False
     #: Served by another server (``[peers.*]``): no process here, never planned or placed.
     remote: bool = False
+    #: The ``[models.NAME]`` keys only this backend reads: a class ``ModelConfig`` is made of
+    #: (``config/_llama_keys.LlamaKeys``…), whose keys the config refuses on any other backend.
+    keys: type[BaseModel] | None = None
 
     def serves(self, config: ModelConfig, path: str) -> bool:
         routes = self.routes_of(config)

@@ -1,6 +1,7 @@
 """The command backend: an OpenAI-compatible server forge runs as configured (``cmd``), placed by the
 ``memory`` it is given, serving its ``routes``."""
 
+from ....config import CommandKeys
 from .._entry import Backend
 from ._plan import command_request, plan_command
 from ._program import CommandProgram
@@ -17,4 +18,5 @@ BACKEND = Backend(
     lambda c: frozenset(c.command_routes),
     reads_path=False,
     judges_media=True,
+    keys=CommandKeys,
 )
