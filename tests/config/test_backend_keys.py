@@ -69,9 +69,7 @@ def test_a_backend_key_is_accepted_on_its_own_backend(key: str) -> None:
     assert getattr(model, key) != ModelConfig.model_fields[key].get_default(call_default_factory=True)
 
 
-@pytest.mark.parametrize(
-    ("key", "backend"), [(k, b) for k in sorted(OWNERS) for b in BASE if b != OWNERS[k]]
-)
+@pytest.mark.parametrize(("key", "backend"), [(k, b) for k in sorted(OWNERS) for b in BASE if b != OWNERS[k]])
 def test_a_backend_key_on_another_backend_is_refused_by_name(key: str, backend: str) -> None:
     value, _ = SAMPLES[key]
     with pytest.raises(ValidationError) as caught:
