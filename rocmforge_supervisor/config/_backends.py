@@ -108,6 +108,16 @@ def check_command(
     return None
 
 
+def _asks(value: object, default: object, key: str) -> bool:
+    """Whether a key's value asks the server for something: not its default, and not a value that
+    asks for nothing (``0``, ``"auto"``, an empty list or table, ``workers = "never"``: configs
+    that say them on any model have always been accepted). ``false`` asks where the default is
+    unset: ``kv_unified = false`` splits the cache."""
+    if value == default or (key, value) == ("workers", "never"):
+        return False
+    return isinstance(value, bool) or value not in (0, "auto", [], {})
+
+
 def key_problem(model: ModelKeys) -> tuple[str, str] | None:
     """(kind, message) for a key set on a model whose backend has no such setting, or a
     command whose keys do not make a command; None when the model's keys fit its backend."""
@@ -132,16 +142,14 @@ def key_problem(model: ModelKeys) -> tuple[str, str] | None:
     if backend != "llama":
         server = "whisper-server" if backend == "whisper" else "the command"
         for key, field in LlamaKeys.model_fields.items():
-            # Set: not its default (``workers = "never"``, this machine only, is true of them all).
-            value = getattr(model, key)
-            if value != field.get_default(call_default_factory=True) and (key, value) != ("workers", "never"):
+            if _asks(getattr(model, key), field.get_default(call_default_factory=True), key):
                 return f"{backend}_key", (
                     f'{key} does not apply to a backend = "{backend}" model: remove it '
                     f"({server} has no such setting; pass its own flags in args)"
                 )
     if backend != "command":
         for key, field in CommandKeys.model_fields.items():
-            if getattr(model, key) != field.get_default(call_default_factory=True):
+            if _asks(getattr(model, key), field.get_default(call_default_factory=True), key):
                 return "command_key", (
                     f'{key} applies only to a backend = "command" model: remove it, or set backend = "command"'
                 )

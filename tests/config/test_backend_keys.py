@@ -81,3 +81,22 @@ def test_a_backend_key_on_another_backend_is_refused_by_name(key: str, backend: 
         assert f'does not apply to a backend = "{backend}" model' in message, message
     else:
         assert 'applies only to a backend = "command" model' in message, message
+
+
+#: Values that ask a server for nothing, accepted on a model of any backend (configs have always
+#: said them): every key's own default, given explicitly, and these.
+NOTHING: dict[str, list[Any]] = {
+    "ctx_size": [0],
+    "gpu_layers": [0, "auto"],
+    "mmproj": ["auto"],
+    "workers": ["never"],
+    "routes": [[]],
+}
+
+
+@pytest.mark.parametrize(("key", "backend"), [(k, b) for k in sorted(OWNERS) for b in BASE if b != OWNERS[k]])
+def test_a_value_that_asks_for_nothing_is_accepted_on_any_backend(key: str, backend: str) -> None:
+    default = ModelConfig.model_fields[key].get_default(call_default_factory=True)
+    for value in [default, *NOTHING.get(key, [])]:
+        model = ModelConfig.model_validate({**BASE[backend], key: value})
+        assert getattr(model, key) == value or value == "auto"  # "auto" of gpu_layers is parsed

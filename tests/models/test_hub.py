@@ -323,12 +323,19 @@ def test_unknown_repo_and_repo_without_gguf(tmp_path: Path, hub: StandinHub) -> 
     assert not list(tmp_path.rglob("*.gguf"))
 
 
-def test_unreachable_hub(tmp_path: Path) -> None:
+def test_unreachable_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface-hub retries a refused connection with backoff (1 + 2 + 4 + 8 + 8 s) before the
+    one-line error: the waits are recorded here instead of slept."""
+    import huggingface_hub.utils._http as hf_http
+
+    waits: list[float] = []
+    monkeypatch.setattr(hf_http.time, "sleep", waits.append)
     settings = ForgeSettings().model_copy(
         update={"hf_cache_dir": tmp_path, "hf_offline": False, "hf_endpoint": "http://127.0.0.1:9"}
     )
     with pytest.raises(HubError, match=r"cannot download org/x:Q4_K_M from http://127\.0\.0\.1:9"):
         pull("org/x:Q4_K_M", settings, progress=False)
+    assert waits, "the hub's retries were not the path taken"
 
 
 def test_offline_with_a_full_listing_knows_a_quant_does_not_exist(tmp_path: Path, hub: StandinHub) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rocmforge_supervisor.service.core._usage import StreamMeter, Used, used_in
+from rocmforge_supervisor.service.core._usage import StreamMeter, Used, ends_stream, used_in
 
 STREAMS = Path(__file__).parents[1] / "fixtures" / "streams"
 
@@ -139,3 +139,49 @@ def test_an_anthropic_stream_in_one_chunk_or_split_mid_event_still_says_its_prom
     assert _metered("/v1/messages", [whole]) == Used(prompt, 5, start["cache_read_input_tokens"])
     cut = whole.index(b'"input_tokens"')  # message_start split in the middle of its usage
     assert _metered("/v1/messages", [whole[:cut], whole[cut:]]).prompt == prompt
+
+
+#: (a stream's tail, whether its last whole event ends it), in every dialect's framing.
+_TAILS: dict[str, tuple[bytes, bool]] = {
+    "openai done": (b'data: {"choices":[{"delta":{}}]}\n\ndata: [DONE]\n\n', True),
+    "openai done, crlf": (b'data: {"choices":[]}\r\n\r\ndata: [DONE]\r\n\r\n', True),
+    "openai done, then a ping": (b"data: [DONE]\n\n: ping\n\n", True),
+    "text that says [DONE]": (
+        b'data: [DONE]\n\ndata: {"choices":[{"delta":{"content":"data: [DONE]"}}]}\n\n',
+        False,
+    ),
+    "openai mid-stream": (b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n', False),
+    "anthropic stop": (
+        b'event: message_delta\ndata: {"type":"message_delta"}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n',
+        True,
+    ),
+    "text that says message_stop": (
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta","text":"\\"type\\":\\"message_stop\\""}}\n\n',
+        False,
+    ),
+    "responses completed": (
+        b'event: response.completed\ndata: {"type":"response.completed","response":{}}\n\n',
+        True,
+    ),
+    "native stop": (b'data: {"content":"","stop":true}\n\n', True),
+    "native token": (b'data: {"content":"stop","stop":false}\n\n', False),
+    "an end event cut by the tail": (b'"output":[]}}\n\n', False),
+    "nothing": (b"", False),
+}
+
+
+@pytest.mark.parametrize("case", list(_TAILS))
+def test_a_stream_ends_only_at_its_end_event(case: str) -> None:
+    tail, ends = _TAILS[case]
+    assert ends_stream(tail) is ends
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in STREAMS.glob("*.sse")))
+def test_the_real_servers_streams_end_where_they_end(name: str) -> None:
+    """Each recorded stream, as the meter's tail holds it: whole, it ends unless it broke with an
+    error event; cut in half, it does not."""
+    raw = (STREAMS / name).read_bytes()
+    meter = StreamMeter("/v1/chat/completions")
+    meter.feed(raw)
+    assert ends_stream(meter.tail) is ("error" not in name)
+    assert not ends_stream(raw[: len(raw) // 2])

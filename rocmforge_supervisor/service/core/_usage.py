@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StreamMeter", "Used", "used_in"]
+__all__ = ["StreamMeter", "Used", "ends_stream", "used_in"]
 
 _DECODER = json.JSONDecoder()
 _TAIL = 4096
@@ -45,6 +45,32 @@ _TOKEN_EVENTS: dict[str, tuple[bytes, ...]] = {
     "/v1/responses": (b'.delta"',),
     "/responses": (b'.delta"',),
 }
+
+
+#: The ``type`` of the event that ends a stream (Anthropic's Messages, the Responses API).
+_END_TYPES = frozenset({"message_stop", "response.completed"})
+
+
+def ends_stream(tail: bytes) -> bool:
+    """Whether the last whole event of a stream's ``tail`` is the event that ends it: OpenAI's
+    ``data: [DONE]``, an event whose ``type`` is ``message_stop`` or ``response.completed``, or
+    llama-server's native ``"stop": true``. Read from the event itself, not by finding the marker
+    anywhere in the bytes: generated text may hold ``[DONE]`` or ``message_stop`` too. An end event
+    longer than the tail (a long ``response.completed``) is not recognised: the answer is then
+    taken as unfinished, the side that never calls a cut answer whole."""
+    for block in reversed(tail.replace(b"\r\n", b"\n").split(b"\n\n")):
+        lines = [line[5:].strip() for line in block.split(b"\n") if line.startswith(b"data:")]
+        if not lines:
+            continue  # a comment (a ping) or the empty piece after the last event
+        data = b"\n".join(lines)
+        if data == b"[DONE]":
+            return True
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return False
+        return isinstance(event, dict) and (event.get("type") in _END_TYPES or event.get("stop") is True)
+    return False
 
 
 @dataclass

@@ -43,7 +43,7 @@ from ..core._recording import (
 from ..core._routes import ForwardRoute, route_of
 from ..core._state import GatewayState
 from ..core._upstream_http import StreamResponse, supports
-from ..core._usage import StreamMeter, Used, used_in
+from ..core._usage import StreamMeter, Used, ends_stream, used_in
 from ..edge._errors_http import UpstreamModel, sse_error_chunk, status_for, upstream_error
 from ._relay import CLIENT_GONE, Opened
 from ._rerank import refuse_wrong_kind
@@ -220,6 +220,9 @@ class Forwarder:
         #: "502" once the child broke the stream (the relay sends the client an error event).
         self._stream_status = "200"
         self._stream_done = False  # the stream ended as the child ends one (not cut, no error)
+        #: The child's stream as far as its chunks have gone out (the tail when the relay last
+        #: came back for more: ``send`` of the chunk before had returned).
+        self._delivered = b""
         #: The name the client asked for (a variant or adapter ``X:Y``; counted with its model).
         self.asked = name
         #: When the answer's first chunk came (``time.perf_counter()``): its record's time to
@@ -406,11 +409,11 @@ class Forwarder:
         kept: list[bytes] | None = [] if turn is not None else None  # the tier reads the answer
         relay = self._relay(upstream, meter, kept)
         route = route_of(self.upstream_path)
-        marker = route.end_marker if route is not None else None
+        has_end = route is not None and route.end_marker is not None
 
         def ended() -> bool:
-            """The end marker has been relayed: the client has its whole answer."""
-            return marker is not None and marker in meter.tail
+            """The client has its whole answer: the stream's end event was in what went out."""
+            return has_end and ends_stream(self._delivered)
 
         async def close() -> None:
             await relay.aclose()
@@ -459,12 +462,14 @@ class Forwarder:
                     if kept is not None:
                         kept.append(chunk)
                     yield chunk
+                    self._delivered = meter.tail
             else:
                 async for piece in _translated(upstream.aiter_raw(), translator, meter, kept):
                     if first:
                         self._first_chunk()
                         first = False
                     yield piece
+                    self._delivered = meter.tail
             if marker is not None and marker not in meter.tail and b'"error"' not in meter.tail:
                 raise StreamError(f"the stream ended without {marker.decode()}")
             self._stream_done = marker is not None and marker in meter.tail

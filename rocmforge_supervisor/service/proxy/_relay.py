@@ -73,7 +73,7 @@ class Opened:
     content: bytes = b""
     chunks: AsyncIterator[bytes] | None = None
     close: Callable[[], Awaitable[None]] = _nothing
-    #: Whether the stream's end marker has been relayed (read only when the client leaves).
+    #: Whether the stream's end event has gone out to the client (read only when it leaves).
     ended: Callable[[], bool] = _never
 
 
@@ -156,7 +156,7 @@ class RelayResponse:
             slot, or for the child's answer (its connection closed: llama-server stops the task),
             or the stream; the slot is freed. Its activity row says ``cancelled`` (the response
             did not end), with 499 for a status when nothing had been sent. A client that leaves
-            once the stream's end marker went out had its whole answer: the row says so."""
+            once the stream's end event went out had its whole answer: the row says so."""
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
