@@ -18,7 +18,7 @@ from functools import partial
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
@@ -26,6 +26,7 @@ from .._errors import RequestRejected, ServerError
 from . import ollama
 from .control import _activity_api, _observe, _openapi, _page, _status_api
 from .control import _api as _control
+from .core._recording import note_status
 from .core._routes import dialect_for_path
 from .core._state import GatewayState, request_id
 from .edge._errors_http import error_response
@@ -34,6 +35,7 @@ from .proxy import _batch_api
 from .proxy import _forward as _proxy
 from .proxy._listing import ModelFacts
 from .proxy._model_card import local_model_path
+from .proxy._relay import CLIENT_GONE
 
 __all__ = ["GatewayState", "create_app"]
 
@@ -68,7 +70,7 @@ def create_app(
         Middleware(LiveCors, state=state),
         Middleware(RequestContext, state=state, public_paths=_page.PAGE_PATHS),
     ]
-    handlers = {HTTPException: _http_error, Exception: _internal_error}
+    handlers = {HTTPException: _http_error, ClientDisconnect: _client_gone, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
     app.state.gateway = state
     # The model facts (``_listing``), which ``_proxy`` reads for ``/v1/models`` and the tools check
@@ -92,6 +94,16 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(
         error, request_id(request), dialect_for_path(request.url.path), headers=dict(exc.headers or {})
     )
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """A client that left while it was still sending its body: nothing to answer and no fault of
+    the service's (not an internal error, no traceback); its activity row says it left (499)."""
+    logging.getLogger("rocmforge.gateway").info(
+        "request %s: the client left while sending its body (%s)", request_id(request), request.url.path
+    )
+    note_status(CLIENT_GONE, "client_gone")
+    return Response(status_code=CLIENT_GONE)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

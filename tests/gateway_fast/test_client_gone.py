@@ -5,6 +5,7 @@ would have answered, no task is left — and its activity row says it was cancel
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
@@ -112,3 +113,31 @@ async def test_a_client_that_closes_once_it_read_the_end_had_its_whole_answer(
         row = await _row(gw, f"end-{case}")
         assert not row["cancelled"] and row["status"] == 200 and row["stream"], row
         assert row["error"] is None and row["model"] == "m", row
+
+
+#: A model route of each way a body is read: the ingress's JSON, Ollama's, an upload's form.
+HALF_SENT = ("/v1/chat/completions", "/api/chat", "/v1/audio/transcriptions")
+
+
+@pytest.mark.parametrize("path", HALF_SENT)
+async def test_a_client_that_leaves_while_sending_its_body_is_not_an_internal_error(
+    serve: Serve, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The body is declared 1000 bytes long, 10 are sent, and the connection closes: no 500, no
+    traceback or error in the log; the activity row says the client left (499)."""
+    caplog.set_level(logging.INFO, logger="rocmforge")
+    async with serve({"m": {"preload": True}}) as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"X-Request-ID: half-{path.replace('/', '-')}\r\nContent-Length: 1000\r\n\r\n"
+        )
+        with anyio.fail_after(10):
+            stream = await anyio.connect_tcp(host, int(port))
+            await stream.send(head.encode() + b'{"model":')
+            await stream.aclose()
+        row = await _row(gw, f"half-{path.replace('/', '-')}")
+        assert row["status"] == 499 and row["error"] == "client_gone", row
+        assert (await gw.client.get("/v1/models")).status_code == 200
+    bad = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not bad, bad
