@@ -127,9 +127,10 @@ def _chosen_accel(accel: str | None, backend: str | None) -> str:
             f"--accel {accel} and --backend {backend} disagree",
             hint="--backend is the old name of --accel: give --accel only",
         )
-    if accel is not None:
-        return accel
-    return backend if backend is not None else "auto"
+    chosen = accel if accel is not None else backend if backend is not None else "auto"
+    if chosen not in ACCELS:  # refused before anything, --print-path too (it would ignore it)
+        raise UsageError(f"unknown accel {chosen!r}", hint=f"use --accel with one of: {', '.join(ACCELS)}")
+    return chosen
 
 
 def _print_gpu_notes(info: BinaryInfo) -> None:

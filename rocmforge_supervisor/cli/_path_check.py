@@ -42,17 +42,28 @@ def check_model_names(cfg: ForgeConfig) -> None:
 
 
 def missing_model_files(cfg: ForgeConfig) -> list[str]:
-    """Notes, not errors, for local paths that do not exist yet: a volume may bring them before
-    the first load (a Kubernetes PVC), but a typo is better seen now than at the first request."""
-    from ..models import embedded_models  # start-up time: only --check-config needs the catalog
+    """Notes, not errors, for local paths that do not exist yet (a volume may bring them before
+    the first load: a Kubernetes PVC) or hold no readable GGUF (a copy may still be under way):
+    a typo or a cut download is better seen now than at the first request."""
+    from .._errors import ForgeError
+    from ..models import embedded_models, inspect_gguf  # start-up time: only --check-config
     from ..supervisor import backend_of
 
     notes = []
     for name, m in cfg.models.items():
         ref = m.path
-        if not backend_of(m).reads_path:  # a command's ${MODEL}: whatever its server makes of it
+        backend = backend_of(m)
+        if not backend.reads_path:  # a command's ${MODEL}: whatever its server makes of it
             continue
-        if ref in embedded_models() or ref.startswith("hf:") or Path(ref).expanduser().exists():
+        if ref in embedded_models() or ref.startswith("hf:"):
             continue
-        notes.append(f"note: models.{name}: no file at {ref} yet (it must exist when the model loads)")
+        path = Path(ref).expanduser()
+        if not path.exists():
+            notes.append(f"note: models.{name}: no file at {ref} yet (it must exist when the model loads)")
+        elif backend.gguf and path.is_file():
+            try:
+                inspect_gguf(path)
+            except ForgeError as exc:
+                fix = f" — {exc.hint}" if exc.hint else ""
+                notes.append(f"note: models.{name}: {exc.message} (it will not load as it is){fix}")
     return notes

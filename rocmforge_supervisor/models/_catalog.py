@@ -283,6 +283,11 @@ def resolve_model_path(ref: str, settings: ForgeSettings) -> Path:
     Order: an existing path; an embedded short name; an ``hf:`` reference (Hugging Face cache).
     Only existence is checked here: whether it is a valid GGUF is :mod:`.._gguf`'s job.
     """
+    if not ref.strip():  # Path("") is the current directory
+        raise ModelNotFound(
+            "the model reference is empty",
+            hint="pass a .gguf path, an embedded name (" + ", ".join(_EMBEDDED) + ") or hf:org/repo:QUANT",
+        )
     path = Path(ref).expanduser()
     if path.exists():
         if path.is_dir():

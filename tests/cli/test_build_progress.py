@@ -151,3 +151,24 @@ def test_accel_and_backend_that_disagree_are_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["build", "--accel", "auto", "--backend", "cpu"])
     assert isinstance(result.exception, UsageError), result.output
     assert str(result.exception).startswith("--accel auto and --backend cpu disagree")
+
+
+@pytest.mark.parametrize("args", [["--accel", "bogus"], ["--backend", "bogus"]])
+@pytest.mark.parametrize("print_path", [False, True])
+def test_an_unknown_accel_is_refused_with_or_without_print_path(
+    tmp_path: Path, args: list[str], print_path: bool
+) -> None:
+    """--print-path only locates the binary in use: it would have ignored the value, exit 0."""
+    env = dict(os.environ, FORGE_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run(
+        [*FORGE, "build", *args, *(["--print-path"] if print_path else [])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        "error: unknown accel 'bogus' — use --accel with one of: auto, hip, cuda, vulkan, cpu"
+    ), r.stderr
+    assert not r.stdout and not (tmp_path / "cache" / "builds").exists()

@@ -87,6 +87,7 @@ def _truncated(tmp: Path, tiny: Path) -> str:
     ("case", "needle"),
     [
         ("missing", "no model file at"),
+        ("empty", "the model reference is empty"),
         ("directory", "is a directory"),
         ("not_gguf", "GGUF"),
         ("truncated", "truncated"),
@@ -100,6 +101,7 @@ def test_bad_input_one_line_exit_2_nothing_left(
 ) -> None:
     args = {
         "missing": ["load", str(tmp_path / "nope.gguf")],
+        "empty": ["load", ""],  # not the current directory
         "directory": ["load", str(tmp_path)],
         "not_gguf": ["load", _not_gguf(tmp_path)],
         "truncated": ["load", _truncated(tmp_path, tiny_gguf)],

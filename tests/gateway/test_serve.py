@@ -432,14 +432,19 @@ def test_bad_config_refused_at_start(tmp_path: Path, toml: str, needle: str, lla
 
 
 def test_check_config_validates_without_serving(tmp_path: Path, tiny_gguf: Path) -> None:
-    """`--check-config`: exit 0 and a count; a local model file that is not there yet is a note
-    (a volume may bring it before the first load), a bad value is exit 2 naming the key."""
+    """`--check-config`: exit 0 and a count; a local model file that is not there yet, or a GGUF
+    cut short (a copy still under way), is a note (a volume may bring it before the first load),
+    a bad value is exit 2 naming the key."""
     env = dict(os.environ, FORGE_STATE_DIR=str(tmp_path / "state"))
     missing = tmp_path / "later.gguf"
+    cut = tmp_path / "cut.gguf"
+    whole = tiny_gguf.read_bytes()
+    cut.write_bytes(whole[: len(whole) // 2])
     cfg = write_config(
         tmp_path / "forge.toml",
         model_section("here", tiny_gguf)
         + model_section("later", missing)
+        + model_section("cut", cut)
         + model_section("demo", Path("smollm2-135m")),
     )
     r = subprocess.run(
@@ -450,9 +455,11 @@ def test_check_config_validates_without_serving(tmp_path: Path, tiny_gguf: Path)
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
-    assert "config OK" in r.stderr and "(3 models)" in r.stderr
+    assert "config OK" in r.stderr and "(4 models)" in r.stderr
     notes = [line for line in r.stderr.splitlines() if line.startswith("note:")]
-    assert notes == [f"note: models.later: no file at {missing} yet (it must exist when the model loads)"]
+    assert len(notes) == 2, notes
+    assert notes[0] == f"note: models.later: no file at {missing} yet (it must exist when the model loads)"
+    assert notes[1].startswith(f"note: models.cut: {cut} is truncated") and "download" in notes[1], notes
     assert not (tmp_path / "state" / "service.json").exists()  # nothing was served
     bad = write_config(tmp_path / "bad.toml", model_section("x", tiny_gguf, workers="sometimes"))
     r = subprocess.run(

@@ -36,6 +36,8 @@ class Backend:
     #: ``path`` names a model file forge reads (a GGUF, a whisper model); a command's is whatever
     #: its ``${MODEL}`` stands for (a hub id, a directory), not judged.
     reads_path: bool = True
+    #: ``path`` is a GGUF (its header can be checked before any start: ``--check-config``).
+    gguf: bool = False
     #: Its requests are audio forms the gateway translates to whisper-server's ``/inference``,
     #: answered whole in the asked ``response_format`` (no relay).
     transcribes: bool = False

@@ -15,4 +15,5 @@ BACKEND = Backend(
     True,
     lambda _c: None,
     keys=LlamaKeys,
+    gguf=True,
 )
