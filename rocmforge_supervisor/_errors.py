@@ -19,7 +19,9 @@ error (the input was wrong), 1 for a runtime failure (the input was fine, the wo
     │   ├── RateLimited            an API key over its requests_per_minute or tokens_per_day (429)
     │   ├── InvalidRequest         the HTTP edge: a request body field is wrong (400, names it)
     │   ├── PayloadTooLarge        the HTTP edge: a request body over the limit (413)
-    │   └── UnsupportedMediaType   the HTTP edge: a JSON route sent a body that is not JSON (415)
+    │   ├── UnsupportedMediaType   the HTTP edge: a JSON route sent a body that is not JSON (415)
+    │   ├── InvalidArgument        the Python API: an argument is wrong (also a ValueError)
+    │   └── ModelClosed            the Python API: a TextModel used after close() (also a RuntimeError)
     ├── InvalidModelFile           not a GGUF, truncated, unsupported version (exit 2)
     ├── BuildError                 llama-server could not be built
     │   ├── SourceError            llama.cpp sources missing, unverifiable, or the wrong hash
@@ -60,9 +62,11 @@ __all__ = [
     "ForgeError",
     "HubError",
     "InstanceError",
+    "InvalidArgument",
     "InvalidModelFile",
     "InvalidRequest",
     "KeyForbidden",
+    "ModelClosed",
     "ModelCrashed",
     "ModelFailed",
     "ModelLoading",
@@ -172,6 +176,16 @@ class PayloadTooLarge(UsageError):
 
 class UnsupportedMediaType(UsageError):
     """The HTTP edge: a JSON route got another ``Content-Type`` (an HTML form's, say)."""
+
+
+class InvalidArgument(UsageError, ValueError):
+    """An argument of the Python API is wrong (a URL, a length). Also a ``ValueError``, as Python
+    code that checks arguments expects."""
+
+
+class ModelClosed(UsageError, RuntimeError):
+    """A ``TextModel`` used after ``close()``. Also a ``RuntimeError``: using a closed object is
+    one in Python's own terms (a closed file's ``ValueError`` aside)."""
 
 
 class InvalidModelFile(ForgeError):

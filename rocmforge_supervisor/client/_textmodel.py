@@ -20,6 +20,8 @@ import httpx
 from .._errors import (
     ForgeError,
     InstanceError,
+    InvalidArgument,
+    ModelClosed,
     RequestError,
     ServerUnavailable,
     StreamError,
@@ -133,7 +135,10 @@ class TextModel:
         ``verify``: for ``https://``, a PEM file to trust besides the public CAs (a self-signed
         ``tls_cert``), or an ``ssl.SSLContext``."""
         if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+            raise InvalidArgument(
+                f"base_url must start with http:// or https://, got {base_url!r}",
+                hint='pass the server\'s URL, e.g. "http://127.0.0.1:8080"',
+            )
         url = base_url.rstrip("/")
         if url.endswith("/v1"):
             url = url[: -len("/v1")]
@@ -181,7 +186,7 @@ class TextModel:
 
     def _begin(self) -> _StreamState:
         if self._closed:
-            raise RuntimeError("this TextModel is closed")
+            raise ModelClosed("this TextModel is closed", hint="load or connect a new one")
         self._err = None
         return _StreamState(chat=False)
 

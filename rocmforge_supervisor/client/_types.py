@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import InvalidArgument
+
 __all__ = ["GenerateOptions", "Message", "Token", "Usage"]
 
 
@@ -75,7 +77,9 @@ class GenerateOptions:
         body: dict[str, Any] = {"temperature": self.temperature}
         if self.max_tokens is not None:
             if self.max_tokens < 0:
-                raise ValueError("max_tokens must be >= 0")
+                raise InvalidArgument(
+                    f"max_tokens must be >= 0, got {self.max_tokens}", hint="use 0 or more (None: no limit)"
+                )
             body["max_tokens"] = self.max_tokens
         for name in (
             "top_p",
