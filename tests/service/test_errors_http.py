@@ -87,6 +87,8 @@ TINY = UpstreamModel("tiny", ctx_size=4096, parallel=4)
         (500, "tools param requires --jinja flag", "server_error", 400, "without tools"),
         (500, "tool_choice param requires --jinja flag", "server_error", 400, "jinja"),
         (500, "Failed to parse messages: Missing 'role' in message", "server_error", 400, "fix the request"),
+        (500, 'Failed to parse tools: Missing tool function: {"type":"function"}', "server_error", 400, "fix"),
+        (500, 'Failed to parse tools: Expected \'tools\' to be an array, got "x"', "server_error", 400, "fix"),
         (500, "[json.exception.out_of_range.406] number overflow parsing '1e400'", "server_error", 400, "fix"),
         (500, "image input is not supported - hint: …", "server_error", 400, "mmproj = \"auto\""),
         (500, "Cannot use both json_schema and grammar", "server_error", 400, "fix"),

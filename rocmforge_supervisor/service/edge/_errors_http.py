@@ -231,7 +231,7 @@ _CLIENT_FAULTS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Infill is not supported"), "model {name!r} has no fill-in-the-middle tokens"),
     (
         re.compile(
-            r"Failed to parse messages|\[json\.exception\.|Cannot use both json_schema and grammar"
+            r"Failed to parse (messages|tools)|\[json\.exception\.|Cannot use both json_schema and grammar"
             r"|Unsupported param|Only no echo is supported|\"prompt\" (must not be empty|is required)"
             r"|Invalid (uri|base64)|uri must be base64|Failed to (download|load) image|file path is not"
             r"|Failed to tokenize prompt|Invalid input type|must be (a|an) "

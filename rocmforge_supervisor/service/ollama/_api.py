@@ -189,6 +189,7 @@ class OllamaAdapter:
 
     async def read(self, st: GatewayState, route: ForwardRoute, request: Request, body: bytes) -> Intent:
         parsed = parse_object(body or b"{}")  # any bad body (depth, range…) is a 400
+        _check_types(self.kind, parsed)
         name = parsed.get("model") or parsed.get("name")
         if not isinstance(name, str) or not name:
             raise UsageError('the request has no "model" field', hint="name one of GET /api/tags")
@@ -251,6 +252,32 @@ class OllamaAdapter:
                 )
         answer = _OllamaAnswer(served.asked, target, time.perf_counter(), generate)
         return Outgoing(target.path, json.dumps(target.payload).encode(), "application/json", answer)
+
+
+#: Top-level fields of Ollama's requests whose type its server checks as it decodes the body (a
+#: ``"stream": "false"`` is its 400, not a stream), per request kind (other fields it ignores):
+#: (the kinds, the type, how the error names it, an example).
+_TYPED: dict[str, tuple[frozenset[str], type, str, str]] = {
+    "stream": (frozenset({"chat", "generate"}), bool, "true or false", '"stream": false'),
+    "raw": (frozenset({"generate"}), bool, "true or false", '"raw": true'),
+    "truncate": (frozenset({"embed"}), bool, "true or false", '"truncate": true'),
+    "tools": (
+        frozenset({"chat"}),
+        list,
+        "a list of tools",
+        '"tools": [{"type": "function", "function": {...}}]',
+    ),
+    "system": (frozenset({"generate"}), str, "a string", '"system": "You are terse."'),
+    "suffix": (frozenset({"generate"}), str, "a string", '"suffix": "return x"'),
+    "template": (frozenset({"generate"}), str, "a string", '"template": "{{ .Prompt }}"'),
+}
+
+
+def _check_types(kind: str, body: dict[str, Any]) -> None:
+    for key, (kinds, cls, what, example) in _TYPED.items():
+        value = body.get(key)
+        if kind in kinds and value is not None and not isinstance(value, cls):
+            raise UsageError(f'"{key}" must be {what}, not {json.dumps(value)[:40]}', hint=f"e.g. {example}")
 
 
 def _may_control(request: Request, name: str, keep_alive: float | None) -> bool:
