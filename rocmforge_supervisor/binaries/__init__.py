@@ -21,7 +21,16 @@ if TYPE_CHECKING:
         probe_binary,
         selftest_of,
     )
-    from ._plan import ACCELS, RPC_SERVER_TARGET, Accel, BuildPlan, cache_key, choose_accel, make_plan
+    from ._plan import (
+        ACCELS,
+        RPC_SERVER_TARGET,
+        Accel,
+        BuildPlan,
+        cache_key,
+        check_accel,
+        choose_accel,
+        make_plan,
+    )
     from ._recipe import RECIPES, Recipe
     from ._source import SourceTree, resolve_source
     from ._whisper import WhisperBuild, build_whisper_server, locate_whisper_server
@@ -47,6 +56,7 @@ else:  # mypy sees the imports above (and flags a name that is not there)
                 "Accel",
                 "BuildPlan",
                 "cache_key",
+                "check_accel",
                 "choose_accel",
                 "make_plan",
             ),
@@ -72,6 +82,7 @@ __all__ = [
     "build_whisper_server",
     "cache_key",
     "cached_builds",
+    "check_accel",
     "child_flags",
     "choose_accel",
     "detected_gpu_targets",

@@ -31,6 +31,7 @@ __all__ = [
     "Program",
     "RocmToolchain",
     "cache_key",
+    "check_accel",
     "choose_accel",
     "find_cuda",
     "find_rocm",
@@ -192,6 +193,13 @@ def find_cuda(which: Which = shutil.which) -> Path | None:
     return None
 
 
+def check_accel(requested: str) -> None:
+    """A name ``--accel`` takes (``auto`` included), or the usage error naming them: checked before
+    anything else, also where the accel is not used (``forge build --print-path``)."""
+    if requested not in ACCELS:
+        raise UsageError(f"unknown accel {requested!r}", hint=f"use --accel with one of: {', '.join(ACCELS)}")
+
+
 def choose_accel(requested: str, which: Which = shutil.which) -> Accel:
     """``auto``: HIP when ROCm (with hipBLAS) is there, CUDA when nvcc and cuBLAS are, else CPU.
 
@@ -199,8 +207,7 @@ def choose_accel(requested: str, which: Which = shutil.which) -> Accel:
     minutes in, so ``auto`` checks completeness; a forced one is checked in :func:`make_plan` and
     fails with the missing piece named. The messages name the option, ``--accel``.
     """
-    if requested not in ACCELS:
-        raise UsageError(f"unknown accel {requested!r}", hint=f"use --accel with one of: {', '.join(ACCELS)}")
+    check_accel(requested)
     if requested == "auto":
         rocm = find_rocm(which)
         if rocm is not None and _has_hipblas(rocm):

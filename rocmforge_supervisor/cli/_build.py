@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
-from ..binaries import ACCELS, RPC_SERVER_TARGET  # the light ``_plan`` only: the build package is lazy
+from ..binaries import (  # the light ``_plan`` only: the build package is lazy
+    ACCELS,
+    RPC_SERVER_TARGET,
+    check_accel,
+)
 from ._common import console, err_console, get_settings
 
 if TYPE_CHECKING:
@@ -128,8 +132,7 @@ def _chosen_accel(accel: str | None, backend: str | None) -> str:
             hint="--backend is the old name of --accel: give --accel only",
         )
     chosen = accel if accel is not None else backend if backend is not None else "auto"
-    if chosen not in ACCELS:  # refused before anything, --print-path too (it would ignore it)
-        raise UsageError(f"unknown accel {chosen!r}", hint=f"use --accel with one of: {', '.join(ACCELS)}")
+    check_accel(chosen)  # before anything, --print-path too (it would ignore it)
     return chosen
 
 

@@ -407,13 +407,13 @@ class Forwarder:
         if self.translator is not None:
             headers = {"content-type": self.translator.stream_type}
         kept: list[bytes] | None = [] if turn is not None else None  # the tier reads the answer
-        relay = self._relay(upstream, meter, kept)
         route = route_of(self.upstream_path)
-        has_end = route is not None and route.end_marker is not None
+        marker = route.end_marker if route is not None else None
+        relay = self._relay(upstream, meter, kept, marker)
 
         def ended() -> bool:
             """The client has its whole answer: the stream's end event was in what went out."""
-            return has_end and ends_stream(self._delivered)
+            return marker is not None and ends_stream(self._delivered)
 
         async def close() -> None:
             await relay.aclose()
@@ -446,11 +446,14 @@ class Forwarder:
         return turn
 
     async def _relay(
-        self, upstream: httpx.Response | StreamResponse, meter: StreamMeter, kept: list[bytes] | None
+        self,
+        upstream: httpx.Response | StreamResponse,
+        meter: StreamMeter,
+        kept: list[bytes] | None,
+        marker: bytes | None,
     ) -> AsyncGenerator[bytes, None]:
+        """The stream as it goes out; ``marker``: the route's end marker, which a whole stream has."""
         first = True
-        route = route_of(self.upstream_path)
-        marker = route.end_marker if route is not None else None
         try:
             translator = self.translator
             if translator is None:  # the hot path: the child's bytes as they come
